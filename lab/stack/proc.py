@@ -42,6 +42,9 @@ def spawn(
     """Start ``argv`` detached, log to ``log_path``, record it in ``state_dir/pid.json``."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    group = extra_groups = None
+    if user is not None and os.geteuid() == 0:  # drop root's gid and groups too, not just the uid
+        group, extra_groups = pwd.getpwnam(user).pw_gid, []
     with open(log_path, "ab") as out:
         popen = subprocess.Popen(  # noqa: S603 - argv is ours
             [str(a) for a in argv],
@@ -51,6 +54,8 @@ def spawn(
             env=env,
             cwd=cwd,
             user=user,
+            group=group,
+            extra_groups=extra_groups,
             start_new_session=True,
             close_fds=True,
         )

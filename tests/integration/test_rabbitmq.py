@@ -1,0 +1,165 @@
+"""The private RabbitMQ node: topology of method.md §1.4, confirms, restart, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import psutil
+import pytest
+
+from lab.settings import Settings
+from lab.stack import proc
+from lab.stack.rabbitmq import RabbitMQService
+
+pytestmark = pytest.mark.integration
+log = logging.getLogger(__name__)
+
+EXCHANGE = "test-load-dbz"
+ROUTING_KEY = "quorum"
+
+
+@pytest.fixture(scope="module")
+def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQService]:
+    settings = Settings.from_env().replace(stack_dir=tmp_path_factory.mktemp("stack"))
+    service = RabbitMQService(settings)
+    service.provision()
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop(purge=True)
+
+
+def _tree(service: RabbitMQService) -> list[psutil.Process]:
+    roots = service.processes()
+    return [p for root in roots for p in [root, *root.children(recursive=True)]]
+
+
+def _ours_alive(service: RabbitMQService, known: list[psutil.Process]) -> list[str]:
+    """Known processes still running, plus any beam/epmd started with our HOME or epmd port."""
+    alive = [f"{p.pid} {p.name()}" for p in known if p.is_running()]
+    home, port = str(service.home), str(service.settings.rabbitmq_epmd_port)
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if not (p.info["name"] or "").startswith(("beam", "epmd")):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if home in (p.info["cmdline"] or []) or port in (p.info["cmdline"] or []):
+                alive.append(f"{p.pid} {p.info['name']} (found by scan)")
+    return alive
+
+
+async def _declare(channel: aio_pika.abc.AbstractChannel, queue_name: str) -> tuple:
+    exchange = await channel.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
+    queue = await channel.declare_queue(
+        queue_name, durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    await queue.bind(exchange, routing_key=ROUTING_KEY)
+    return exchange, queue
+
+
+async def _publish(url: str, queue_name: str, bodies: list[bytes]) -> None:
+    async with await aio_pika.connect(url) as conn:
+        channel = await conn.channel(publisher_confirms=True)
+        exchange, _ = await _declare(channel, queue_name)
+        # with confirms on, each publish returns only once the broker has acked it
+        await asyncio.gather(*(
+            exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=ROUTING_KEY, mandatory=True,
+            )
+            for body in bodies
+        ))
+
+
+async def _consume(url: str, queue_name: str, count: int) -> tuple[list[bytes], int]:
+    """Consume and ack ``count`` messages; return their bodies and the ready count left."""
+    received: list[bytes] = []
+    async with await aio_pika.connect(url) as conn:
+        channel = await conn.channel()
+        await channel.set_qos(prefetch_count=1000)
+        _, queue = await _declare(channel, queue_name)
+        async with asyncio.timeout(60), queue.iterator() as messages:
+            async for message in messages:
+                assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+                received.append(message.body)
+                await message.ack()
+                if len(received) == count:
+                    break
+        left = await channel.declare_queue(queue_name, passive=True)
+        return received, left.declaration_result.message_count or 0
+
+
+def test_quorum_queue_publish_with_confirms_and_consume(rabbitmq: RabbitMQService) -> None:
+    url = rabbitmq.settings.amqp_url
+    bodies = [f"message-{i}".encode() for i in range(100)]
+    asyncio.run(_publish(url, "test-load-dbz-quorum", bodies))
+    received, left = asyncio.run(_consume(url, "test-load-dbz-quorum", len(bodies)))
+    assert sorted(received) == sorted(bodies)
+    assert left == 0
+    queues = rabbitmq.ctl("list_queues", "name", "type", "durable", "--formatter", "json")
+    assert {"name": "test-load-dbz-quorum", "type": "quorum", "durable": True} in json.loads(queues)
+
+
+def test_start_twice_is_a_noop(rabbitmq: RabbitMQService) -> None:
+    before = {(p.pid, p.create_time()) for p in _tree(rabbitmq)}
+    rabbitmq.start()
+    after = {(p.pid, p.create_time()) for p in _tree(rabbitmq)}
+    assert before == after
+
+
+def test_status_and_processes(rabbitmq: RabbitMQService) -> None:
+    s = rabbitmq.settings
+    status = rabbitmq.status()
+    assert status.state == "running"
+    assert status.endpoint == f"amqp://{s.rabbitmq_user}@127.0.0.1:{s.amqp_port}/"
+    assert f":{s.rabbitmq_password}@" not in status.endpoint
+    assert status.version.split(".")[0] in {"3", "4"}
+    assert status.rss_mb and status.rss_mb > 20
+    names = [p.name() for p in _tree(rabbitmq)]
+    assert "beam.smp" in names and "epmd" in names
+    for port in (s.amqp_port, s.rabbitmq_dist_port, s.rabbitmq_epmd_port):
+        assert proc.port_open(port)
+    node = json.loads(rabbitmq.ctl("status", "--formatter", "json"))
+    assert any(lst.get("port") == s.amqp_port and lst.get("interface") == "127.0.0.1"
+               for lst in node["listeners"])
+
+
+def test_only_the_lab_user_exists(rabbitmq: RabbitMQService) -> None:
+    users = json.loads(rabbitmq.ctl("list_users", "--formatter", "json"))
+    assert users == [{"user": rabbitmq.settings.rabbitmq_user, "tags": ["administrator"]}]
+    perms = json.loads(rabbitmq.ctl("list_permissions", "-p", "/", "--formatter", "json"))
+    assert perms == [{"user": rabbitmq.settings.rabbitmq_user,
+                      "configure": ".*", "write": ".*", "read": ".*"}]
+
+
+def test_persistent_messages_survive_a_restart(rabbitmq: RabbitMQService) -> None:
+    url = rabbitmq.settings.amqp_url
+    bodies = [f"durable-{i}".encode() for i in range(10)]
+    asyncio.run(_publish(url, "test-restart-quorum", bodies))
+    known = _tree(rabbitmq)
+    rabbitmq.stop()
+    assert _ours_alive(rabbitmq, known) == []
+    assert not proc.port_open(rabbitmq.settings.amqp_port)
+    rabbitmq.start()  # warm: existing data dir
+    log.info("warm start took %s s", rabbitmq.last_start_seconds)
+    received, left = asyncio.run(_consume(url, "test-restart-quorum", len(bodies)))
+    assert sorted(received) == sorted(bodies) and left == 0
+
+
+def test_stop_leaves_no_process_of_ours(rabbitmq: RabbitMQService) -> None:
+    known = _tree(rabbitmq)
+    assert known
+    rabbitmq.stop()
+    assert _ours_alive(rabbitmq, known) == []
+    assert rabbitmq.processes() == []
+    assert rabbitmq.status().state == "stopped"
+    s = rabbitmq.settings
+    for port in (s.amqp_port, s.rabbitmq_dist_port, s.rabbitmq_epmd_port):
+        assert not proc.port_open(port)
+    assert Path(rabbitmq.dir / "mnesia").exists()  # stop without purge keeps the data
