@@ -85,6 +85,7 @@ class Settings:
             amqp_port=_int(env, "LAB_AMQP_PORT", d.amqp_port),
             rabbitmq_dist_port=_int(env, "LAB_RABBITMQ_DIST_PORT", d.rabbitmq_dist_port),
             rabbitmq_epmd_port=_int(env, "LAB_RABBITMQ_EPMD_PORT", d.rabbitmq_epmd_port),
+            rabbitmq_node=env.get("LAB_RABBITMQ_NODE", d.rabbitmq_node),
             web_port=_int(env, "LAB_WEB_PORT", d.web_port),
             debezium_kafka_http_port=_int(env, "LAB_DEBEZIUM_KAFKA_HTTP_PORT", d.debezium_kafka_http_port),
             debezium_rabbitmq_http_port=_int(
@@ -124,9 +125,34 @@ def get_settings() -> Settings:
     return Settings.from_env()
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """A copy of this process's environment for a child process (the one other env read)."""
+_ENV_NAMES = {
+    "stack_dir": "LAB_STACK_DIR", "cache_dir": "LAB_CACHE_DIR", "data_dir": "LAB_DATA_DIR",
+    "backend": "LAB_BACKEND", "pg_port": "LAB_PG_PORT", "pg_os_user": "LAB_PG_OS_USER",
+    "kafka_port": "LAB_KAFKA_PORT", "kafka_controller_port": "LAB_KAFKA_CONTROLLER_PORT",
+    "kafka_version": "LAB_KAFKA_VERSION", "amqp_port": "LAB_AMQP_PORT",
+    "rabbitmq_dist_port": "LAB_RABBITMQ_DIST_PORT", "rabbitmq_epmd_port": "LAB_RABBITMQ_EPMD_PORT",
+    "rabbitmq_node": "LAB_RABBITMQ_NODE", "web_port": "LAB_WEB_PORT",
+    "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
+    "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
+    "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
+}
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The ``LAB_*`` variables that make a child process see exactly ``settings``."""
+    out = {}
+    for field, name in _ENV_NAMES.items():
+        value = getattr(settings, field)
+        if value is not None:
+            out[name] = str(value)
+    return out
+
+
+def child_env(settings: Settings | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment for a child, with ``settings`` passed on as ``LAB_*``."""
     env = dict(os.environ)
+    if settings is not None:
+        env.update(settings_env(settings))
     env.update(extra)
     return env
 

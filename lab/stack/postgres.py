@@ -280,6 +280,8 @@ class PostgresService:
     def _foreign_pid(self) -> int | None:
         """The pid of a live PostgreSQL process holding our data dir that is not our postmaster."""
         pid = lock_pid(self.data_dir)
+        if pid is not None:
+            pid = abs(pid)  # a standalone backend (e.g. initdb's) writes its pid negated
         ours = proc.running(self.state_dir)
         if pid is None or (ours is not None and ours.pid == pid):
             return None

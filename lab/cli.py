@@ -1,0 +1,129 @@
+"""``lab``: the command line. Thin: parse, call the library, print, exit.
+
+Errors a user can fix (bad input, a missing prerequisite, a taken port) end in one line on
+stderr and exit status 2; nothing is left half-started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from lab.settings import Settings, get_settings
+from lab.stack import get_stack
+from lab.stack.base import DEBEZIUM_SINKS, StackError
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
+    t0 = time.monotonic()
+    get_stack(settings).provision()
+    _say(f"provisioned in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
+    t0 = time.monotonic()
+    stack = get_stack(settings)
+    stack.up()
+    _say(f"stack up in {time.monotonic() - t0:.1f} s")
+    _print_status(stack.status(), as_json=False)
+    return 0
+
+
+def _stack_down(args: argparse.Namespace, settings: Settings) -> int:
+    get_stack(settings).down(purge=args.purge)
+    _say("stack down" + (" (state purged)" if args.purge else ""))
+    return 0
+
+
+def _stack_status(args: argparse.Namespace, settings: Settings) -> int:
+    _print_status(get_stack(settings).status(), as_json=args.json)
+    return 0
+
+
+def _debezium(args: argparse.Namespace, settings: Settings) -> int:
+    stack = get_stack(settings)
+    t0 = time.monotonic()
+    if args.action == "start":
+        stack.start_debezium(args.sink)
+        _say(f"debezium-{args.sink} streaming after {time.monotonic() - t0:.1f} s")
+    else:
+        stack.stop_debezium(args.sink)
+        _say(f"debezium-{args.sink} stopped")
+    return 0
+
+
+def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
+    rows = [s.__dict__ for s in statuses]
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+        return
+    for r in rows:
+        pids = ",".join(map(str, r["pids"])) or "-"
+        rss = f"{r['rss_mb']:.0f} MB" if r["rss_mb"] is not None else "-"
+        sys.stdout.write(
+            f"{r['name']:<18} {r['state']:<8} pid {pids:<14} {r['endpoint']:<28} {r['version']:<14} {rss}\n"
+        )
+        for slot in r["detail"].get("inactive_slots", []) if isinstance(r["detail"], dict) else []:
+            sys.stdout.write(
+                f"  warning: replication slot {slot['slot']} is inactive and retains "
+                f"{slot['retained_wal_bytes']} bytes of WAL\n"
+            )
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lab", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    stack = sub.add_parser("stack", help="the native stack: PostgreSQL, Kafka, RabbitMQ, Debezium")
+    ssub = stack.add_subparsers(dest="stack_command", required=True)
+    ssub.add_parser("provision", help="fetch and cache every artifact (idempotent)").set_defaults(
+        handler=_stack_provision
+    )
+    ssub.add_parser("up", help="start PostgreSQL, Kafka and RabbitMQ (idempotent)").set_defaults(
+        handler=_stack_up
+    )
+    down = ssub.add_parser("down", help="stop everything the lab started")
+    down.add_argument("--purge", action="store_true", help="also delete all data under .stack/")
+    down.set_defaults(handler=_stack_down)
+    status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(handler=_stack_status)
+    dbz = ssub.add_parser("debezium", help="start or stop one Debezium Server instance")
+    dbz.add_argument("action", choices=["start", "stop"])
+    dbz.add_argument("sink", help=f"one of: {', '.join(DEBEZIUM_SINKS)}")
+    dbz.set_defaults(handler=_debezium)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    handler: Handler = args.handler
+    try:
+        return handler(args, get_settings())
+    except (StackError, ValueError) as exc:
+        sys.stderr.write(f"lab: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("lab: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Debezium Server for the native stack: one JVM per sink, started only for its own run.
+
+The distribution (``io.debezium:debezium-server-dist`` tar.gz from Maven Central) is unpacked
+once into ``<cache_dir>/debezium-server-<version>`` (the Cassandra-only ``connectors/`` tree is
+left out). The JVM is launched the way the dist's ``run.sh`` does it, without the shell:
+``java $JAVA_OPTS -cp <runner jar>:config/lib:lib/* io.debezium.server.Main``, with the working
+directory in ``<stack_dir>/debezium-<sink>`` so that Quarkus reads the rendered
+``config/application.properties`` there. JAVA_OPTS are the reference's ``-Xms512m -Xmx1g``
+(method.md §1.1). Properties are method.md §1.5 rendered with our endpoints.
+
+Start is gated on the replication slot streaming (method.md §7.2); stop is a SIGTERM with a
+30 s grace so that ``slot.drop.on.stop`` fires, then every ``dbz_`` slot is dropped anyway
+(method.md §10 item 9). That cleanup also cuts off the *other* sink's Debezium if it runs: as in
+the reference, only one Debezium Server runs at a time (method.md §1.6).
+
+Beyond method.md §1.5 the properties only add the HTTP bind (127.0.0.1, the sink's port) and a
+plain-text console log (the dist logs JSON lines by default); neither touches the data path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import shutil
+import string
+import subprocess
+import time
+from importlib import resources
+from pathlib import Path
+from typing import ClassVar
+
+import psutil
+import psycopg
+
+from lab import slots
+from lab.settings import Settings, child_env
+from lab.stack import proc
+from lab.stack.base import ServiceStatus, StackError, check_sink
+from lab.stack.provision import java_home, maven_artifact, require_tool
+
+log = logging.getLogger(__name__)
+
+JAVA_OPTS = ("-Xms512m", "-Xmx1g")
+MAIN_CLASS = "io.debezium.server.Main"
+PUBLICATION = "load_test_pub"
+SLOT_PREFIX = "dbz_"
+TOPIC_PREFIX = {"kafka": "dbzk", "rabbitmq": "dbzq"}
+SLOT = {"kafka": "dbz_kafka_slot", "rabbitmq": "dbz_quorum_slot"}
+RABBITMQ_EXCHANGE = "load-dbz"
+RABBITMQ_ROUTING_KEY = "quorum"
+START_TIMEOUT = 120.0
+STOP_GRACE = 30.0
+MARKER = ".unpacked"
+
+
+def dist_dir(settings: Settings) -> Path:
+    return settings.cache_dir / f"debezium-server-{settings.debezium_version}"
+
+
+def provision_dist(settings: Settings) -> Path:
+    """Fetch the dist tarball into ~/.m2 and unpack it into the cache once (marker + lock)."""
+    home = dist_dir(settings)
+    if (home / MARKER).exists():
+        return home
+    version = settings.debezium_version
+    tarball = maven_artifact("io.debezium", "debezium-server-dist", version, packaging="tar.gz")
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (home / MARKER).exists():
+            return home
+        tar = require_tool("tar", "install tar to unpack the Debezium Server distribution")
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir()
+        log.info("unpacking %s into %s", tarball.name, home)
+        res = subprocess.run(
+            [tar, "-xzf", str(tarball), "-C", str(home), "--strip-components=1",
+             "--exclude=debezium-server/connectors"],
+            capture_output=True, text=True, check=False,
+        )
+        if res.returncode != 0:
+            raise StackError(f"could not unpack {tarball}: {res.stderr.strip()[:200]}")
+        if not list(home.glob("debezium-server-*runner.jar")):
+            raise StackError(f"{tarball} has no debezium-server-*runner.jar; delete it and rerun")
+        (home / MARKER).write_text(f"{version}\n")
+    return home
+
+
+def _escape(value: object) -> str:
+    """A value safe on the right of a .properties ``=`` (backslashes and leading blanks)."""
+    text = str(value).replace("\\", "\\\\")
+    return "\\" + text if text[:1].isspace() else text
+
+
+def render_properties(settings: Settings, sink: str) -> str:
+    """``application.properties`` for ``sink``: method.md §1.5 with this stack's endpoints."""
+    s = settings
+    values = {
+        "http_port": http_port(s, sink),
+        "pg_host": s.host, "pg_port": s.pg_port, "pg_user": s.pg_user,
+        "pg_password": s.pg_password, "pg_database": s.pg_database,
+        "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
+        "kafka_bootstrap": s.kafka_bootstrap,
+        "amqp_host": s.host, "amqp_port": s.amqp_port,
+        "amqp_user": s.rabbitmq_user, "amqp_password": s.rabbitmq_password,
+        "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
+    }
+    text = (resources.files("lab.stack") / "templates" / f"debezium-{sink}.properties").read_text()
+    return string.Template(text).substitute({k: _escape(v) for k, v in values.items()})
+
+
+def http_port(settings: Settings, sink: str) -> int:
+    return {"kafka": settings.debezium_kafka_http_port,
+            "rabbitmq": settings.debezium_rabbitmq_http_port}[sink]
+
+
+class DebeziumService:
+    """Debezium Server ``settings.debezium_version`` streaming ``public.messages`` into ``sink``."""
+
+    name: ClassVar[str] = "debezium"
+
+    def __init__(self, settings: Settings, sink: str) -> None:
+        self.settings = settings
+        self.sink = check_sink(sink)
+        self.slot = SLOT[sink]
+        self.http_port = http_port(settings, sink)
+        self.state_dir = settings.stack_dir / f"debezium-{sink}"
+        self.log_path = self.state_dir / "debezium.log"
+        self.last_start_s: float | None = None
+
+    def provision(self) -> None:
+        """Unpack the distribution into the cache (idempotent); starts nothing."""
+        provision_dist(self.settings)
+
+    # Start / stop ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the JVM and return once its slot streams; a no-op when already running."""
+        if proc.running(self.state_dir) is not None:
+            return
+        setting = f"LAB_DEBEZIUM_{self.sink.upper()}_HTTP_PORT"
+        proc.require_free(self.http_port, f"Debezium Server ({self.sink} sink)", setting)
+        self._require_upstream()
+        home = provision_dist(self.settings)
+        config = self.state_dir / "config"
+        config.mkdir(parents=True, exist_ok=True)
+        (config / "application.properties").write_text(render_properties(self.settings, self.sink))
+        jhome = java_home(self.settings)
+        runner = next(home.glob("debezium-server-*runner.jar"))
+        classpath = ":".join([str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")])
+        argv = [str(jhome / "bin" / "java"), *JAVA_OPTS, "-cp", classpath, MAIN_CLASS]
+        self.log_path.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        jvm = proc.spawn(argv, state_dir=self.state_dir, log_path=self.log_path,
+                         env=child_env(JAVA_HOME=str(jhome)), cwd=self.state_dir)
+        log.info("debezium-%s: pid %d, waiting for slot %s", self.sink, jvm.pid, self.slot)
+
+        def watch() -> None:
+            if not jvm.is_running() or jvm.status() == psutil.STATUS_ZOMBIE:
+                raise StackError(f"Debezium Server ({self.sink}) exited during start-up; "
+                                 f"last log lines: {proc.tail(self.log_path)}")
+
+        try:
+            slots.wait_streaming(
+                self.settings.pg_dsn, self.slot, timeout=START_TIMEOUT, watch=watch
+            )
+        except BaseException as exc:
+            proc.terminate(self.state_dir, timeout=STOP_GRACE)
+            if isinstance(exc, TimeoutError):
+                raise StackError(f"Debezium Server ({self.sink}): {exc}; "
+                                 f"last log lines: {proc.tail(self.log_path)}") from None
+            raise
+        self.last_start_s = round(time.monotonic() - t0, 2)
+        started = {"start_to_streaming_s": self.last_start_s}
+        (self.state_dir / "started.json").write_text(json.dumps(started))
+        log.info("debezium-%s streaming on slot %s after %.1f s",
+                 self.sink, self.slot, self.last_start_s)
+
+    def stop(self, *, purge: bool = False) -> None:
+        """SIGTERM with a 30 s grace (so the slot is dropped on stop), then drop ``dbz_`` slots."""
+        if proc.terminate(self.state_dir, timeout=STOP_GRACE):
+            log.info("debezium-%s stopped", self.sink)
+        (self.state_dir / "started.json").unlink(missing_ok=True)
+        if proc.port_open(self.settings.pg_port):
+            try:
+                slots.drop_slots(self.settings.pg_dsn, SLOT_PREFIX)
+            except psycopg.Error as exc:
+                log.warning("could not drop %s* slots: %s", SLOT_PREFIX, exc)
+        if purge:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _require_upstream(self) -> None:
+        s = self.settings
+        try:
+            with psycopg.connect(s.pg_dsn, autocommit=True, connect_timeout=3) as conn:
+                has_pub = conn.execute(
+                    "SELECT count(*) FROM pg_publication WHERE pubname = %s", (PUBLICATION,)
+                ).fetchone()
+                holder = slots.active_pid(conn, self.slot)
+        except psycopg.OperationalError:
+            raise StackError(
+                f"PostgreSQL is not reachable at {s.host}:{s.pg_port}; start the stack first "
+                "(`lab stack up`)"
+            ) from None
+        if not has_pub or not has_pub[0]:
+            raise StackError(f"publication {PUBLICATION} is missing in database {s.pg_database}; "
+                             "apply the schema (`lab stack up` creates it)")
+        if holder is not None:
+            raise StackError(f"replication slot {self.slot} is held by pid {holder}; stop the "
+                             f"other Debezium Server (`lab stack debezium stop {self.sink}`)")
+        port, what = ((s.kafka_port, "Kafka") if self.sink == "kafka"
+                      else (s.amqp_port, "RabbitMQ"))
+        if not proc.port_open(port, s.host):
+            raise StackError(f"{what} is not reachable at {s.host}:{port}; start the stack first "
+                             "(`lab stack up`)")
+        # a stale, idle slot from a killed run would replay old rows: start from a fresh one
+        slots.drop_slots(s.pg_dsn, self.slot)
+
+    # Introspection --------------------------------------------------------------------------
+    def processes(self) -> list[psutil.Process]:
+        p = proc.running(self.state_dir)
+        return [p] if p is not None else []
+
+    def status(self) -> ServiceStatus:
+        procs = self.processes()
+        detail: dict[str, object] = {"sink": self.sink, "slot": self.slot}
+        if procs:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                detail.update(json.loads((self.state_dir / "started.json").read_text()))
+        return ServiceStatus(
+            name=f"debezium-{self.sink}",
+            state="running" if procs else "stopped",
+            pids=[p.pid for p in procs],
+            endpoint=f"http://{self.settings.host}:{self.http_port}",
+            version=self.settings.debezium_version,
+            rss_mb=proc.tree_rss_mb(procs) if procs else None,
+            detail=detail,
+        )

@@ -1,0 +1,101 @@
+"""The native backend: the four services as local processes on loopback.
+
+PostgreSQL, Kafka and RabbitMQ run for as long as the stack is up (an idle broker is still a
+participant, method.md §1.6); each Debezium Server instance runs only during its own run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+
+import psutil
+
+from lab.settings import Settings
+from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
+from lab.stack.debezium import DebeziumService
+from lab.stack.kafka import KafkaService
+from lab.stack.postgres import PostgresService
+from lab.stack.rabbitmq import RabbitMQService
+
+log = logging.getLogger(__name__)
+
+
+class NativeStack:
+    """``up``/``down``/``status`` of the always-on services plus on-demand Debezium."""
+
+    backend = "native"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.postgres = PostgresService(settings)
+        self.kafka = KafkaService(settings)
+        self.rabbitmq = RabbitMQService(settings)
+        self.debezium = {sink: DebeziumService(settings, sink) for sink in DEBEZIUM_SINKS}
+
+    @property
+    def services(self) -> list[NativeService]:
+        """The always-on services, in start order."""
+        return [self.postgres, self.kafka, self.rabbitmq]
+
+    def endpoints(self) -> Endpoints:
+        s = self.settings
+        return Endpoints(pg_dsn=s.pg_dsn, kafka_bootstrap=s.kafka_bootstrap, amqp_url=s.amqp_url)
+
+    def provision(self) -> None:
+        """Fetch and cache every artifact; starts nothing."""
+        for service in [*self.services, self.debezium["kafka"]]:
+            log.info("provisioning %s", service.name)
+            service.provision()
+
+    def up(self) -> None:
+        """Start what is not running; on failure stop what this call started, then re-raise."""
+        self.provision()
+        started: list[NativeService] = []
+        try:
+            for service in self.services:
+                if service.processes():
+                    continue
+                log.info("starting %s", service.name)
+                started.append(service)
+                service.start()
+        except BaseException:
+            for service in reversed(started):
+                with contextlib.suppress(Exception):
+                    service.stop()
+            raise
+
+    def down(self, *, purge: bool = False) -> None:
+        """Stop everything this stack started (by pid); ``purge`` also deletes all state."""
+        errors: list[str] = []
+        for service in [*self.debezium.values(), *reversed(self.services)]:
+            try:
+                service.stop(purge=purge)
+            except Exception as exc:  # keep stopping the others
+                errors.append(f"{service.name}: {exc}")
+        if purge:
+            shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
+        if errors:
+            raise StackError("could not stop cleanly: " + "; ".join(errors))
+
+    def status(self) -> list[ServiceStatus]:
+        return [s.status() for s in [*self.services, *self.debezium.values()]]
+
+    def start_debezium(self, sink: str) -> DebeziumService:
+        service = self.debezium[check_sink(sink)]
+        service.start()
+        return service
+
+    def stop_debezium(self, sink: str) -> None:
+        self.debezium[check_sink(sink)].stop()
+
+    def participants(self) -> dict[str, list[psutil.Process]]:
+        """Participant name -> roots of its process trees (empty when not running)."""
+        debezium = [p for d in self.debezium.values() for p in d.processes()]
+        return {
+            "postgres": self.postgres.processes(),
+            "kafka": self.kafka.processes(),
+            "rabbitmq": self.rabbitmq.processes(),
+            "debezium": debezium,
+        }

@@ -1,0 +1,59 @@
+"""Shared fixtures.
+
+The integration suite runs against its own native stack: its own state dir
+(``.stack/test``) and ports 300 above the defaults, so a stack a user has running is never
+touched. It is started once per test session and stopped (and purged) afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from lab.settings import ROOT, Settings, child_env
+
+TEST_PORT_OFFSET = 300
+
+
+def test_settings() -> Settings:
+    base = Settings.from_env()
+    o = TEST_PORT_OFFSET
+    return base.replace(
+        stack_dir=ROOT / ".stack" / "test",
+        data_dir=ROOT / ".stack" / "test" / "data",
+        pg_port=base.pg_port + o,
+        kafka_port=base.kafka_port + o,
+        kafka_controller_port=base.kafka_controller_port + o,
+        amqp_port=base.amqp_port + o,
+        rabbitmq_dist_port=base.rabbitmq_dist_port + o,
+        rabbitmq_epmd_port=base.rabbitmq_epmd_port + o,
+        rabbitmq_node="fanoutlab-test@localhost",
+        web_port=base.web_port + o,
+        debezium_kafka_http_port=base.debezium_kafka_http_port + o,
+        debezium_rabbitmq_http_port=base.debezium_rabbitmq_http_port + o,
+    )
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return test_settings()
+
+
+@pytest.fixture(scope="session")
+def stack(settings: Settings) -> Iterator[object]:
+    """The real native stack, up for the whole session, down and purged afterwards."""
+    from lab.stack.native import NativeStack
+
+    native = NativeStack(settings)
+    native.down(purge=True)  # leftovers of an interrupted earlier session
+    native.up()
+    try:
+        yield native
+    finally:
+        native.down(purge=True)
+
+
+def lab_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a `lab` subprocess use ``settings``."""
+    return child_env(settings)
