@@ -1,0 +1,153 @@
+"""One consumer process: the loop every pipeline shares (method.md §4.0).
+
+Run by the runner as its own OS process (one per consumer, so a fault test can kill one)::
+
+    python -m lab.consumer --pipeline wal --index 0 --run-dir DIR --scenario '{...}'
+
+Loop: while nothing is pending, fill a batch (up to ``batch_size``; 100 ms for the first
+message, 50 ms to top up) and claim it with one statement; then, strictly one at a time,
+``POST /send-email`` for each claimed item and acknowledge its position only after the work.
+A non-2xx work call counts as a failure and the item is dropped (no retry, no ack).
+
+Protocol with the runner, through files in ``--run-dir``: ``consumer-<i>.ready`` once reads
+have started; SIGTERM asks it to stop once nothing is pending; ``consumer-<i>.json`` is the
+result, written atomically, also after an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import uvloop
+
+from lab.pipelines import source_for
+from lab.pipelines.base import Item, Source
+from lab.scenario import Scenario
+from lab.settings import Settings, get_settings
+
+log = logging.getLogger("lab.consumer")
+
+
+class Consumer:
+    def __init__(self, scenario: Scenario, settings: Settings, index: int, source: Source) -> None:
+        self.scenario = scenario
+        self.index = index
+        self.source = source
+        self.work_url = settings.web_url + "/send-email"
+        self.stop = asyncio.Event()
+        self.processed = 0
+        self.failures = 0
+        self.first_work_mono: float | None = None
+        self.last_work_mono: float | None = None
+        self.last_work_at: float | None = None
+
+    async def run(self, ready: Path) -> None:
+        s = self.scenario
+        first_wait, flush_wait = s.poll_wait_ms / 1000, s.flush_wait_ms / 1000
+        connector = aiohttp.TCPConnector(limit=1, force_close=False)
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=30),
+            headers={"Content-Type": "application/json"},
+            skip_auto_headers=("User-Agent",),
+        ) as http:
+            await self.source.open()
+            _atomic_write(ready, b"{}")
+            pending: collections.deque[Item] = collections.deque()
+            post, done, url = http.post, self.source.done, self.work_url
+            while True:
+                if not pending:
+                    if self.stop.is_set():
+                        break
+                    batch = await self.source.fill(s.batch_size, first_wait, flush_wait)
+                    if not batch:
+                        continue
+                    pending.extend(await self.source.claim(batch))
+                    if not pending:
+                        await self.source.idle()
+                        continue
+                item = pending.popleft()
+                body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at})
+                async with post(url, data=body) as resp:
+                    ok = 200 <= resp.status < 300
+                    await resp.read()
+                if not ok:
+                    self.failures += 1
+                else:
+                    now = time.monotonic()
+                    if self.first_work_mono is None:
+                        self.first_work_mono = now
+                    self.last_work_mono, self.last_work_at = now, time.time()
+                    self.processed += 1
+                    done(item)
+                if not pending:
+                    await self.source.idle()
+
+    def result(self, error: str | None) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "processed": self.processed,
+            "failures": self.failures,
+            "skipped": self.source.skipped,
+            "db_ops": self.source.db_ops,
+            "decoded_bytes": self.source.decoded_bytes,
+            "first_work_mono": self.first_work_mono,
+            "last_work_mono": self.last_work_mono,
+            "last_work_at": self.last_work_at,
+            "error": error,
+        }
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    scenario = Scenario(**json.loads(args.scenario))
+    settings = get_settings()
+    run_dir = Path(args.run_dir)
+    source = source_for(scenario, settings, args.index)
+    consumer = Consumer(scenario, settings, args.index, source)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, consumer.stop.set)
+    loop.add_signal_handler(signal.SIGINT, consumer.stop.set)
+    error = None
+    try:
+        await consumer.run(run_dir / f"consumer-{args.index}.ready")
+    except Exception as exc:
+        log.exception("consumer %d failed", args.index)
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await source.close()
+    _atomic_write(run_dir / f"consumer-{args.index}.json", json.dumps(consumer.result(error)).encode())
+    return 0 if error is None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.consumer")
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--scenario", required=True, help="the Scenario as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return uvloop.run(_main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The inbox claims: one statement per batch decides which rows this consumer owns.
+
+Both shapes follow the reference bench (method.md §4.0 and §4.3):
+
+* ``inbox`` (broker pipelines) is keyed by message id. The data-modifying CTE inserts the batch
+  with ``on conflict do nothing``; the ``union all`` branch returns ids this consumer already
+  owns (a re-read after its own crash). Data-modifying CTEs share one snapshot, so the second
+  branch cannot see rows the first just inserted: nothing is counted twice.
+* ``inbox_wal`` (direct readers) is keyed by the row's WAL position. Positions travel as text
+  (as in the reference, where the driver could not send ``pg_lsn[]``) and the statement returns
+  the 1-based ordinals of the claimed inputs, so the caller maps them back to its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+
+CLAIM_IDS = sql.SQL(
+    "with claimed as ("
+    "insert into inbox (id, consumer) select unnest(%(ids)s::int[]), %(me)s "
+    "on conflict do nothing returning id) "
+    "select id from claimed "
+    "union all "
+    "select id from inbox where id = any(%(ids)s::int[]) and consumer = %(me)s"
+)
+
+CLAIM_LSNS = sql.SQL(
+    "with input as ("
+    "select ord, txt::pg_lsn as wal from unnest(%(lsns)s::text[]) with ordinality as t(txt, ord)), "
+    "claimed as (insert into inbox_wal (wal, slot) select wal, %(me)s from input "
+    "on conflict do nothing returning wal) "
+    "select i.ord from input i join claimed c on c.wal = i.wal "
+    "union all "
+    "select i.ord from input i join inbox_wal w on w.wal = i.wal and w.slot = %(me)s"
+)
+
+
+def lsn_text(lsn: int) -> str:
+    """``0x16B3748`` -> ``'0/16B3748'``, the text form of pg_lsn."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+async def claim_ids(conn: psycopg.AsyncConnection, ids: Sequence[int], me: str) -> set[int]:
+    """The subset of ``ids`` this consumer owns after the claim."""
+    cur = await conn.execute(CLAIM_IDS, {"ids": list(ids), "me": me}, prepare=True)
+    return {row[0] for row in await cur.fetchall()}
+
+
+async def claim_lsns(conn: psycopg.AsyncConnection, lsns: Sequence[int], me: str) -> list[int]:
+    """0-based indexes into ``lsns`` of the positions this slot owns after the claim."""
+    params = {"lsns": [lsn_text(x) for x in lsns], "me": me}
+    cur = await conn.execute(CLAIM_LSNS, params, prepare=True)
+    return sorted(row[0] - 1 for row in await cur.fetchall())

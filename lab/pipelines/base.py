@@ -1,0 +1,89 @@
+"""The pipeline contract: what differs between the four ways of delivering outbox rows.
+
+A pipeline has two halves that live in different processes:
+
+* :class:`Pipeline`, in the runner: resets its transport before a run (slots, topic, queue),
+  holds the readiness gate after the consumers started, starts its CDC source (Debezium) if it
+  has one, and tears everything down afterwards.
+* :class:`Source`, in each consumer process: fills a batch from the transport, claims it in
+  the inbox, and acknowledges positions. The consumer loop around it (work call, counters,
+  stop) is the same for every pipeline and lives in :mod:`lab.consumer`.
+
+Example (what the runner does)::
+
+    pipeline = PIPELINES["wal"](scenario, settings, stack)
+    await pipeline.prepare()
+    ...start N consumer processes...
+    await pipeline.wait_ready()
+    await pipeline.start_source()
+    ...senders, window, drain...
+    await pipeline.teardown()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+
+@dataclass(slots=True)
+class Item:
+    """One message inside a consumer: its id and payload, and its transport position."""
+
+    id: int
+    content: str
+    created_at: str  # ISO-8601, as the work call sends it
+    pos: Any  # LSN (int), Kafka message, AMQP delivery tag
+
+
+class Source(Protocol):
+    """One consumer's end of the transport (in the consumer process)."""
+
+    skipped: int  # claim lost to another consumer (acked at once)
+    db_ops: int  # claim statements
+    decoded_bytes: int  # transport bytes this consumer decoded
+
+    async def open(self) -> None:
+        """Connect and subscribe; return once reads have started (a slot is active only then)."""
+
+    async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
+        """Up to ``max_items``: wait ``first_wait`` for the first, ``flush_wait`` to top up.
+
+        Returns an empty list on a timeout with nothing read; a pending read survives.
+        """
+
+    async def claim(self, batch: list[Item]) -> list[Item]:
+        """One claim statement; returns the claimed items, acks and counts the lost ones."""
+
+    def done(self, item: Item) -> None:
+        """The work for ``item`` succeeded: acknowledge its position (through a watermark)."""
+
+    async def idle(self) -> None:
+        """Nothing is pending: flush acknowledgements (e.g. a standby status update)."""
+
+    async def close(self) -> None:
+        """Release everything; never raises."""
+
+
+class Pipeline(Protocol):
+    """The runner's half of a pipeline."""
+
+    name: ClassVar[str]
+    fan_out: ClassVar[bool]  # every consumer sees every row (skipped = (N-1)·M)
+    inbox_table: ClassVar[str]  # "inbox" or "inbox_wal"
+    cdc_sink: ClassVar[str | None]  # Debezium sink this pipeline needs, if any
+
+    def describe(self) -> dict[str, Any]:
+        """The pipeline's settings, echoed into run.json."""
+
+    async def prepare(self) -> None:
+        """Reset the transport before consumers start (drop slots, recreate topic or queue)."""
+
+    async def wait_ready(self) -> None:
+        """Readiness gate after the consumers started; raises on timeout."""
+
+    async def start_source(self) -> None:
+        """Start the CDC source and wait until it streams (no-op for direct readers)."""
+
+    async def teardown(self) -> None:
+        """Stop the source, drop slots, delete the topic or queue; never raises."""

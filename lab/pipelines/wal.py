@@ -1,0 +1,170 @@
+"""``wal``: every consumer reads its own logical replication slot (method.md §4.3).
+
+Each of the N consumers creates ``load_test_slot_<i>`` (pgoutput, no snapshot), streams the
+publication ``load_test_pub`` with protocol 4 and binary tuples, decodes every Insert by column
+name and claims batches of rows by WAL position in ``inbox_wal``. Every reader sees every row,
+so exactly (N−1)·M claims are lost (``skipped``) and N·M/100 claim statements run.
+
+Positions are confirmed through a :class:`~lab.watermark.Watermark` over the stream order
+(the reference confirmed each position as it went and could jump over unfinished work,
+method.md §10.16): the slot's confirmed LSN only moves to the end of a transaction once every
+row streamed up to it was worked on or lost its claim. Stream order is used rather than LSNs
+because transactions arrive in commit order, so a Begin or an Insert LSN can be lower than
+one already seen; only commit LSNs are what a slot's restart point is made of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any, ClassVar
+
+import psycopg
+
+from lab.inbox import claim_lsns
+from lab.pgoutput import Commit, Decoder, Insert, protocol_version
+from lab.pipelines.base import Item
+from lab.replication import ReplicationStream
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.slots import drop_slots, wait_streaming
+from lab.watermark import Watermark
+
+SLOT_PREFIX = "load_test_slot"
+PUBLICATION = "load_test_pub"
+
+
+def slot_name(index: int) -> str:
+    return f"{SLOT_PREFIX}_{index}"
+
+
+class WalPipeline:
+    """Runner side: drop stale slots, gate on every slot streaming, drop them afterwards."""
+
+    name: ClassVar[str] = "wal"
+    fan_out: ClassVar[bool] = True
+    inbox_table: ClassVar[str] = "inbox_wal"
+    cdc_sink: ClassVar[str | None] = None
+
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+        self.scenario = scenario
+        self.settings = settings
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "slots": [slot_name(i) for i in range(self.scenario.consumers)],
+            "publication": PUBLICATION,
+            "plugin": "pgoutput",
+            "binary": True,
+            "inbox": self.inbox_table,
+        }
+
+    async def prepare(self) -> None:
+        await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)
+
+    async def wait_ready(self) -> None:
+        for i in range(self.scenario.consumers):
+            await asyncio.to_thread(
+                wait_streaming, self.settings.pg_dsn, slot_name(i),
+                timeout=self.scenario.ready_timeout_s,
+            )
+
+    async def start_source(self) -> None:
+        return None
+
+    async def teardown(self) -> None:
+        await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)
+
+
+class WalSource:
+    """Consumer side: one slot, one replication connection, one claim connection."""
+
+    def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
+        self.settings = settings
+        self.slot = slot_name(index)
+        self.skipped = 0
+        self.db_ops = 0
+        self.decoded_bytes = 0
+        self._stream: ReplicationStream | None = None
+        self._claims: psycopg.AsyncConnection[Any] | None = None
+        self._decoder = Decoder()
+        self._marks = Watermark()  # over stream sequence numbers
+        self._commits: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end lsn)
+        self._seq = 0
+        self._sent_lsn = 0
+
+    async def open(self) -> None:
+        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        self._stream = stream = await ReplicationStream.connect(self.settings.pg_dsn)
+        await stream.create_slot(self.slot)
+        await stream.start(self.slot, PUBLICATION, protocol_version(stream.server_version_num), binary=True)
+
+    async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
+        assert self._stream is not None
+        read, decode, marks = self._stream.read, self._decoder.decode, self._marks
+        batch: list[Item] = []
+        while len(batch) < max_items:
+            x = await read(flush_wait if batch else first_wait)
+            if x is None:
+                return batch
+            self.decoded_bytes += len(x.payload)
+            msg = decode(x.payload)
+            self._seq = seq = self._seq + 1
+            if type(msg) is Insert:
+                row = msg.new
+                idx = msg.relation.index
+                marks.hold(seq)
+                batch.append(Item(
+                    row[idx["id"]], row[idx["content"]], row[idx["created_at"]].isoformat(),
+                    (x.data_start, seq),
+                ))
+            else:
+                marks.advance(seq)
+                if type(msg) is Commit:
+                    self._commits.append((seq, msg.end_lsn))
+                    self._confirm()
+        return batch
+
+    async def claim(self, batch: list[Item]) -> list[Item]:
+        assert self._claims is not None
+        self.db_ops += 1
+        won = await claim_lsns(self._claims, [it.pos[0] for it in batch], self.slot)
+        mine = [batch[i] for i in won]
+        if len(mine) < len(batch):
+            owned = set(won)
+            for i, item in enumerate(batch):
+                if i not in owned:
+                    self.skipped += 1
+                    self._marks.resolve(item.pos[1])
+            self._confirm()
+        return mine
+
+    def done(self, item: Item) -> None:
+        self._marks.resolve(item.pos[1])
+        self._confirm()
+
+    def _confirm(self) -> None:
+        """Move the slot's status to the newest commit with nothing unresolved before it."""
+        upto = self._marks.confirmable
+        commits = self._commits
+        if upto is None or not commits or commits[0][0] > upto:
+            return
+        lsn = 0
+        while commits and commits[0][0] <= upto:
+            lsn = commits.popleft()[1]
+        assert self._stream is not None
+        self._stream.set_status(lsn)
+
+    async def idle(self) -> None:
+        stream = self._stream
+        if stream is not None and stream.status_lsn > self._sent_lsn:
+            self._sent_lsn = stream.status_lsn
+            await stream.send_status()
+
+    async def close(self) -> None:
+        for closer in (self._stream, self._claims):
+            if closer is not None:
+                try:
+                    await closer.close()
+                except Exception:  # noqa: S110 - closing must never raise
+                    pass

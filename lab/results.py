@@ -1,0 +1,103 @@
+"""Run results on disk: the only module that knows paths under ``data/``.
+
+One directory per run, ``data/runs/<run-id>/``, holding ``run.json`` (self-describing: scenario,
+pipeline settings, versions, window, counters, per-participant CPU and memory, success, error)
+and ``samples.csv`` (the timeline). A run directory is written under a temporary name and
+renamed into place, so a reader never sees half a run. Failed runs are stored like any other.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab.settings import Settings, get_settings
+
+SCHEMA_VERSION = 1
+SAMPLE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
+
+
+def runs_dir(settings: Settings | None = None) -> Path:
+    return (settings or get_settings()).data_dir / "runs"
+
+
+def reports_dir(settings: Settings | None = None) -> Path:
+    return (settings or get_settings()).data_dir / "reports"
+
+
+def reference_dir(settings: Settings | None = None) -> Path:
+    return (settings or get_settings()).data_dir / "reference"
+
+
+def new_run_id(pipeline: str, consumers: int) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{pipeline}-c{consumers}-{secrets.token_hex(2)}"
+
+
+def write_run(
+    run: Mapping[str, Any],
+    samples: Iterable[Mapping[str, Any]] = (),
+    *,
+    settings: Settings | None = None,
+) -> Path:
+    """Write ``run.json`` and ``samples.csv`` atomically; returns the run directory."""
+    final = runs_dir(settings) / str(run["run_id"])
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    payload = {"schema_version": SCHEMA_VERSION, **run}
+    (tmp / "run.json").write_text(json.dumps(payload, indent=2, default=str, sort_keys=False))
+    with open(tmp / "samples.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(samples)
+    os.replace(tmp, final)
+    return final
+
+
+def read_run(run_id: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    return json.loads((runs_dir(settings) / run_id / "run.json").read_text())
+
+
+def read_samples(run_id: str, *, settings: Settings | None = None) -> pd.DataFrame:
+    return pd.read_csv(runs_dir(settings) / run_id / "samples.csv")
+
+
+def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for key, value in run.items():
+        if key in ("scenario", "counters"):
+            row.update(value)
+        elif key in ("cpu_s", "mem_mb", "latency_ms") and isinstance(value, Mapping):
+            row.update({f"{key}.{k}": v for k, v in value.items()})
+        elif not isinstance(value, Mapping | list):
+            row[key] = value
+    return row
+
+
+def load_runs(*, settings: Settings | None = None, include_failed: bool = True) -> pd.DataFrame:
+    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``, ...
+
+    Sorted by start time. Empty (with no columns) when there are no runs.
+    """
+    root = runs_dir(settings)
+    rows = []
+    for path in sorted(root.glob("*/run.json")) if root.exists() else []:
+        if path.parent.name.endswith(".tmp"):
+            continue
+        rows.append(_flatten(json.loads(path.read_text())))
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    if not include_failed:
+        df = df[df["success"]]
+    return df.sort_values("started_at").reset_index(drop=True)
