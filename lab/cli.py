@@ -13,6 +13,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from tqdm import tqdm
+
+from lab.scenario import Scenario
 from lab.settings import Settings, get_settings
 from lab.stack import get_stack
 from lab.stack.base import DEBEZIUM_SINKS, StackError
@@ -57,6 +60,82 @@ def _debezium(args: argparse.Namespace, settings: Settings) -> int:
         stack.stop_debezium(args.sink)
         _say(f"debezium-{args.sink} stopped")
     return 0
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from lab.runner import run_scenario
+
+    fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
+    scenario = Scenario(**fields)  # validates: one clear line on bad input
+    bar = None if args.json else tqdm(total=scenario.messages, unit="msg", desc="setup", file=sys.stderr)
+
+    def progress(phase: str, info: dict[str, object]) -> None:
+        if bar is None:
+            return
+        bar.set_description(phase)
+        processed = info.get("processed")
+        if isinstance(processed, int):
+            bar.update(processed - bar.n)
+
+    try:
+        result = asyncio.run(run_scenario(scenario, settings, progress=progress))
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        sys.stdout.write(json.dumps(_summary(result), default=str) + "\n")
+    else:
+        _print_run(result)
+    return 0 if result["success"] else 1
+
+
+SUMMARY_COUNTERS = (
+    "sent", "send_failed", "processed", "skipped", "failures", "work_calls", "work_distinct",
+    "inbox_rows", "distinct_ids", "claims_min", "claims_max", "db_ops", "decoded_bytes",
+)
+
+
+def _summary(result: dict[str, object]) -> dict[str, object]:
+    """The one JSON object ``lab run --json`` prints."""
+    scenario = result["scenario"]
+    counters = result["counters"]
+    assert isinstance(scenario, dict) and isinstance(counters, dict)
+    out: dict[str, object] = {
+        "run_id": result["run_id"],
+        "pipeline": scenario["pipeline"],
+        "consumers": scenario["consumers"],
+        "messages": scenario["messages"],
+        "success": result["success"],
+        "error": result["error"],
+        "window_s": result["window_s"],
+        "cpu_ms_per_msg": result["cpu_ms_per_msg"],
+        "cpu_s": result["cpu_s"],
+        "mem_mb": result["mem_mb"],
+    }
+    out.update({k: counters.get(k) for k in SUMMARY_COUNTERS})
+    for key in ("latency_ms", "achieved_rate"):
+        if key in result:
+            out[key] = result[key]
+    return out
+
+
+def _print_run(result: dict[str, object]) -> None:
+    s = _summary(result)
+    status = "OK" if s["success"] else f"FAILED: {s['error']}"
+    sys.stdout.write(
+        f"{s['run_id']}  {s['pipeline']} c{s['consumers']} m{s['messages']}  {status}\n"
+        f"window {s['window_s']} s, {s['cpu_ms_per_msg']} ms CPU/msg\n"
+    )
+    cpu = s["cpu_s"]
+    if isinstance(cpu, dict):
+        for name, seconds in cpu.items():
+            sys.stdout.write(f"  {name:<14} {seconds:>9.2f} CPU-s\n")
+    sys.stdout.write(
+        "  sent {sent} failed {send_failed} processed {processed} skipped {skipped} "
+        "work {work_calls}/{work_distinct} claims {claims_min}/{claims_max}\n".format(**s)
+    )
 
 
 def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
@@ -104,7 +183,24 @@ def build_parser() -> argparse.ArgumentParser:
     dbz.add_argument("action", choices=["start", "stop"])
     dbz.add_argument("sink", help=f"one of: {', '.join(DEBEZIUM_SINKS)}")
     dbz.set_defaults(handler=_debezium)
+    run = sub.add_parser("run", help="one measured run of a pipeline")
+    _scenario_options(run)
+    run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
+    run.set_defaults(handler=_run)
     return parser
+
+
+def _scenario_options(parser: argparse.ArgumentParser) -> None:
+    """One option per Scenario field (defaults come from the dataclass)."""
+    defaults = Scenario()
+    for name in Scenario.field_names():
+        default = getattr(defaults, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", default=None)
+        else:
+            parser.add_argument(flag, type=type(default), default=None, metavar=type(default).__name__.upper(),
+                                help=f"default: {default!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,12 +45,12 @@ def lsn_text(lsn: int) -> str:
 
 async def claim_ids(conn: psycopg.AsyncConnection, ids: Sequence[int], me: str) -> set[int]:
     """The subset of ``ids`` this consumer owns after the claim."""
-    cur = await conn.execute(CLAIM_IDS, {"ids": list(ids), "me": me})
+    cur = await conn.execute(CLAIM_IDS, {"ids": list(ids), "me": me}, prepare=False)
     return {row[0] for row in await cur.fetchall()}
 
 
 async def claim_lsns(conn: psycopg.AsyncConnection, lsns: Sequence[int], me: str) -> list[int]:
     """0-based indexes into ``lsns`` of the positions this slot owns after the claim."""
     params = {"lsns": [lsn_text(x) for x in lsns], "me": me}
-    cur = await conn.execute(CLAIM_LSNS, params)
+    cur = await conn.execute(CLAIM_LSNS, params, prepare=False)
     return sorted(row[0] - 1 for row in await cur.fetchall())

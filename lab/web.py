@@ -99,7 +99,7 @@ async def insert_message(request: web.Request) -> web.Response:
     conn = await pool.getconn()  # getconn/putconn: cheaper than the connection() context
     try:
         cur = _cursor(conn)
-        await cur.execute(INSERT, (content,), prepare=request.app[PREPARE])
+        await cur.execute(INSERT, (content,), prepare=request.app[PREPARE])  # False: never auto-prepared either
         row = await cur.fetchone()
     finally:
         await pool.putconn(conn)  # a broken connection is discarded and replaced by the pool
