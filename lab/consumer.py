@@ -121,7 +121,7 @@ async def _main(args: argparse.Namespace) -> int:
     scenario = Scenario(**json.loads(args.scenario))
     settings = get_settings()
     run_dir = Path(args.run_dir)
-    source = source_for(scenario, settings, args.index)
+    source = source_for(scenario, settings, args.index, run_dir=run_dir)
     consumer = Consumer(scenario, settings, args.index, source)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, consumer.stop.set)

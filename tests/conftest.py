@@ -1,8 +1,9 @@
 """Shared fixtures.
 
 The integration suite runs against its own native stack: its own state dir
-(``.stack/test``) and ports 300 above the defaults, so a stack a user has running is never
-touched. It is started once per test session and stopped (and purged) afterwards.
+(``<LAB_STACK_DIR>/test``, by default ``.stack/test``) and ports 300 above the configured ones,
+so a stack a user has running is never touched. It is started once per test session and
+stopped (and purged) afterwards.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lab.settings import ROOT, Settings, child_env
+from lab.settings import Settings, child_env
 
 TEST_PORT_OFFSET = 300
 
@@ -20,15 +21,15 @@ def test_settings() -> Settings:
     base = Settings.from_env()
     o = TEST_PORT_OFFSET
     return base.replace(
-        stack_dir=ROOT / ".stack" / "test",
-        data_dir=ROOT / ".stack" / "test" / "data",
+        stack_dir=base.stack_dir / "test",
+        data_dir=base.stack_dir / "test" / "data",
         pg_port=base.pg_port + o,
         kafka_port=base.kafka_port + o,
         kafka_controller_port=base.kafka_controller_port + o,
         amqp_port=base.amqp_port + o,
         rabbitmq_dist_port=base.rabbitmq_dist_port + o,
         rabbitmq_epmd_port=base.rabbitmq_epmd_port + o,
-        rabbitmq_node="fanoutlab-test@localhost",
+        rabbitmq_node="test-" + base.rabbitmq_node,
         web_port=base.web_port + o,
         debezium_kafka_http_port=base.debezium_kafka_http_port + o,
         debezium_rabbitmq_http_port=base.debezium_rabbitmq_http_port + o,

@@ -1,0 +1,122 @@
+"""Exact CPU per participant from cgroup v2 ``cpu.stat`` (``usage_usec``).
+
+Why not only ``/proc/<pid>/stat``: on this kernel a live process's ``utime + stime`` is
+tick-sampled, so a process that works in short bursts (a PostgreSQL backend serving one
+``INSERT`` at a time) is seen to use almost nothing while it lives — measured here: 200
+backends doing 2000 inserts showed 0.02 s in ``/proc/<pid>/stat`` against 0.42 s in
+``/proc/<pid>/schedstat`` — and its real total appears only when it exits and is reaped into
+its parent's ``cutime``. A cgroup counts the scheduler's exact runtime of every thread of every
+process in it, including processes that start and exit inside the window, exactly like the
+container counters the reference read (DESIGN.md §2).
+
+Each participant gets a cgroup ``fanout-lab/<name>`` under the cgroup v2 mount; its processes
+are moved there (children inherit it). No controller is enabled: the cgroup is only a counter
+and limits nothing. Without a writable cgroup v2 mount (not root, no cgroup2), callers fall
+back to process-tree counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from lab.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_MOUNTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+PREFIX = "fanout-lab"
+
+
+def cgroup2_mount() -> Path | None:
+    """A writable cgroup v2 mount point, or None."""
+    if os.geteuid() != 0:
+        return None
+    for path in _MOUNTS:
+        if (path / "cgroup.procs").exists() and (path / "cgroup.subtree_control").exists():
+            if os.access(path, os.W_OK):
+                return path
+    return None
+
+
+class CpuGroup:
+    """One participant's cgroup: move processes in, read their exact CPU-seconds."""
+
+    def __init__(self, mount: Path, name: str, *, scope: str = "") -> None:
+        self.path = mount / PREFIX / scope / name if scope else mount / PREFIX / name
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def attach(self, pids: Iterable[int]) -> int:
+        """Move ``pids`` (whole processes) into this group; gone pids are skipped."""
+        moved = 0
+        procs = self.path / "cgroup.procs"
+        for pid in pids:
+            try:
+                procs.write_text(str(pid))
+                moved += 1
+            except (ProcessLookupError, FileNotFoundError):
+                continue
+            except OSError as exc:  # e.g. a kernel thread
+                log.debug("cannot move pid %s into %s: %s", pid, self.path, exc)
+        return moved
+
+    def usage_s(self) -> float:
+        """Cumulative CPU-seconds of everything that ever ran in this group."""
+        with open(self.path / "cpu.stat", "rb") as f:
+            first = f.readline()  # b"usage_usec N\n"
+        return int(first.split()[1]) / 1e6
+
+    def pids(self) -> list[int]:
+        return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+
+    def remove(self) -> None:
+        """Delete the group if it is empty (a cgroup with processes cannot be removed)."""
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def tree_pids(root_pid: int) -> list[int]:
+    """``root_pid`` and all its live descendants, from one pass over ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def cgroup_scope(settings: Settings) -> str:
+    """One folder of groups per stack, so a test stack and a user's stack never mix."""
+    return "stack-" + hashlib.sha1(str(settings.stack_dir).encode()).hexdigest()[:10]
+
+
+def remove_scope(settings: Settings) -> None:
+    """Remove this stack's groups that are empty (all of them once the stack is down)."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return
+    base = mount / PREFIX / cgroup_scope(settings)
+    if not base.exists():
+        return
+    for path in sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    for path in (base, mount / PREFIX):
+        with contextlib.suppress(OSError):
+            path.rmdir()

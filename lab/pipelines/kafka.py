@@ -1,0 +1,380 @@
+"""``kafka``: Debezium Server → one Kafka topic → one consumer group of N (method.md §1.3, §4.1).
+
+Runner side (:class:`KafkaPipeline`): before the consumers start, ``dbzk.public.messages`` is
+deleted, awaited until it is gone from *cluster-wide* metadata, re-created with 2N partitions
+and replication factor 1, and awaited until the metadata shows exactly 2N partitions
+(method.md §10 item 6: metadata is never requested by topic name, because the broker
+auto-creates topics). The readiness gate then requires every member of the run's group to own
+exactly 2 partitions, 2N in all, on 3 consecutive checks 200 ms apart (§10 item 7); only then
+does Debezium start (its slot streaming is the last gate).
+
+Consumer side (:class:`KafkaSource`): the consumer config of method.md §4.1, the full JSON
+envelope parsed with orjson (no SMT, §10 item 19), one ``inbox`` claim per batch as
+``dbz-kafka-<index>``.
+
+Deviations and choices, with their reasons:
+
+* **Group id.** One fresh group per run, ``dbz-kafka-<uuid>``, shared by the N consumers, as in
+  the reference. The uuid is the topic id Kafka assigns when :meth:`KafkaPipeline.prepare`
+  creates the topic: new on every run and readable by both halves from the broker
+  (``describe_topics``), so nothing else has to carry it from the runner to the consumers.
+* **Watermark.** Offsets go through one :class:`~lab.watermark.Watermark` per assigned
+  partition: held when read, resolved after the work or a lost claim, advanced for envelopes
+  that are not inserts; ``confirmable + 1`` is stored. The measured reference stored each
+  offset as it went, with no watermark (§4.1, §10 item 16); this is the article's fix.
+  A partition gets a fresh watermark on every assignment, so a revoked partition's late
+  resolutions never touch its next owner's positions.
+* **When offsets are stored.** Once per batch (in :meth:`KafkaSource.idle`, and in
+  :meth:`~KafkaSource.fill` when it returns empty) rather than after every message: M/100
+  ``store_offsets`` calls instead of M. librdkafka commits stored offsets on its 5 s timer, on
+  revocation and on close; revocation (served inside ``consume``) and close only happen between
+  batches, after the batch's offsets were stored, and a revoked partition is stored once more
+  in the callback.
+* **Reads.** ``consume(n, 0)`` takes what librdkafka already fetched without blocking; only
+  when that is empty does one ``consume(1, wait)`` run in a worker thread (100 ms for a
+  batch's first message, 50 ms to top up), so the event loop never blocks and a busy stream
+  costs no thread hop. The experimental ``confluent_kafka.aio.AIOConsumer`` runs every call in
+  a thread pool, which costs a hop per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any, ClassVar
+
+import orjson
+import psycopg
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from lab.inbox import claim_ids
+from lab.pipelines.base import Item
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.stack.debezium import SLOT, TOPIC_PREFIX
+from lab.watermark import Watermark
+
+log = logging.getLogger(__name__)
+
+TOPIC = f"{TOPIC_PREFIX['kafka']}.public.messages"
+PARTITIONS_PER_CONSUMER = 2
+REPLICATION_FACTOR = 1
+GROUP_PREFIX = "dbz-kafka-"
+METADATA_TIMEOUT = 10.0  # seconds per cluster-wide metadata request
+POLL_INTERVAL = 0.5  # topic absent / partitions present
+GATE_CHECKS = 3  # consecutive passing assignment checks
+GATE_INTERVAL = 0.2
+_MASK64 = (1 << 64) - 1
+
+
+def consumer_config(settings: Settings, group: str | None) -> dict[str, Any]:
+    """The consumer settings of method.md §4.1."""
+    return {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": True,
+        "enable.auto.offset.store": False,
+        "allow.auto.create.topics": False,
+        "partition.assignment.strategy": "cooperative-sticky",
+    }
+
+
+def _admin(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})
+
+
+def partition_count(admin: AdminClient) -> int | None:
+    """Partitions of :data:`TOPIC` in cluster-wide metadata (never by name); None if absent."""
+    meta = admin.list_topics(timeout=METADATA_TIMEOUT).topics.get(TOPIC)
+    return None if meta is None or meta.error is not None else len(meta.partitions)
+
+
+def group_id(admin: AdminClient, timeout: float) -> str:
+    """``dbz-kafka-<uuid>`` from the topic id Kafka gave :data:`TOPIC` when it was created."""
+    desc = admin.describe_topics(TopicCollection([TOPIC]), request_timeout=timeout)[TOPIC].result()
+    tid = desc.topic_id
+    msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
+    bits = (msb & _MASK64) << 64 | lsb & _MASK64
+    return f"{GROUP_PREFIX}{uuid.UUID(int=bits)}"
+
+
+def _poll(check: Any, deadline: float, what: str) -> None:
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(POLL_INTERVAL)
+
+
+class KafkaPipeline:
+    """Runner side: recreate the topic, gate on the group's assignment, run Debezium."""
+
+    name: ClassVar[str] = "kafka"
+    fan_out: ClassVar[bool] = False
+    inbox_table: ClassVar[str] = "inbox"
+    cdc_sink: ClassVar[str | None] = "kafka"
+
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+        self.scenario = scenario
+        self.settings = settings
+        self.stack = stack
+        self.partitions = PARTITIONS_PER_CONSUMER * scenario.consumers
+        self.group: str | None = None
+        self.assignment: list[int] = []  # partitions per member when the gate passed
+        self._admin_client: AdminClient | None = None
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin_client is None:
+            self._admin_client = _admin(self.settings)
+        return self._admin_client
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "topic": TOPIC,
+            "partitions": self.partitions,
+            "replication_factor": REPLICATION_FACTOR,
+            "group_id": self.group,
+            "consumer_config": {k: v for k, v in consumer_config(self.settings, self.group).items()
+                                if k != "bootstrap.servers"},
+            "assignment_gate": {"partitions_per_consumer": PARTITIONS_PER_CONSUMER,
+                                "checks": GATE_CHECKS, "interval_s": GATE_INTERVAL,
+                                "members": self.assignment},
+            "debezium_sink": self.cdc_sink,
+            "debezium_slot": SLOT["kafka"],
+            "inbox": self.inbox_table,
+            "offsets": "per-partition watermark, stored once per batch",
+        }
+
+    async def prepare(self) -> None:
+        await asyncio.to_thread(self._recreate_topic)
+
+    def _recreate_topic(self) -> None:
+        admin, n = self.admin, self.partitions
+        deadline = time.monotonic() + self.scenario.ready_timeout_s
+        while True:
+            self._delete_topic()
+            _poll(lambda: partition_count(admin) is None, deadline,
+                  f"topic {TOPIC} still in cluster metadata after delete")
+            future = admin.create_topics([NewTopic(TOPIC, n, REPLICATION_FACTOR)])[TOPIC]
+            try:
+                future.result()
+                break
+            except KafkaException as exc:  # deletion not finished yet, or recreated meanwhile
+                exists = exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+                if not exists or time.monotonic() > deadline:
+                    raise
+        _poll(lambda: partition_count(admin) == n, deadline,
+              f"topic {TOPIC} does not show {n} partitions in cluster metadata")
+        self.group = group_id(admin, METADATA_TIMEOUT)
+        log.info("topic %s: %d partitions, group %s", TOPIC, n, self.group)
+
+    def _delete_topic(self) -> None:
+        try:
+            self.admin.delete_topics([TOPIC], operation_timeout=30)[TOPIC].result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+
+    def _members(self) -> list[int] | None:
+        """Partitions of the topic per member when the group is stable; None otherwise."""
+        try:
+            futures = self.admin.describe_consumer_groups([self.group],
+                                                          request_timeout=METADATA_TIMEOUT)
+            desc = futures[self.group].result()
+        except KafkaException:
+            return None
+        if desc.state != ConsumerGroupState.STABLE:
+            return None
+        owned = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == TOPIC}
+                 for m in desc.members]
+        if len(set().union(*owned)) != sum(map(len, owned)):
+            return None  # a partition listed twice: mid-rebalance
+        return sorted(len(o) for o in owned)
+
+    async def wait_ready(self) -> None:
+        """Every consumer owns exactly 2 partitions, 2N in all, on 3 checks in a row."""
+        n = self.scenario.consumers
+        want = [PARTITIONS_PER_CONSUMER] * n
+        deadline = time.monotonic() + self.scenario.ready_timeout_s
+        passes, seen = 0, None
+        while passes < GATE_CHECKS:
+            seen = await asyncio.to_thread(self._members)
+            passes = passes + 1 if seen == want else 0
+            if passes == GATE_CHECKS:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {self.group}: partitions per member {seen}, want {want} "
+                                   f"after {self.scenario.ready_timeout_s:.0f} s")
+            await asyncio.sleep(GATE_INTERVAL)
+        self.assignment = want
+
+    async def start_source(self) -> None:
+        await asyncio.to_thread(self.stack.start_debezium, "kafka")
+
+    async def teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.stack.stop_debezium, "kafka")
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._delete_topic)
+        if self.group is not None:  # empty once the consumers left; a killed one keeps it alive
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(
+                    lambda: self.admin.delete_consumer_groups([self.group], request_timeout=10)[
+                        self.group].result())
+
+
+class _Partition:
+    """One assigned partition: its watermark and the offset last stored for it."""
+
+    __slots__ = ("marks", "number", "stored")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.marks = Watermark()
+        self.stored = -1
+
+
+class KafkaSource:
+    """Consumer side: one confluent consumer in the run's group, one claim connection."""
+
+    def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
+        self.scenario = scenario
+        self.settings = settings
+        self.me = f"{GROUP_PREFIX}{index}"
+        self.skipped = 0
+        self.db_ops = 0
+        self.decoded_bytes = 0
+        self.group: str | None = None
+        self._consumer: Consumer | None = None
+        self._claims: psycopg.AsyncConnection[Any] | None = None
+        self._parts: dict[int, _Partition] = {}
+        self._dirty = False
+
+    async def open(self) -> None:
+        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        self.group = await asyncio.to_thread(self._find_group)
+        self._consumer = Consumer(consumer_config(self.settings, self.group), logger=log)
+        self._consumer.subscribe([TOPIC], on_assign=self._assigned, on_revoke=self._revoked,
+                                 on_lost=self._lost)
+
+    def _find_group(self) -> str:
+        admin = _admin(self.settings)
+        deadline = time.monotonic() + self.scenario.ready_timeout_s
+        _poll(lambda: partition_count(admin) is not None, deadline,
+              f"topic {TOPIC} does not exist; the runner creates it before the consumers start")
+        return group_id(admin, METADATA_TIMEOUT)
+
+    # rebalance callbacks: served inside consume(), i.e. between batches ------------------------
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._parts[tp.partition] = _Partition(tp.partition)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        with contextlib.suppress(KafkaException):
+            self._store()  # librdkafka commits the revoked partitions' stored offsets next
+        self._lost(consumer, partitions)
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._parts.pop(tp.partition, None)
+
+    # the read loop -------------------------------------------------------------------------
+    async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
+        assert self._consumer is not None
+        consume = self._consumer.consume
+        batch: list[Item] = []
+        while (room := max_items - len(batch)) > 0:
+            msgs = consume(room, 0)  # already fetched: never blocks
+            if not msgs:
+                msgs = await asyncio.to_thread(consume, 1, flush_wait if batch else first_wait)
+                if not msgs:
+                    break
+            self._take(msgs, batch)
+        if not batch and self._dirty:
+            self._store()
+        return batch
+
+    def _take(self, msgs: list[Any], batch: list[Item]) -> None:
+        parts, loads = self._parts, orjson.loads
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer %s: %s", self.me, err)  # librdkafka retries on its own
+                continue
+            value = m.value()
+            number, offset = m.partition(), m.offset()
+            part = parts.get(number)
+            if part is None:  # not announced by a callback (should not happen): own it now
+                part = parts[number] = _Partition(number)
+            self.decoded_bytes += len(value) if value else 0
+            after = loads(value).get("after") if value else None
+            if after is None:  # not an insert: acknowledged at once, not counted
+                part.marks.advance(offset)
+                self._dirty = True
+                continue
+            part.marks.hold(offset)
+            batch.append(Item(after["id"], after["content"], after["created_at"], (part, offset)))
+
+    async def claim(self, batch: list[Item]) -> list[Item]:
+        assert self._claims is not None
+        self.db_ops += 1
+        won = await claim_ids(self._claims, [item.id for item in batch], self.me)
+        mine: list[Item] = []
+        for item in batch:
+            if item.id in won:
+                won.discard(item.id)  # a duplicate inside one batch is worked on once
+                mine.append(item)
+            else:
+                self.skipped += 1
+                part, offset = item.pos
+                part.marks.resolve(offset)
+                self._dirty = True
+        return mine
+
+    def done(self, item: Item) -> None:
+        part, offset = item.pos
+        part.marks.resolve(offset)
+        self._dirty = True
+
+    async def idle(self) -> None:
+        if self._dirty:
+            self._store()
+
+    def _store(self) -> None:
+        """Store ``confirmable + 1`` of each assigned partition that moved (auto commit sends)."""
+        self._dirty = False
+        offsets = []
+        for part in self._parts.values():
+            upto = part.marks.confirmable
+            if upto is not None and upto >= part.stored:
+                part.stored = upto + 1
+                offsets.append(TopicPartition(TOPIC, part.number, upto + 1))
+        if offsets:
+            assert self._consumer is not None
+            self._consumer.store_offsets(offsets=offsets)
+
+    async def close(self) -> None:
+        consumer = self._consumer
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                self._store()
+            self._consumer = None
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(consumer.close)  # commits stored offsets, leaves the group
+        if self._claims is not None:
+            with contextlib.suppress(Exception):
+                await self._claims.close()

@@ -1,0 +1,430 @@
+"""One measured run, phase by phase (DESIGN.md §3, method.md §4.0 and §7).
+
+reset → web service → consumers → readiness gates → CDC source → senders (gate) → window →
+drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
+work is a participant of the CPU metric: the stack's services, ``web``, ``senders``, each
+consumer, and this runner process itself (its own CPU only, never its children's).
+
+The run is a failure, stored with its error, when anything in the Success predicate of
+method.md §7.1 does not hold: no send failed, and sent = processed = distinct claimed ids =
+work calls = distinct work ids = messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+import psycopg
+from psycopg import sql
+
+from lab import __version__
+from lab.pipelines import PIPELINES
+from lab.results import new_run_id, write_run
+from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.sampler import Participant, Sampler, Snapshot
+from lab.scenario import Scenario
+from lab.settings import Settings, child_env
+from lab.slots import drop_slots
+from lab.stack.native import NativeStack
+from lab.stack.proc import tail
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, dict[str, Any]], None]
+DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many messages were worked
+
+
+class RunError(RuntimeError):
+    """A run that could not complete; the message is stored as the run's error."""
+
+
+def _git_sha(root: Path) -> str | None:
+    res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return res.stdout.strip() or None
+
+
+class Run:
+    """State of one run. Use :func:`run_scenario`."""
+
+    def __init__(self, scenario: Scenario, settings: Settings, stack: NativeStack, progress: Progress) -> None:
+        self.scenario = scenario
+        self.settings = settings
+        self.stack = stack
+        self.progress = progress
+        self.run_id = new_run_id(scenario.pipeline, scenario.consumers)
+        self.scratch = settings.stack_dir / "runs" / self.run_id
+        self.pipeline = PIPELINES[scenario.pipeline](scenario, settings, stack)
+        self.procs: dict[str, psutil.Popen] = {}
+        self.consumers: list[psutil.Popen] = []
+        self.edges: dict[str, Snapshot] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self.samples: list[dict[str, Any]] = []
+
+    # processes -----------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
+        log_path = self.scratch / f"{name}.log"
+        with open(log_path, "ab") as out:
+            return psutil.Popen(
+                [sys.executable, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=child_env(self.settings), cwd=self.settings.root,
+            )
+
+    def participants(self) -> list[Participant]:
+        """Everything that does work in a run, each in its own cgroup where one can be made.
+
+        The runner counts its own CPU only (its children are other participants).
+        """
+        mount = cgroup2_mount()
+        scope = cgroup_scope(self.settings)
+
+        def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> CpuGroup | None:
+            if mount is None:
+                return None
+            g = CpuGroup(mount, name, scope=scope)
+            g.attach(pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
+            return g
+
+        stack = self.stack.participants
+        current = stack()
+        parts = [
+            Participant(name, lambda n=name: stack()[n], cgroup=group(name, current[name]))
+            for name in ("postgres", "kafka", "rabbitmq", "debezium")
+        ]
+        for name in ("web", "senders"):
+            parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
+        parts += [
+            Participant(f"consumer-{i}", [c], group="consumers", cgroup=group(f"consumer-{i}", [c]))
+            for i, c in enumerate(self.consumers)
+        ]
+        me = psutil.Process()
+        parts.append(Participant("runner", [me], recursive=False, cgroup=group("runner", [me], tree=False)))
+        return parts
+
+    async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
+        """One call to the web service on a kept-alive connection (the drain loop polls it)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        async with self._http.request(method, self.settings.web_url + path) as r:
+            if r.status >= 300:
+                raise RunError(f"web service answered {r.status} to {method} {path}")
+            return await r.json() if r.status == 200 else {}
+
+    async def _wait_web(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            if self.procs["web"].poll() is not None:
+                raise RunError(
+                    f"web service exited with {self.procs['web'].returncode}: {tail(self.scratch / 'web.log', 2)}"
+                )
+            try:
+                await self._web("/load/stats")
+                return
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise RunError("web service did not answer within 30 s") from None
+                await asyncio.sleep(0.1)
+
+    # phases --------------------------------------------------------------------------------
+    async def reset(self) -> None:
+        """Stop both Debezium instances, drop our slots, truncate (identity kept), reset web."""
+        for sink in self.stack.debezium:
+            self.stack.stop_debezium(sink)
+        dsn = self.settings.pg_dsn
+        await asyncio.to_thread(drop_slots, dsn, "dbz_")
+        await asyncio.to_thread(drop_slots, dsn, "load_test_slot")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for table in ("inbox", "inbox_wal", "messages"):
+                await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
+        await self._web("/load/reset", "POST")
+
+    async def start_consumers(self) -> None:
+        s = self.scenario
+        payload = json.dumps(s.as_parameters())
+        for i in range(s.consumers):
+            self.consumers.append(self._spawn(f"consumer-{i}", [
+                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", str(i),
+                "--run-dir", str(self.scratch), "--scenario", payload,
+            ]))
+        deadline = time.monotonic() + s.ready_timeout_s
+        while not all((self.scratch / f"consumer-{i}.ready").exists() for i in range(s.consumers)):
+            self._check_consumers_alive()
+            if time.monotonic() > deadline:
+                raise RunError(f"consumers not ready after {s.ready_timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
+    def _check_consumers_alive(self) -> None:
+        for i, c in enumerate(self.consumers):
+            if c.poll() is not None:
+                raise RunError(f"consumer {i} exited with {c.returncode}; see {self.scratch / f'consumer-{i}.log'}")
+
+    async def drain(self, sampler: Sampler) -> dict[str, Any]:
+        """Open the senders' gate, then wait until every sent message was worked on."""
+        s = self.scenario
+        self.edges["gate"] = sampler.snapshot()
+        (self.scratch / "start").touch()
+        senders_out = self.scratch / "senders.json"
+        deadline = time.monotonic() + s.drain_timeout_s
+        sent_result: dict[str, Any] | None = None
+        last_progress = 0.0
+        while True:
+            await asyncio.sleep(DRAIN_POLL_S)
+            self._check_consumers_alive()
+            if sent_result is None and senders_out.exists():
+                sent_result = json.loads(senders_out.read_text())
+            stats = await self._web("/load/stats")
+            now = time.monotonic()
+            if now - last_progress >= 1.0:
+                self.progress("drain", {"processed": stats["calls"]})
+                last_progress = now
+            if sent_result is not None:
+                settled = sent_result["sent"] + sent_result["send_failed"] >= s.messages
+                if settled and stats["calls"] >= sent_result["sent"]:
+                    break
+                if sent_result["sent"] == 0:
+                    break
+            elif self.procs["senders"].poll() not in (None, 0):
+                raise RunError(f"senders exited with {self.procs['senders'].returncode}")
+            if now > deadline:
+                raise RunError(f"not drained after {s.drain_timeout_s:.0f} s: {stats['calls']} processed")
+        self.edges["drained"] = sampler.snapshot()
+        return sent_result
+
+    async def stop_consumers(self) -> list[dict[str, Any]]:
+        for c in self.consumers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                c.send_signal(signal.SIGTERM)
+        results = []
+        for i, c in enumerate(self.consumers):
+            try:
+                await asyncio.to_thread(c.wait, 30)
+            except psutil.TimeoutExpired:
+                c.kill()
+            path = self.scratch / f"consumer-{i}.json"
+            results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
+        return results
+
+    async def verify(self) -> dict[str, Any]:
+        table = sql.Identifier(self.pipeline.inbox_table)
+        key, owner = ("wal", "slot") if self.pipeline.inbox_table == "inbox_wal" else ("id", "consumer")
+        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*), count(DISTINCT {}) FROM {}").format(sql.Identifier(key), table)
+            )
+            rows, distinct = await cur.fetchone()
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
+            )
+            claims = [r[0] for r in await cur.fetchall()]
+        stats = await self._web("/load/stats")
+        return {
+            "inbox_rows": rows, "distinct_ids": distinct,
+            "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
+            "work_calls": stats["calls"], "work_distinct": stats["distinct"],
+        }
+
+    async def cleanup(self) -> None:
+        """Stop our processes and the pipeline's source, drop slots; never raises."""
+        for c in self.consumers:
+            if c.poll() is None:
+                with contextlib.suppress(psutil.Error):
+                    c.kill()
+        with contextlib.suppress(Exception):
+            await self.pipeline.teardown()
+        for name in ("senders", "web"):
+            p = self.procs.get(name)
+            if p is not None and p.poll() is None:
+                with contextlib.suppress(psutil.Error):
+                    p.terminate()
+                    await asyncio.to_thread(p.wait, 10)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(drop_slots, self.settings.pg_dsn, "load_test_slot")
+        if self._http is not None:
+            await self._http.close()
+
+    async def execute(self) -> dict[str, Any]:
+        s, st = self.scenario, self.settings
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        started_at = datetime.now(UTC).isoformat()
+        sampler: Sampler | None = None
+        error: str | None = None
+        sent: dict[str, Any] = {}
+        consumer_results: list[dict[str, Any]] = []
+        checks: dict[str, Any] = {}
+        try:
+            self.progress("setup", {})
+            web_args = ["-m", "lab.web", "--port", str(st.web_port), "--dsn", st.pg_dsn]
+            if s.work_delay_ms:
+                web_args += ["--work-delay-ms", str(s.work_delay_ms)]
+            self.procs["web"] = self._spawn("web", web_args)
+            await self._wait_web()
+            await self.reset()
+            await self.pipeline.prepare()
+            sender_args = [
+                "-m", "lab.senders", "--url", st.web_url, "--messages", str(s.messages),
+                "--senders", str(s.senders), "--start-file", str(self.scratch / "start"),
+                "--out", str(self.scratch / "senders.json"),
+            ]
+            if s.rate:
+                sender_args += ["--rate", str(s.rate)]
+            self.procs["senders"] = self._spawn("senders", sender_args)
+            await self.start_consumers()
+            self.progress("ready", {})
+            await self.pipeline.wait_ready()
+            await self.pipeline.start_source()
+            sampler = Sampler(self.participants())
+            sampler.start()
+            sent = await self.drain(sampler)
+            sampler.stop()
+            consumer_results = await self.stop_consumers()
+            checks = await self.verify()
+        except Exception as exc:
+            log.exception("run %s failed", self.run_id)
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            await self.cleanup()
+        await self._checkpoint_and_cool()
+        return self._assemble(started_at, sampler, sent, consumer_results, checks, error)
+
+    async def _checkpoint_and_cool(self) -> None:
+        with contextlib.suppress(Exception):
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                await conn.execute("CHECKPOINT")
+        if self.scenario.cooldown_s:
+            self.progress("cooldown", {})
+            await asyncio.sleep(self.scenario.cooldown_s)
+
+    def _assemble(self, started_at: str, sampler: Sampler | None, sent: dict[str, Any],
+                  consumers: list[dict[str, Any]], checks: dict[str, Any], error: str | None) -> dict[str, Any]:
+        s = self.scenario
+        processed = sum(c.get("processed", 0) for c in consumers)
+        counters = {
+            "sent": sent.get("sent", 0), "send_failed": sent.get("send_failed", 0),
+            "processed": processed,
+            "skipped": sum(c.get("skipped", 0) for c in consumers),
+            "failures": sum(c.get("failures", 0) for c in consumers),
+            "db_ops": sum(c.get("db_ops", 0) for c in consumers),
+            "decoded_bytes": sum(c.get("decoded_bytes", 0) for c in consumers),
+            **checks,
+        }
+        consumer_errors = [f"consumer {c['index']}: {c['error']}" for c in consumers if c.get("error")]
+        if error is None and consumer_errors:
+            error = "; ".join(consumer_errors)
+        m = s.messages
+        success = (
+            error is None and counters["send_failed"] == 0 and counters["sent"] == m
+            and processed == m and checks.get("distinct_ids") == m
+            and checks.get("work_calls") == m and checks.get("work_distinct") == m
+        )
+        if error is None and not success:
+            error = "counters do not match: " + ", ".join(
+                f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls", "work_distinct")
+            )
+        t0 = sent.get("first_send_mono")
+        lasts = [c["last_work_mono"] for c in consumers if c.get("last_work_mono")]
+        t1 = max(lasts) if lasts else None
+        cpu_s: dict[str, float] = {}
+        mem_mb: dict[str, float] = {}
+        window: dict[str, Any] = {}
+        if sampler is not None and t0 and t1 and t1 > t0:
+            timeline = sampler.timeline()
+            a, b = interpolate(timeline, t0), interpolate(timeline, t1)
+            window = sampler.window(a, b)
+            self.samples = sampler.timeline_rows(origin=a)
+            parts = {n: v for n, v in window["participants"].items() if not n.startswith("consumer-")}
+            parts.update(window["groups"])
+            cpu_s = {n: v["cpu_s"] for n, v in parts.items()}
+            mem_mb = {n: v["rss_mb_mean"] for n, v in parts.items()}
+            for c in consumers:
+                w = window["participants"].get(f"consumer-{c['index']}")
+                if w:
+                    c["cpu_s"], c["rss_mb_mean"] = w["cpu_s"], w["rss_mb_mean"]
+            cpu_s["unattributed"] = window["unattributed_cpu_s"]
+        total = sum(v for k, v in cpu_s.items() if k != "unattributed")
+        return {
+            "run_id": self.run_id,
+            "started_at": started_at,
+            "scenario": s.as_parameters(),
+            "pipeline_settings": self.pipeline.describe(),
+            "success": success,
+            "error": error,
+            "window_s": round(t1 - t0, 3) if t0 and t1 else None,
+            "cpu_ms_per_msg": round(total * 1000 / m, 4) if window else None,
+            "cpu_s": cpu_s,
+            "mem_mb": mem_mb,
+            "counters": counters,
+            "senders": sent,
+            "consumers": consumers,
+            "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",
+                                                    "sampler_core_pct")},
+            "versions": self._versions(),
+            "host": {"hostname": socket.gethostname(), "cpus": psutil.cpu_count(), "platform": platform.platform(),
+                     "python": platform.python_version()},
+            "git_sha": _git_sha(self.settings.root),
+            "lab_version": __version__,
+        }
+
+    def _versions(self) -> dict[str, str]:
+        out = {}
+        for status in self.stack.status():
+            if status.version:
+                out[status.name] = status.version
+        return out
+
+
+def interpolate(timeline: list[Snapshot], t: float) -> Snapshot:
+    """The counters at monotonic time ``t``, linear between the two readings around it.
+
+    The runner reads every counter right before opening the senders' gate and right after
+    the drain is seen; the window's exact edges (first send completion, last work completion)
+    fall between those and the background samples, so the interpolated span is short.
+    """
+    snaps = sorted(timeline, key=lambda s: s.t_mono)
+    before = [s for s in snaps if s.t_mono <= t]
+    after = [s for s in snaps if s.t_mono >= t]
+    if not before or not after:
+        raise ValueError(f"t={t} is outside the sampled timeline")
+    a, b = before[-1], after[0]
+    if b.t_mono == a.t_mono:
+        return a
+    f = (t - a.t_mono) / (b.t_mono - a.t_mono)
+
+    def mix(x: float, y: float) -> float:
+        return x + (y - x) * f
+
+    names = a.cpu_s.keys() & b.cpu_s.keys()
+    return Snapshot(
+        t_mono=t,
+        t_wall=mix(a.t_wall, b.t_wall),
+        cpu_s={n: mix(a.cpu_s[n], b.cpu_s[n]) for n in names},
+        rss_mb={n: mix(a.rss_mb.get(n, 0.0), b.rss_mb.get(n, 0.0)) for n in names},
+        host_busy_s=mix(a.host_busy_s, b.host_busy_s),
+        sampler_cpu_s=mix(a.sampler_cpu_s, b.sampler_cpu_s),
+    )
+
+
+async def run_scenario(
+    scenario: Scenario, settings: Settings, *, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Execute one run on the native stack, store it under data/runs/, return run.json's content."""
+    stack = NativeStack(settings)
+    await asyncio.to_thread(stack.up)
+    run = Run(scenario, settings, stack, progress or (lambda phase, info: None))
+    result = await run.execute()
+    write_run(result, run.samples, settings=settings)
+    return result

@@ -1,0 +1,69 @@
+"""One measured run end to end with the direct WAL fan-out pipeline, on the real stack."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import psycopg
+import pytest
+
+from lab.results import load_runs, read_samples
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
+
+pytestmark = pytest.mark.integration
+M = 2000
+
+
+def run(settings: Settings, **kw: object) -> dict:
+    return asyncio.run(run_scenario(Scenario(**{"messages": M, "cooldown_s": 0, **kw}), settings))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
+    r = run(settings, pipeline="wal", consumers=n)
+    c = r["counters"]
+    assert r["success"], r["error"]
+    assert c["sent"] == c["processed"] == c["work_calls"] == c["work_distinct"] == M
+    assert c["skipped"] == (n - 1) * M  # every reader sees every row
+    assert c["db_ops"] >= n * M // 100  # one claim per batch of at most 100
+    assert c["inbox_rows"] == c["distinct_ids"] == M
+    assert sum(x["processed"] for x in r["consumers"]) == M
+    assert c["claims_min"] * n <= M <= c["claims_max"] * n
+    # the metric: every participant measured over the window, divided by M
+    assert r["window_s"] > 0 and r["cpu_ms_per_msg"] > 0
+    for name in ("postgres", "web", "senders", "consumers", "runner", "kafka", "rabbitmq"):
+        assert name in r["cpu_s"]
+    assert r["cpu_s"]["postgres"] > 0 and r["cpu_s"]["consumers"] > 0 and r["cpu_s"]["web"] > 0
+    total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
+    assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / M, rel=1e-3)
+    assert len(r["consumers"]) == n and all("cpu_s" in x for x in r["consumers"])
+    # nothing left behind for the next run
+    with psycopg.connect(settings.pg_dsn) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
+    assert left == 0
+    # stored, with its timeline
+    df = load_runs(settings=settings)
+    row = df[df["run_id"] == r["run_id"]].iloc[0]
+    assert row["success"] and row["consumers"] == n
+    samples = read_samples(r["run_id"], settings=settings)
+    assert {"postgres", "consumers", "host"} <= set(samples["participant"])
+
+
+def test_a_run_without_its_web_service_is_stored_as_failed(stack: object, settings: Settings) -> None:
+    with socket.socket() as blocker:  # the web service cannot bind its port
+        blocker.bind(("127.0.0.1", 0))
+        port = blocker.getsockname()[1]
+        other = settings.replace(web_port=port)
+        blocker.listen()
+        blocker.settimeout(0)
+        r = run(other, pipeline="wal", consumers=1, messages=100)
+    assert r["success"] is False
+    assert r["error"] and "web" in r["error"]
+    df = load_runs(settings=settings)
+    stored = df[df["run_id"] == r["run_id"]].iloc[0]
+    assert not stored["success"] and stored["error"] == r["error"]
+    with psycopg.connect(settings.pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0

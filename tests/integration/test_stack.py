@@ -1,0 +1,100 @@
+"""The native stack as a user drives it: `lab stack ...` against the session's real stack."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from lab.settings import Settings
+from tests.conftest import lab_env
+
+pytestmark = pytest.mark.integration
+LAB = [sys.executable, "-m", "lab"]
+
+
+def lab(settings: Settings, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LAB, *args], env=env or lab_env(settings), capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_status_json_lists_every_service(stack: object, settings: Settings) -> None:
+    res = lab(settings, "stack", "status", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert {"postgres", "kafka", "rabbitmq", "debezium-kafka", "debezium-rabbitmq"} <= rows.keys()
+    for name in ("postgres", "kafka", "rabbitmq"):
+        assert rows[name]["state"] == "running"
+        assert rows[name]["pids"] and rows[name]["rss_mb"] > 10
+        assert rows[name]["version"]
+    assert rows["postgres"]["version"].startswith("18")
+    assert rows["kafka"]["version"].startswith("4.")
+    assert str(settings.pg_port) in rows["postgres"]["endpoint"]
+    assert rows["debezium-kafka"]["state"] == "stopped"
+
+
+def test_up_twice_is_a_no_op(stack: object, settings: Settings) -> None:
+    before = json.loads(lab(settings, "stack", "status", "--json").stdout)
+    res = lab(settings, "stack", "up")
+    assert res.returncode == 0, res.stderr
+    after = json.loads(lab(settings, "stack", "status", "--json").stdout)
+    assert [r["pids"] for r in before] == [r["pids"] for r in after]
+
+
+def test_status_warns_about_an_inactive_slot(stack: object, settings: Settings) -> None:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('lab_idle_probe', 'pgoutput')")
+        conn.execute("INSERT INTO messages (content) VALUES ('x')")
+        try:
+            res = lab(settings, "stack", "status")
+            assert "replication slot lab_idle_probe is inactive and retains" in res.stdout
+            rows = json.loads(lab(settings, "stack", "status", "--json").stdout)
+            pg = next(r for r in rows if r["name"] == "postgres")
+            slots = {s["slot"]: s for s in pg["detail"]["inactive_slots"]}
+            assert slots["lab_idle_probe"]["retained_wal_bytes"] > 0
+        finally:
+            conn.execute("SELECT pg_drop_replication_slot('lab_idle_probe')")
+
+
+def test_unknown_sink_is_one_clear_line(stack: object, settings: Settings) -> None:
+    res = lab(settings, "stack", "debezium", "start", "pulsar")
+    assert res.returncode == 2
+    assert res.stderr.strip() == "lab: error: unknown Debezium sink 'pulsar': choose one of kafka, rabbitmq"
+
+
+def test_taken_port_stops_up_before_anything_starts(settings: Settings, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        env = lab_env(settings.replace(stack_dir=tmp_path / "s", pg_port=port))
+        res = lab(settings, "stack", "up", env=env)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"lab: error: port {port} needed by PostgreSQL is already in use by another process; "
+        f"stop that process or choose another port with LAB_PG_PORT=<port>"
+    )
+    assert not list((tmp_path / "s").rglob("pid.json"))
+
+
+def test_missing_maven_is_named(settings: Settings, tmp_path: Path) -> None:
+    env = lab_env(settings.replace(stack_dir=tmp_path / "s", cache_dir=tmp_path / "cache"))
+    env["PATH"] = str(Path(sys.executable).parent)
+    res = lab(settings, "stack", "provision", env=env)
+    assert res.returncode == 2
+    assert "mvn not found on PATH; install Maven" in res.stderr
+
+
+def test_old_java_is_refused(settings: Settings, tmp_path: Path) -> None:
+    old = next((p for p in Path("/usr/lib/jvm").glob("*17*") if (p / "bin" / "java").exists()), None)
+    if old is None:
+        pytest.skip("no Java 17 on this machine to play the old Java")
+    env = lab_env(settings.replace(stack_dir=tmp_path / "s", java_home=old))
+    res = lab(settings, "stack", "provision", env=env)
+    assert res.returncode == 2
+    assert "Java 21+ is needed for Kafka and Debezium" in res.stderr and "(17)" in res.stderr

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lab.results import load_runs, read_run, read_samples, write_run
+from lab.settings import Settings
+
+
+def _run(run_id: str, started: str, success: bool = True) -> dict[str, object]:
+    return {
+        "run_id": run_id, "started_at": started, "success": success, "error": None if success else "boom",
+        "scenario": {"pipeline": "wal", "consumers": 2, "messages": 10},
+        "counters": {"sent": 10, "processed": 10 if success else 3},
+        "cpu_s": {"postgres": 1.5, "web": 0.5}, "mem_mb": {"postgres": 100.0},
+        "window_s": 1.0, "cpu_ms_per_msg": 200.0, "consumers": [{"index": 0}],
+    }
+
+
+def test_write_is_atomic_and_loads_back(tmp_path: Path) -> None:
+    settings = Settings().replace(data_dir=tmp_path)
+    path = write_run(_run("b", "2026-01-02"), [{"t": 0.0, "participant": "web", "cpu_s": 0.1, "rss_mb": 5}],
+                     settings=settings)
+    write_run(_run("a", "2026-01-01", success=False), settings=settings)
+    assert path == tmp_path / "runs" / "b" and not list((tmp_path / "runs").glob("*.tmp"))
+    assert json.loads((path / "run.json").read_text())["schema_version"] == 1
+    assert read_run("b", settings=settings)["cpu_s"]["web"] == 0.5
+    assert read_samples("b", settings=settings)["participant"].tolist() == ["web"]
+    df = load_runs(settings=settings)
+    assert df["run_id"].tolist() == ["a", "b"]  # sorted by start time
+    assert df.loc[1, "cpu_s.postgres"] == 1.5 and df.loc[1, "pipeline"] == "wal"
+    assert df.loc[0, "error"] == "boom"  # failed runs are kept
+    assert load_runs(settings=settings, include_failed=False)["run_id"].tolist() == ["b"]
+
+
+def test_no_runs_is_an_empty_frame(tmp_path: Path) -> None:
+    assert load_runs(settings=Settings().replace(data_dir=tmp_path)).empty

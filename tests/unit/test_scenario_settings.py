@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lab.scenario import MAX_CONSUMERS, PIPELINE_NAMES, Scenario
+from lab.settings import Settings, settings_env
+
+
+def test_defaults_are_the_reference_bench() -> None:
+    s = Scenario()
+    assert (s.messages, s.senders, s.batch_size, s.poll_wait_ms, s.flush_wait_ms) == (100_000, 200, 100, 100, 50)
+    assert s.cooldown_s == 20 and s.drain_timeout_s == 600 and s.ready_timeout_s == 120
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"pipeline": "nats"}, "unknown pipeline 'nats'"),
+        ({"consumers": 0}, "consumers must be between 1 and"),
+        ({"consumers": MAX_CONSUMERS + 1}, "max_wal_senders"),
+        ({"messages": 0}, "messages must be at least 1"),
+        ({"senders": 0}, "senders must be at least 1"),
+        ({"rate": -1}, "rate must not be negative"),
+        ({"drain_timeout_s": 0}, "drain_timeout_s must be positive"),
+    ],
+)
+def test_bad_values_are_one_clear_error(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Scenario(**changes)
+
+
+def test_parameters_round_trip() -> None:
+    s = Scenario(pipeline="kafka", consumers=4, messages=10, label="x")
+    assert Scenario(**s.as_parameters()) == s
+    assert set(s.as_parameters()) == set(Scenario.field_names())
+    assert all(isinstance(v, str | int | float | bool) for v in s.as_parameters().values())
+    assert set(PIPELINE_NAMES) == {"wal", "wal-sharded", "kafka", "rabbitmq"}
+
+
+def test_settings_pass_to_children_through_the_environment() -> None:
+    s = Settings.from_env({}).replace(pg_port=1234, rabbitmq_node="x@localhost")
+    assert Settings.from_env(settings_env(s)) == s
+
+
+def test_settings_reject_a_bad_port() -> None:
+    with pytest.raises(ValueError, match="LAB_PG_PORT='abc' is not an integer"):
+        Settings.from_env({"LAB_PG_PORT": "abc"})
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "--pipeline", "nope"], "lab: error: unknown pipeline 'nope'"),
+        (["run", "--consumers", "0"], "lab: error: consumers must be between 1 and 60"),
+        (["run", "--messages", "0"], "lab: error: messages must be at least 1, got 0"),
+    ],
+)
+def test_cli_rejects_bad_scenarios_before_starting_anything(args: list[str], line: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, check=False)
+    assert res.returncode == 2
+    assert res.stderr.startswith(line) and len(res.stderr.strip().splitlines()) == 1
