@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit test-integration up down status report lab clean
+
+.PHONY: setup system-deps test test-unit test-integration up down status report lab clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,8 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP)  ## idempotent: venv, package, system packages, stack artifacts
+setup: system-deps $(STAMP)  ## idempotent: system packages, venv, package, stack artifacts
 	$(BIN)/lab stack provision
+
+system-deps:
+	bash scripts/system-deps.sh
 
 test: setup  ## unit tests, then integration tests against the real native stack
 	$(BIN)/pytest tests
@@ -33,8 +37,10 @@ down:
 status:
 	$(BIN)/lab stack status
 
-report: setup
-	$(BIN)/lab report
+report: setup  ## the study (notebooks, cost model, HTML report) arrives with issue 5
+	@echo "make report: the study notebooks are not built yet; for now run single measurements:" >&2
+	@echo "  .venv/bin/lab stack up && .venv/bin/lab run --pipeline wal --consumers 4 --json" >&2
+	@exit 2
 
 clean: down
 	rm -rf .stack

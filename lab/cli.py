@@ -138,6 +138,23 @@ def _print_run(result: dict[str, object]) -> None:
     )
 
 
+def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.bench import bench_stack
+
+    out = bench_stack(settings, idle_s=args.idle_s, say=_say)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _bench_run(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.bench import bench_run
+
+    fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
+    out = bench_run(Scenario(**fields), settings, repeats=args.repeats, say=_say)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
 def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
     rows = [s.__dict__ for s in statuses]
     if as_json:
@@ -187,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_options(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.set_defaults(handler=_run)
+
+    bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures for docs/benchmarks.md)")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
+    bstack.add_argument("--idle-s", type=float, default=30.0, help="idle measurement (default 30 s)")
+    bstack.set_defaults(handler=_bench_stack)
+    brun = bsub.add_parser("run", help="repeat one scenario: median ms CPU/msg per participant")
+    _scenario_options(brun)
+    brun.add_argument("--repeats", type=int, default=3)
+    brun.set_defaults(handler=_bench_run)
     return parser
 
 

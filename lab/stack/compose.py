@@ -11,10 +11,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lab.settings import Settings
-from lab.stack.base import Endpoints, ServiceStatus, StackError, check_sink
+from lab.stack.base import DEBEZIUM_SINKS, Endpoints, ServiceStatus, StackError, check_sink
 
 SERVICES = ("postgres", "kafka", "rabbitmq")
 PROJECT = "fanout-lab"
@@ -62,6 +63,23 @@ def _container(client: Any, service: str) -> Any | None:
     return found[0] if found else None
 
 
+def compose_properties_path(settings: Settings, sink: str) -> Path:
+    return settings.root / "docker" / f"debezium-{sink}.properties"
+
+
+def write_compose_properties(settings: Settings) -> list[Path]:
+    """Render the Debezium configs docker-compose.yml mounts, from the native templates."""
+    from lab.stack.debezium import render_properties
+
+    paths = []
+    for sink in DEBEZIUM_SINKS:
+        path = compose_properties_path(settings, sink)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(render_properties(settings, sink, compose=True))
+        paths.append(path)
+    return paths
+
+
 class ComposeStack:
     backend = "compose"
 
@@ -94,6 +112,7 @@ class ComposeStack:
 
     def provision(self) -> None:
         self._client()
+        write_compose_properties(self.settings)
         self._compose("pull", "--quiet")
 
     def up(self) -> None:

@@ -94,8 +94,16 @@ def _escape(value: object) -> str:
     return "\\" + text if text[:1].isspace() else text
 
 
-def render_properties(settings: Settings, sink: str) -> str:
-    """``application.properties`` for ``sink``: method.md §1.5 with this stack's endpoints."""
+# Inside docker-compose.yml's network the services are reached by name on their own ports.
+COMPOSE_ENDPOINTS = {"pg_host": "postgres", "pg_port": 5432, "kafka_bootstrap": "kafka:19092",
+                     "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080}
+
+
+def render_properties(settings: Settings, sink: str, *, compose: bool = False) -> str:
+    """``application.properties`` for ``sink``: method.md §1.5 with this stack's endpoints.
+
+    ``compose=True`` renders the file docker-compose.yml mounts (container-network endpoints).
+    """
     s = settings
     values = {
         "http_port": http_port(s, sink),
@@ -107,6 +115,8 @@ def render_properties(settings: Settings, sink: str) -> str:
         "amqp_user": s.rabbitmq_user, "amqp_password": s.rabbitmq_password,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
     }
+    if compose:
+        values.update(COMPOSE_ENDPOINTS)
     text = (resources.files("lab.stack") / "templates" / f"debezium-{sink}.properties").read_text()
     return string.Template(text).substitute({k: _escape(v) for k, v in values.items()})
 

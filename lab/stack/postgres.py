@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PUBLICATION = "load_test_pub"
-PUBLISHED_TABLE = "messages"
 LOOPBACK = "127.0.0.1"
 MAJOR = 18
 START_TIMEOUT = 60.0
@@ -372,15 +371,9 @@ class PostgresService:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
 
     def _apply_schema(self) -> None:
-        """schema.sql (idempotent) and the publication, only if missing (method.md §2)."""
+        """schema.sql: tables and the publication, each created only if missing (method.md §2)."""
         with psycopg.connect(self._dsn()) as conn, conn.transaction():
             conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
-            exists = conn.execute(
-                "SELECT 1 FROM pg_publication WHERE pubname = %s", [PUBLICATION]
-            ).fetchone()
-            if exists is None:
-                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                    sql.Identifier(PUBLICATION), sql.Identifier(PUBLISHED_TABLE)))
 
 
 def _grant_traverse(target: Path, user: str, uid: int, gids: set[int]) -> None:

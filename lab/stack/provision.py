@@ -74,7 +74,9 @@ def java_home(settings: Settings) -> Path:
 def mvn(*args: str, what: str) -> None:
     """Run Maven in batch mode; a failure becomes one clear StackError line."""
     exe = require_tool("mvn", "install Maven (apt-get install maven) to fetch Kafka and Debezium")
-    cmd = [exe, "-B", "-q", *args]
+    # Maven takes its home from the password database, not $HOME: name the repository so that
+    # mvn and maven_artifact() always agree on where artifacts are.
+    cmd = [exe, "-B", "-q", f"-Dmaven.repo.local={m2_repository()}", *args]
     log.info("mvn %s", " ".join(args))
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:

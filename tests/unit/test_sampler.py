@@ -3,14 +3,18 @@
 Every process of the tree reports ``time.process_time()`` (its whole CPU time, interpreter start-up
 included) right before it exits or blocks (the churn test takes each child's exact total from its
 parent's ``wait4`` rusage), so the expected total depends neither on wall time nor on other load.
+The cgroup tests move the processes they start into cgroups under ``fanout-lab/test-sampler``
+(removed afterwards); they are skipped without a writable cgroup v2 mount.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+import lab.sampler
+from lab.cgroups import PREFIX, CpuGroup, cgroup2_mount
 from lab.sampler import TIMELINE_COLUMNS, Participant, Sampler
 
 log = logging.getLogger(__name__)
@@ -249,3 +255,144 @@ def test_groups_sum_their_members_and_names_are_checked():
         Sampler([Participant("x", []), Participant("x", [])])
     with pytest.raises(ValueError):
         Sampler([Participant("x", [])], period=2)
+
+
+@pytest.fixture
+def cgroups():
+    """Make test cgroups; afterwards kill what is left in them (our own children), remove them."""
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no writable cgroup v2 mount (needs root)")
+    made: list[CpuGroup] = []
+
+    def make(name: str) -> CpuGroup:
+        made.append(CpuGroup(mount, name, scope="test-sampler"))
+        return made[-1]
+
+    yield make
+    for g in made:
+        for pid in g.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if not g.pids():
+                break
+            threading.Event().wait(0.05)
+        g.remove()
+    for path in (mount / PREFIX / "test-sampler", mount / PREFIX):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def test_cgroup_participant_counts_children_born_and_gone_inside_the_window_within_2_percent(
+        burner, cgroups):
+    script, report = burner
+    root = _start(script, report, "root", 0.5, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    outside_report = report.with_name("outside.txt")
+    other: subprocess.Popen | None = None
+    try:
+        assert root.stdout.readline() == b"ready\n"
+        group = cgroups("tree")
+        assert group.attach([root.pid]) == 1  # idle until told to go; its children inherit it
+        tree = Participant("tree", [psutil.Process(root.pid)], cgroup=group)
+        outsider_roots: list[psutil.Process] = []
+        outside = Participant("outside", lambda: outsider_roots)  # no cgroup: the tree walk
+        with Sampler([tree, outside], period=0.2) as sampler:
+            a = sampler.snapshot()
+            root.stdin.write(b"g")
+            root.stdin.flush()
+            other = _start(script, outside_report, "leaf", 0.4,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            outsider_roots.append(psutil.Process(other.pid))
+            assert other.stdout.readline() == b"done\n"
+            assert root.stdout.readline() == b"done\n"
+            b = sampler.snapshot()
+            members = sorted(group.pids())
+        w = sampler.window(a, b)
+        walked = Sampler([Participant("tree", [psutil.Process(root.pid)])]).snapshot()
+    finally:
+        root.stdin.close()
+        root.wait(10)
+        if other is not None:
+            other.stdin.close()
+            other.wait(10)
+
+    got = _reports(report)
+    shorts = [v for k, v in got.items() if k.startswith("short-")]
+    assert len(shorts) == 3  # two children and one grandchild started and exited in the window
+    expected = got["root-end"] - got["root-start"] + sum(shorts) + got["mid"] + got["leaf"]
+    measured = w["participants"]["tree"]["cpu_s"]
+    log.info(f"cgroup tree: measured {measured:.3f} s, expected {expected:.3f} s, "
+             f"error {100 * (measured / expected - 1):+.2f} %")
+    assert measured == pytest.approx(expected, rel=0.02), (measured, expected, got)
+    outside_expected = _reports(outside_report)["leaf"]
+    assert w["participants"]["outside"]["cpu_s"] == pytest.approx(outside_expected, abs=0.03)
+    assert len(members) == 3  # root, mid and leaf: live at the end, taken from cgroup.procs
+    # the same processes' memory, whether their pids come from the cgroup or from the tree walk
+    assert b.rss_mb["tree"] > 5
+    assert b.rss_mb["tree"] == pytest.approx(walked.rss_mb["tree"], abs=1.0)
+
+
+def test_readings_with_only_cgroup_participants_never_list_proc_and_keep_rss(
+        burner, cgroups, monkeypatch, caplog):
+    script, report = burner
+    procs = [_start(script, report, "leaf", 0, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+             for _ in range(2)]
+    try:
+        parts = []
+        for i, p in enumerate(procs):
+            assert p.stdout.readline() == b"done\n"
+            g = cgroups(f"idle-{i}")
+            g.attach([p.pid])
+            parts.append(Participant(f"idle-{i}", [psutil.Process(p.pid)], cgroup=g))
+        sampler = Sampler(parts, period=0.05, rss_every=4)
+        rss_reads = []
+        group_rss = lab.sampler._group_rss_mb
+
+        def counted(pids):
+            rss_reads.append(sorted(pids))
+            return group_rss(pids)
+
+        def no_listing(*args, **kwargs):
+            raise AssertionError("a reading listed a directory")
+
+        monkeypatch.setattr(lab.sampler, "_group_rss_mb", counted)
+        with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="lab.sampler"):
+            m.setattr(os, "listdir", no_listing)
+            m.setattr(os, "scandir", no_listing)
+            a = sampler.snapshot()
+            with sampler:
+                for _ in range(400):  # a failed reading adds nothing to the timeline
+                    if len(sampler.timeline()) >= 11:
+                        break
+                    threading.Event().wait(0.05)
+            b = sampler.snapshot()
+        walked = Sampler([Participant(p.name, p.current_roots()) for p in parts]).snapshot()
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(10)
+
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    background = len(sampler.timeline()) - 2
+    assert background >= 9
+    # RSS is read at both snapshots and at every 4th background reading, for each participant
+    assert len(rss_reads) == 2 * (2 + (background + 3) // 4)
+    assert all(pids in ([p.pid] for p in procs) for pids in rss_reads)
+    for snap in sampler.timeline():
+        for p in parts:  # reported at every reading, carried in between
+            assert snap.rss_mb[p.name] > 5
+            assert snap.rss_mb[p.name] == pytest.approx(walked.rss_mb[p.name], abs=1.0)
+    assert sampler.window(a, b)["participants"]["idle-0"]["cpu_s"] < 0.05  # idle processes
+
+
+def test_a_root_outside_its_cgroup_is_logged_at_snapshots(cgroups, caplog):
+    group = cgroups("empty")
+    me = psutil.Process()
+    sampler = Sampler([Participant("lost", [me], cgroup=group)])
+    with caplog.at_level(logging.WARNING, logger="lab.sampler"):
+        s1, s2 = sampler.snapshot(), sampler.snapshot()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"participant lost: root pid {me.pid} is not in its cgroup {group.path}; "
+        "its CPU is not counted"]  # once, not at every snapshot
+    assert s1.cpu_s["lost"] == s2.cpu_s["lost"] == 0 and s1.rss_mb["lost"] == 0

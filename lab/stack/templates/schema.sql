@@ -1,5 +1,5 @@
--- fanout-lab schema (method.md §2). Applied on every PostgreSQL start, so every statement is
--- idempotent. The publication is created from Python, only when missing.
+-- fanout-lab schema (method.md §2). Applied on every PostgreSQL start of the native stack and by
+-- docker-compose.yml's init script, so every statement is idempotent.
 
 -- The outbox: one autocommit INSERT ... RETURNING per sender request. created_at is set by the
 -- database so that WAL readers and the Debezium envelope see the same clock.
@@ -17,9 +17,19 @@ CREATE TABLE IF NOT EXISTS inbox (
     CONSTRAINT pk_inbox PRIMARY KEY (id)
 ) WITH (autovacuum_enabled = false);
 
--- Claims of the direct WAL readers, keyed by the commit position.
+-- Claims of the direct WAL readers, keyed by the row's own WAL position (its Insert's LSN).
 CREATE TABLE IF NOT EXISTS inbox_wal (
     wal  pg_lsn      NOT NULL,
     slot varchar(64) NOT NULL,
     CONSTRAINT pk_inbox_wal PRIMARY KEY (wal)
 ) WITH (autovacuum_enabled = false);
+
+-- The one publication every reader streams: both Debezium servers and all direct readers.
+-- Default publish (insert, update, delete, truncate), hence Debezium's skipped.operations=t,u,d.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'load_test_pub') THEN
+        CREATE PUBLICATION load_test_pub FOR TABLE messages;
+    END IF;
+END
+$$;

@@ -1,0 +1,95 @@
+"""Benchmarks of the workbench itself: ``lab bench stack`` and ``lab bench run``.
+
+Figures go to ``docs/benchmarks.md`` with the command and the machine. Shared machines are noisy:
+report medians and ratios from one invocation, never a single absolute time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.runner import run_scenario
+from lab.sampler import Participant, Sampler
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.stack.native import NativeStack
+
+Say = Callable[[str], None]
+
+
+def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _: None) -> dict[str, Any]:
+    """Warm ``up`` time, idle CPU % and RSS per service, Debezium start-to-streaming per sink."""
+    stack = NativeStack(settings)
+    stack.provision()
+    say("stopping the stack for a warm start")
+    stack.down()
+    t0 = time.monotonic()
+    stack.up()
+    out: dict[str, Any] = {"warm_up_s": round(time.monotonic() - t0, 1)}
+    say(f"warm up: {out['warm_up_s']} s; measuring idle services for {idle_s:.0f} s")
+    mount, scope = cgroup2_mount(), cgroup_scope(settings)
+    parts = []
+    for name, roots in stack.participants().items():
+        if name == "debezium":
+            continue
+        group = None
+        if mount is not None:
+            group = CpuGroup(mount, name, scope=scope)
+            group.attach(pid for r in roots for pid in tree_pids(r.pid))
+        parts.append(Participant(name, roots, cgroup=group))
+    sampler = Sampler(parts)
+    with sampler:
+        a = sampler.snapshot()
+        time.sleep(idle_s)
+        b = sampler.snapshot()
+    window = sampler.window(a, b)
+    out["idle"] = {
+        name: {"cpu_pct": round(100 * v["cpu_s"] / window["window_s"], 2), "rss_mb": v["rss_mb_mean"]}
+        for name, v in window["participants"].items()
+    }
+    out["debezium_start_s"] = {}
+    for sink, service in stack.debezium.items():
+        say(f"starting debezium-{sink}")
+        t0 = time.monotonic()
+        service.start()
+        out["debezium_start_s"][sink] = round(time.monotonic() - t0, 1)
+        rss = sum(p.memory_info().rss for r in service.processes() for p in [r, *r.children(True)])
+        out.setdefault("debezium_rss_mb", {})[sink] = round(rss / 2**20)
+        service.stop()
+    return out
+
+
+def bench_run(
+    scenario: Scenario, settings: Settings, *, repeats: int = 3, say: Say = lambda _: None
+) -> dict[str, Any]:
+    """``repeats`` runs of one scenario: median ms CPU/msg in total and per participant."""
+    runs = []
+    for i in range(repeats):
+        say(f"run {i + 1}/{repeats}: {scenario.slug}")
+        result = asyncio.run(run_scenario(scenario, settings))
+        if not result["success"]:
+            raise RuntimeError(f"run {result['run_id']} failed: {result['error']}")
+        runs.append(result)
+    m = scenario.messages
+    totals = [r["cpu_ms_per_msg"] for r in runs]
+    names = sorted({k for r in runs for k in r["cpu_s"]})
+    per = {n: statistics.median(r["cpu_s"].get(n, 0.0) * 1000 / m for r in runs) for n in names}
+    return {
+        "scenario": scenario.slug,
+        "runs": [r["run_id"] for r in runs],
+        "cpu_ms_per_msg": totals,
+        "median_ms_per_msg": round(statistics.median(totals), 3),
+        "spread_pct": round(100 * (max(totals) - min(totals)) / statistics.median(totals), 1),
+        "median_ms_per_msg_by_participant": {n: round(v, 3) for n, v in per.items()},
+        "web_plus_senders_ms_per_msg": round(per.get("web", 0) + per.get("senders", 0), 3),
+        "sampler_core_pct": [r["sampler"].get("sampler_core_pct") for r in runs],
+        "window_s": [r["window_s"] for r in runs],
+        "host_cpus": psutil.cpu_count(),
+    }
