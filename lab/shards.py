@@ -1,4 +1,4 @@
-"""Shard ownership over PostgreSQL session advisory locks (method.md §4.4, §10.1–10.3).
+"""Shard ownership over PostgreSQL session advisory locks (method.md §4.4, §10.1 to §10.3).
 
 Rows are split into :data:`SHARDS` shards by ``id % 64``. Every consumer holds one *member*
 lock (key space :data:`MEMBER_SPACE`, so that a consumer owning no shard is still counted) and a
@@ -46,9 +46,12 @@ JOIN_DELAY_S = 1.0
 # The aggregate evaluates the WHERE for every row, so this locks *all* free numbers; the ones
 # above the chosen minimum are released right after.
 JOIN_SQL = (
-    f"SELECT min(m) FROM generate_series(0, %s::int) AS m WHERE pg_try_advisory_lock({MEMBER_SPACE}, m)"
+    "SELECT min(m) FROM generate_series(0, %s::int) AS m "
+    f"WHERE pg_try_advisory_lock({MEMBER_SPACE}, m)"
 )
-LEAVE_SQL = f"SELECT pg_advisory_unlock({MEMBER_SPACE}, m) FROM generate_series(%s::int, %s::int) AS m"
+LEAVE_SQL = (
+    f"SELECT pg_advisory_unlock({MEMBER_SPACE}, m) FROM generate_series(%s::int, %s::int) AS m"
+)
 LOCKS_SQL = (
     "SELECT objid::bigint, pid, classid::bigint FROM pg_locks WHERE locktype = 'advisory' "
     f"AND classid IN ({MEMBER_SPACE}::oid, {SHARD_SPACE}::oid) AND objsubid = 2 AND granted"
@@ -150,7 +153,7 @@ class ShardOwnership:
         self._due = 0.0
 
     async def open(self, *, attempts: int = JOIN_ATTEMPTS, delay: float = JOIN_DELAY_S) -> int:
-        """Connect (autocommit, never prepared, never pooled) and join; returns the member number."""
+        """Connect (autocommit, no prepared statements, no pool) and join; returns the member."""
         self._conn = await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, prepare_threshold=None
         )
@@ -183,12 +186,16 @@ class ShardOwnership:
         cur = await self._require().execute(LOCKS_SQL)
         return read_snapshot(await cur.fetchall(), self._pid)
 
-    async def wait_members(self, count: int, *, timeout: float, interval: float = 0.05) -> int:
+    async def wait_members(
+        self, count: int, *, timeout: float, interval: float = 0.05  # noqa: ASYNC109 - many polls
+    ) -> int:
         """Poll until at least ``count`` members hold a member lock; returns how many do."""
         deadline = self.clock() + timeout
         while (members := (await self.snapshot()).members) < count:
             if self.clock() > deadline:
-                raise TimeoutError(f"only {members} of {count} consumers joined after {timeout:.0f} s")
+                raise TimeoutError(
+                    f"only {members} of {count} consumers joined after {timeout:.0f} s"
+                )
             await asyncio.sleep(interval)
         return members
 
@@ -217,14 +224,16 @@ class ShardOwnership:
     def _publish(self, snap: Snapshot) -> None:
         self.members = snap.members
         self.refreshes += 1
-        self.is_mine, self.held_by_others, self.claimable = bitmaps(self.mine, snap.others, self.shards)
+        self.is_mine, self.held_by_others, self.claimable = bitmaps(
+            self.mine, snap.others, self.shards
+        )
 
     def may_claim(self, row_id: int) -> bool:
         """The row filter: ours, or not known to be anyone else's."""
         return self.claimable[row_id % self.shards]
 
     async def close(self) -> None:
-        """``pg_advisory_unlock_all()``, then close the connection; each step on its own; never raises."""
+        """``pg_advisory_unlock_all()``, then close the connection, each alone; never raises."""
         conn, self._conn = self._conn, None
         if conn is None:
             return

@@ -28,7 +28,7 @@ Deviations from the reference, and why:
   *claimable* rows, so claim statements stay at about M/100 in total.
 * :meth:`ShardedWalPipeline.prepare` terminates sessions still holding locks in our two key
   spaces (a previous run's orphaned consumer) and waits until the locks are gone, so a new run
-  never starts against stale owners; the join still retries 10 × 1 s (§10.1).
+  never starts against stale owners; the join still retries 10 times, 1 s apart (§10.1).
 * ``shards-<i>.json`` is rewritten on close with the final shard set, refresh and filter counts
   (diagnostics; the consumer result file has no field for them).
 """
@@ -93,12 +93,13 @@ class ShardedWalPipeline(WalPipeline):
 
     async def prepare(self) -> None:
         await super().prepare()
-        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+        dsn = self.settings.pg_dsn
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             cur = await conn.execute(STALE_SQL, (MEMBER_SPACE, SHARD_SPACE))
             if stale := len(await cur.fetchall()):
                 log.warning("terminated %d stale session(s) holding shard or member locks", stale)
         deadline = time.monotonic() + 10
-        while any(await lock_counts(self.settings.pg_dsn)):
+        while any(await lock_counts(dsn)):
             if time.monotonic() > deadline:
                 raise RuntimeError("advisory locks of a previous wal-sharded run are still held")
             await asyncio.sleep(0.1)
@@ -116,7 +117,11 @@ class ShardedWalPipeline(WalPipeline):
 
 
 class ShardedWalSource(WalSource):
-    """Consumer side: a ``wal`` reader that only claims rows of its shards (or ownerless ones)."""
+    """Consumer side: a ``wal`` reader that only claims rows of its shards (or ownerless ones).
+
+    ``run_dir`` orders the forced initial refreshes by index (see the module docstring); without
+    one (outside a run) each source refreshes as soon as all N have joined, in any order.
+    """
 
     def __init__(
         self, scenario: Scenario, settings: Settings, index: int, run_dir: Path | None = None
@@ -141,7 +146,7 @@ class ShardedWalSource(WalSource):
 
     async def _wait_turn(self, previous: Path) -> None:
         deadline = time.monotonic() + self.ready_timeout
-        while not previous.exists():
+        while not previous.exists():  # noqa: ASYNC240 - one stat per poll, only while opening
             if time.monotonic() > deadline:
                 raise TimeoutError(f"consumer {self.index}: {previous.name} not written "
                                    f"after {self.ready_timeout:.0f} s")

@@ -11,8 +11,8 @@ from lab.shards import (
     MEMBER_SPACE,
     SHARD_SPACE,
     SHARDS,
-    Snapshot,
     ShardOwnership,
+    Snapshot,
     bitmaps,
     plan,
     read_snapshot,
@@ -22,7 +22,8 @@ from lab.shards import (
 
 @pytest.mark.parametrize(
     ("members", "want"),
-    [(0, 64), (1, 64), (2, 32), (3, 22), (4, 16), (5, 13), (8, 8), (12, 6), (60, 2), (64, 1), (65, 1)],
+    [(0, 64), (1, 64), (2, 32), (3, 22), (4, 16), (5, 13), (8, 8), (12, 6), (60, 2), (64, 1),
+     (65, 1)],
 )
 def test_target_is_the_ceiling_of_64_over_members(members: int, want: int) -> None:
     assert target(members) == want
@@ -137,7 +138,7 @@ def test_a_leaver_s_shards_are_taken_over_and_a_joiner_gets_its_share() -> None:
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 60), order=st.randoms(use_true_random=False))
 def test_ownership_stays_exclusive_and_covers_every_shard(n: int, order: object) -> None:
-    table, members = join(n)
+    _, members = join(n)
     for _ in range(3):  # later refreshes in any order change nothing once settled
         shuffled = list(members)
         order.shuffle(shuffled)  # type: ignore[attr-defined]
