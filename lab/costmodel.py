@@ -1,0 +1,486 @@
+"""Cost model: ms CPU/msg = a + b·(N - 1) per fan-out pipeline, flat broker levels, crossover N*.
+
+Input is runs as :func:`lab.results.load_runs` returns them (one row per run), or the published
+tables shaped the same way (:func:`published_runs`). Only successful, non-warm-up runs count, one
+point per run, so repeats weigh in.
+
+95 % intervals, and which one a report shows (``FanoutFit.ci_method``):
+
+* ``"bootstrap"`` when every N has at least 3 runs (2 when OLS-t is not available): runs are
+  resampled with replacement within each N (stratified, so every N stays represented), the fit is
+  redone, and the 2.5/97.5 percentiles are taken, with a small-sample correction
+  (:func:`_boot_draws`). This is what a report shows when there are repeats. (With 2 runs per N,
+  each N's resamples take only 3 distinct values and the interval covers ~87 % in simulation, so
+  OLS-t is shown instead; the bootstrap is still kept.)
+* ``"ols-t"`` otherwise, when there are at least 3 distinct N: OLS standard errors with Student's t
+  on n - 2 degrees of freedom. The published table (one run per cell) gets this one, because its
+  bootstrap degenerates to a single point.
+* ``"none"``: NaN intervals, when neither can be computed.
+
+Both are kept whenever they can be computed (``a_ci_boot``, ``a_ci_ols``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from lab.results import load_reference
+from lab.scenario import PIPELINE_NAMES
+
+METRIC = "cpu_ms_per_msg"
+Z975 = 1.959963984540054  # standard normal 97.5 % quantile
+MIN_BOOT_RUNS = 3  # runs at every N before the bootstrap is the interval shown
+NOISE_REL = 0.10  # the article's rule: under 10 % is stand drift (method.md §9.5)
+Interval = tuple[float, float]
+NAN_CI: Interval = (math.nan, math.nan)
+Anchor = Literal["ols", "first"]
+
+
+def measured(df: pd.DataFrame, pipeline: str | None = None) -> pd.DataFrame:
+    """Successful, non-warm-up runs with a finite metric (of one pipeline when given)."""
+    if df.empty:
+        return df
+    ok = np.isfinite(pd.to_numeric(df[METRIC], errors="coerce").to_numpy(float))
+    for col, want in (("success", True), ("warmup", False)):
+        if col in df:
+            ok &= df[col].fillna(not want).astype(bool).to_numpy() == want
+    if pipeline is not None:
+        ok &= (df["pipeline"] == pipeline).to_numpy()
+    return df[ok]
+
+
+def participant_ms(df: pd.DataFrame, participant: str) -> np.ndarray:
+    """One participant's CPU in ms per configured message, per run (missing = 0)."""
+    return (
+        df[f"cpu_s.{participant}"].fillna(0).to_numpy(float) * 1000 / df["messages"].to_numpy(float)
+    )
+
+
+def _t975(dof: int) -> float:
+    """Student's t 97.5 % quantile: closed forms for 1-2 dof, else the numerically inverted CDF."""
+    if dof == 1:
+        return math.tan(math.pi * 0.475)
+    if dof == 2:
+        return 0.95 * math.sqrt(2 / (4 * 0.975 * 0.025))
+    t = np.linspace(0.0, 12.0, 120_001)
+    logc = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    pdf = np.exp(logc - (dof + 1) / 2 * np.log1p(t * t / dof))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(t))])
+    return float(np.interp(0.975, cdf, t))
+
+
+def _ci(draws: np.ndarray) -> Interval:
+    lo, hi = np.quantile(np.asarray(draws, float), [0.025, 0.975], method="inverted_cdf")
+    return float(lo), float(hi)
+
+
+def _resample(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot, n) row indices, resampled with replacement within each N (x sorted)."""
+    starts, counts = np.unique(x, return_index=True, return_counts=True)[1:]
+    return np.hstack(
+        [s + rng.integers(0, c, (n_boot, c)) for s, c in zip(starts, counts, strict=True)]
+    )
+
+
+def _rescaled(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """y with each N's deviations from its mean scaled by sqrt(k / (k - 1)) (k runs at that N), so
+    that resampling k runs does not shrink their variance by the bootstrap's (k - 1) / k; single
+    runs stay as they are."""
+    out = y.astype(float)
+    for v in np.unique(x):
+        m = x == v
+        if (k := m.sum()) >= 2:
+            out[m] = y[m].mean() + (y[m] - y[m].mean()) * math.sqrt(k / (k - 1))
+    return out
+
+
+def _estimator(
+    x: np.ndarray, anchor: Anchor
+) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(Y, YS) of shape (R, n) -> (a, b) arrays of length R, for the fixed design x = N - 1."""
+    if anchor == "ols":
+        xc = x - x.mean()
+        sxx = xc @ xc
+
+        def ols(y: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            b = ys @ xc / sxx
+            return y.mean(axis=1) - b * x.mean(), b
+
+        return ols
+    if anchor != "first":
+        raise ValueError(f"unknown anchor {anchor!r}: choose 'ols' or 'first'")
+    lo, hi, span = x == x.min(), x == x.max(), x.max() - x.min()
+
+    def first(y: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        base = np.median(ys[:, lo], axis=1)
+        return np.median(y[:, lo], axis=1), (np.median(ys[:, hi], axis=1) - base) / span
+
+    return first
+
+
+def _boot_draws(
+    x: np.ndarray,
+    y: np.ndarray,
+    ys: np.ndarray,
+    anchor: Anchor,
+    n_boot: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """(n_boot, 2) bootstrap (a, b): runs resampled within each N, small-sample corrected.
+
+    Two corrections keep the 95 % coverage near nominal with 3-5 runs per N (checked by simulation
+    in the unit tests): deviations are rescaled before resampling (:func:`_rescaled`), and the draws
+    are spread about the estimate by t(n - k) / z (k = number of distinct N), the t-interval's
+    allowance for a variance estimated from n - k degrees of freedom.
+    """
+    est = _estimator(x, anchor)
+    centre = np.column_stack(est(y[None], ys[None]))
+    idx = _resample(x, n_boot, rng)
+    draws = np.column_stack(est(_rescaled(x, y)[idx], _rescaled(x, ys)[idx]))
+    dof = x.size - np.unique(x).size
+    return centre + (draws - centre) * (_t975(dof) / Z975 if dof else 1.0)
+
+
+@dataclass(frozen=True, eq=False)
+class FanoutFit:
+    """ms CPU/msg = a + b·(N - 1) for one pipeline, with 95 % intervals (module docstring)."""
+
+    pipeline: str
+    a: float
+    b: float
+    a_ci: Interval
+    b_ci: Interval
+    ci_method: str  # bootstrap | ols-t | none
+    anchor: Anchor
+    slope_from: str | None
+    n: np.ndarray = field(repr=False)  # consumers per run, sorted
+    y: np.ndarray = field(repr=False)  # ms CPU/msg per run
+    ys: np.ndarray = field(repr=False)  # what b was fitted on (y, or one participant's ms/msg)
+    a_ci_boot: Interval = NAN_CI
+    b_ci_boot: Interval = NAN_CI
+    a_ci_ols: Interval = NAN_CI
+    b_ci_ols: Interval = NAN_CI
+    cov: np.ndarray | None = field(default=None, repr=False)  # OLS covariance of (a, b)
+    dof: int = 0
+    draws: np.ndarray | None = field(default=None, repr=False)  # bootstrap (a, b) rows
+
+    @property
+    def n_range(self) -> tuple[int, int]:
+        return int(self.n.min()), int(self.n.max())
+
+    @property
+    def runs_per_n(self) -> dict[int, int]:
+        values, counts = np.unique(self.n, return_counts=True)
+        return {int(v): int(c) for v, c in zip(values, counts, strict=True)}
+
+    def predict(self, n: Any) -> np.ndarray:
+        """Model ms/msg at consumer count(s) n."""
+        return self.a + self.b * (np.asarray(n, float) - 1)
+
+    def band(self, n: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """95 % interval of the model line at n, from the shown method (None when there is none)."""
+        x = np.asarray(n, float) - 1
+        if self.ci_method == "bootstrap" and self.draws is not None:
+            pred = self.draws[:, :1] + self.draws[:, 1:] * x
+            return np.quantile(pred, 0.025, axis=0), np.quantile(pred, 0.975, axis=0)
+        if self.ci_method == "ols-t" and self.cov is not None:
+            se = np.sqrt(self.cov[0, 0] + 2 * x * self.cov[0, 1] + x * x * self.cov[1, 1])
+            mid = self.predict(n)
+            return mid - _t975(self.dof) * se, mid + _t975(self.dof) * se
+        return None
+
+
+def fit_fanout(
+    df: pd.DataFrame,
+    pipeline: str,
+    *,
+    anchor: Anchor = "ols",
+    slope_from: str | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> FanoutFit:
+    """Fit ms CPU/msg = a + b·(N - 1) over the pipeline's successful, non-warm-up runs.
+
+    ``anchor="ols"``: least squares over every run. ``anchor="first"``: the article's way
+    (method.md §9.5): a = the median at the smallest N, b = the rise from the smallest to the
+    largest N per extra consumer. ``slope_from="postgres"`` fits b on that participant's ms/msg
+    instead of the total (the article's "PG pays ≈ 9.4 CPU-s per extra reader"); with OLS, a is then
+    ȳ - b·x̄ (least squares given b) and only the bootstrap interval exists.
+    Raises ValueError when the runs cover fewer than 2 distinct N.
+    """
+    runs = measured(df, pipeline).sort_values("consumers", kind="stable")
+    n = runs["consumers"].to_numpy(int)
+    if np.unique(n).size < 2:
+        raise ValueError(
+            f"{pipeline}: a slope needs runs at 2 or more consumer counts, got {sorted(set(n))}"
+        )
+    x, y = n - 1.0, runs[METRIC].to_numpy(float)
+    ys = y if slope_from is None else participant_ms(runs, slope_from)
+    est = _estimator(x, anchor)
+    a, b = (float(v[0]) for v in est(y[None], ys[None]))
+    out: dict[str, Any] = {}
+    counts = np.unique(n, return_counts=True)[1]
+    if counts.max() >= 2:
+        draws = _boot_draws(x, y, ys, anchor, n_boot, np.random.default_rng(seed))
+        out |= dict(draws=draws, a_ci_boot=_ci(draws[:, 0]), b_ci_boot=_ci(draws[:, 1]))
+    if anchor == "ols" and slope_from is None and counts.size >= 3:
+        design = np.column_stack([np.ones_like(x), x])
+        dof = len(y) - 2
+        resid = y - design @ np.array([a, b])
+        cov = (resid @ resid / dof) * np.linalg.inv(design.T @ design)
+        half = _t975(dof) * np.sqrt(np.diag(cov))
+        a_ols, b_ols = (
+            (float(a - half[0]), float(a + half[0])),
+            (float(b - half[1]), float(b + half[1])),
+        )
+        out |= dict(cov=cov, dof=dof, a_ci_ols=a_ols, b_ci_ols=b_ols)
+    if counts.min() >= 2 and (counts.min() >= MIN_BOOT_RUNS or "cov" not in out):
+        method, shown = "bootstrap", (out["a_ci_boot"], out["b_ci_boot"])
+    elif "cov" in out:
+        method, shown = "ols-t", (out["a_ci_ols"], out["b_ci_ols"])
+    else:
+        method, shown = "none", (NAN_CI, NAN_CI)
+    return FanoutFit(pipeline, a, b, *shown, method, anchor, slope_from, n, y, ys, **out)
+
+
+@dataclass(frozen=True, eq=False)
+class Level:
+    """A broker pipeline's flat cost: the median ms/msg over its runs, with a 95 % interval."""
+
+    pipeline: str
+    level: float
+    ci: Interval  # NaN with a single run
+    values: np.ndarray = field(repr=False)  # the runs' ms/msg
+    at: int | None  # only runs at this N, or all N
+    slope: float  # the pipeline's own b (all its runs), NaN when not fittable
+    slope_ci: Interval
+    slope_nonzero: bool | None  # b's shown interval excludes 0; None without an interval
+
+
+def broker_level(
+    df: pd.DataFrame, pipeline: str, *, at: int | None = None, n_boot: int = 2000, seed: int = 0
+) -> Level:
+    """Flat level of a broker pipeline (median over runs; ``at=N`` keeps runs at that N only).
+
+    The interval resamples the runs with replacement (median of each resample). The level is only
+    meaningful if the pipeline's own slope is not distinguishable from 0 (``slope_nonzero``).
+    The article's "flat CDC line" is the Kafka cell at N = 8: ``broker_level(df, "kafka", at=8)``.
+    """
+    runs = measured(df, pipeline)
+    if at is not None:
+        runs = runs[runs["consumers"] == at]
+    values = runs[METRIC].to_numpy(float)
+    if values.size == 0:
+        raise ValueError(f"{pipeline}: no successful measured runs" + (f" at N={at}" if at else ""))
+    ci = NAN_CI
+    if values.size >= 2:
+        idx = np.random.default_rng(seed).integers(0, values.size, (n_boot, values.size))
+        ci = _ci(np.median(values[idx], axis=1))
+    try:
+        own = fit_fanout(df, pipeline, n_boot=n_boot, seed=seed)
+        slope, slope_ci = own.b, own.b_ci
+    except ValueError:
+        slope, slope_ci = math.nan, NAN_CI
+    nonzero = None if math.isnan(slope_ci[0]) else not slope_ci[0] <= 0 <= slope_ci[1]
+    return Level(pipeline, float(np.median(values)), ci, values, at, slope, slope_ci, nonzero)
+
+
+@dataclass(frozen=True, eq=False)
+class Crossover:
+    """Where a fan-out line meets a broker level: N* = 1 + (level - a) / b."""
+
+    direct: str
+    broker: str
+    n_star: float | None  # None: b <= 0, the line never rises to the level
+    ci: Interval  # 2.5/97.5 % of the draws; inf where a draw has b <= 0
+    ci_method: str  # bootstrap | parametric-t | none (from the fit)
+    level_resampled: bool  # False: the level had one run and was held fixed
+    p_never: float  # share of draws with b <= 0
+    n_range: tuple[int, int]  # the fit's measured N
+    inside: bool  # N* within the measured range (measured) or not (extrapolated)
+
+
+def crossover(fit: FanoutFit, level: Level, *, n_boot: int = 2000, seed: int = 0) -> Crossover:
+    """N* where ``fit`` reaches ``level``, with a 95 % interval from resampling both.
+
+    The fit is redrawn the way its interval was made: stratified bootstrap of its runs, or, with
+    one run per N, (a, b) from the OLS estimate's multivariate t (a parametric bootstrap). The level
+    is a bootstrap of its runs' median, or fixed when it has one run. N* < 1 means the direct line
+    is already above the level at N = 1.
+    """
+    rng = np.random.default_rng(seed)
+    n_star = None if fit.b <= 0 else 1 + (level.level - fit.a) / fit.b
+    if fit.ci_method == "bootstrap":
+        a, b = _boot_draws(fit.n - 1.0, fit.y, fit.ys, fit.anchor, n_boot, rng).T
+    elif fit.ci_method == "ols-t" and fit.cov is not None:
+        z = rng.multivariate_normal(np.zeros(2), fit.cov, n_boot, method="eigh")
+        ab = (
+            np.array([fit.a, fit.b])
+            + z / np.sqrt(rng.chisquare(fit.dof, n_boot) / fit.dof)[:, None]
+        )
+        a, b = ab[:, 0], ab[:, 1]
+    else:
+        a = b = None
+    resampled = level.values.size >= 2
+    if a is None:
+        ci, p_never = NAN_CI, math.nan
+    else:
+        lvl = np.full(n_boot, level.level)
+        if resampled:
+            lvl = np.median(
+                level.values[rng.integers(0, level.values.size, (n_boot, level.values.size))],
+                axis=1,
+            )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            draws = np.where(b > 0, 1 + (lvl - a) / b, np.inf)
+        ci, p_never = _ci(draws), float(np.mean(b <= 0))
+    lo, hi = fit.n_range
+    inside = n_star is not None and lo <= n_star <= hi
+    method = fit.ci_method if fit.ci_method != "ols-t" else "parametric-t"
+    return Crossover(
+        fit.pipeline, level.pipeline, n_star, ci, method, resampled, p_never, (lo, hi), inside
+    )
+
+
+def headline(df: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Pipeline x N: median ms CPU/msg, run count n, and a 95 % bootstrap interval of the median
+    (lo, hi; NaN with a single run; with 2-3 runs it is close to [min, max]). Warm-up and failed
+    runs are excluded."""
+    rng, rows = np.random.default_rng(seed), []
+    runs = measured(df)
+    for (pipeline, n), g in runs.groupby(["pipeline", "consumers"], sort=False):
+        v = g[METRIC].to_numpy(float)
+        lo, hi = (
+            NAN_CI
+            if v.size < 2
+            else _ci(np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
+        )
+        rows.append(
+            dict(
+                pipeline=pipeline,
+                consumers=int(n),
+                median=float(np.median(v)),
+                n=v.size,
+                lo=lo,
+                hi=hi,
+            )
+        )
+    out = pd.DataFrame(rows, columns=["pipeline", "consumers", "median", "n", "lo", "hi"])
+    order = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
+    return (
+        out.sort_values(["_o", "pipeline", "consumers"]).drop(columns="_o").reset_index(drop=True)
+    )
+
+
+def within_noise(
+    x: float | Mapping[str, Any], y: float | Mapping[str, Any], *, rel: float = NOISE_REL
+) -> bool:
+    """Whether two cells differ by no more than noise.
+
+    A cell is a number or a headline row (``median``, ``lo``, ``hi``). When both cells have finite
+    intervals, noise means the intervals overlap. Otherwise (one run per cell) the article's rule
+    applies: a difference under 10 % of the larger value is stand drift (method.md §9.5: it measured
+    a 10 % drift, so 2.16 vs 2.21 is noise and 1.19 vs 2.35 is not).
+    """
+
+    def parts(c: float | Mapping[str, Any]) -> tuple[float, float, float]:
+        if isinstance(c, Mapping | pd.Series):
+            return float(c["median"]), float(c.get("lo", math.nan)), float(c.get("hi", math.nan))
+        return float(c), math.nan, math.nan
+
+    (xm, xl, xh), (ym, yl, yh) = parts(x), parts(y)
+    if all(math.isfinite(v) for v in (xl, xh, yl, yh)):
+        return xl <= yh and yl <= xh
+    return abs(xm - ym) < rel * max(abs(xm), abs(ym))
+
+
+def drift(df: pd.DataFrame) -> pd.DataFrame:
+    """Each drift probe (``label`` containing "drift") beside its origin: the first earlier
+    successful, non-warm-up run of the same pipeline, N and message count (rows are in time order).
+    Rates are messages / window_s; changes are in % of the origin."""
+    rows = []
+    labels = df.get("label", pd.Series("", index=df.index)).fillna("").astype(str)
+    base = measured(df)
+    for pos, (i, probe) in enumerate(df.iterrows()):
+        if "drift" not in labels[i].lower():
+            continue
+        same = base[
+            (base["pipeline"] == probe["pipeline"])
+            & (base["consumers"] == probe["consumers"])
+            & (base["messages"] == probe["messages"])
+            & base.index.isin(df.index[:pos])
+        ]
+        if same.empty:
+            continue
+        o = same.iloc[0]
+        rate_o, rate_p = o["messages"] / o["window_s"], probe["messages"] / probe["window_s"]
+        rows.append(
+            dict(
+                probe_run=probe.get("run_id"),
+                origin_run=o.get("run_id"),
+                pipeline=probe["pipeline"],
+                consumers=int(probe["consumers"]),
+                ms_per_msg_origin=o[METRIC],
+                ms_per_msg_probe=probe[METRIC],
+                cpu_change_pct=100 * (probe[METRIC] / o[METRIC] - 1),
+                msg_per_s_origin=rate_o,
+                msg_per_s_probe=rate_p,
+                rate_change_pct=100 * (rate_p / rate_o - 1),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def runs_from_table(table: pd.DataFrame, value: str = "ms_per_msg") -> pd.DataFrame:
+    """A published pipeline x N table (e.g. ``load_reference("headline")``) as successful,
+    non-warm-up runs, one per row, with ``cpu_ms_per_msg`` taken from ``value``."""
+    out = table.rename(columns={value: METRIC}).assign(success=True, warmup=False)
+    return out.assign(
+        run_id=[f"ref-{p}-c{n}" for p, n in zip(out["pipeline"], out["consumers"], strict=True)]
+    )
+
+
+def published_runs() -> pd.DataFrame:
+    """The published sweep as runs, shaped like :func:`lab.results.load_runs`: 18 rows in time order
+    (the warm-up and the drift probe flagged ``warmup``), ``cpu_ms_per_msg`` as in the results JSON
+    (3 dp; the headline table rounds it to 2), ``cpu_s.test`` = the load-test process (our senders +
+    consumers + runner), ``debezium`` NaN where none ran."""
+    p, t = load_reference("participants"), load_reference("throughput")
+    df = p.merge(
+        t[["seq", "processed", "skipped", "claims_min", "claims_max", "ops_per_msg"]], on="seq"
+    )
+    parts = ["postgres", "kafka", "rabbitmq", "debezium", "web", "test"]
+    return pd.DataFrame(
+        {
+            "run_id": [
+                f"ref-{s:02d}-{r}-c{c}"
+                for s, r, c in zip(df["seq"], df["reference_name"], df["consumers"], strict=True)
+            ],
+            "started_at": None,
+            "pipeline": df["pipeline"],
+            "consumers": df["consumers"],
+            "messages": df["messages"],
+            "warmup": df["warmup"],
+            "label": df["label"].fillna(""),
+            "success": True,
+            "error": None,
+            "window_s": df["window_s"],
+            METRIC: df["ms_per_msg"],
+            **{f"cpu_s.{c}": df[c] for c in parts},
+            "sent": df["processed"],
+            "processed": df["processed"],
+            "skipped": df["skipped"],
+            "work_calls": df["processed"],
+            "work_distinct": df["processed"],
+            "claims_min": df["claims_min"],
+            "claims_max": df["claims_max"],
+            "db_ops": (df["ops_per_msg"] * df["processed"]).round(),
+        }
+    ).sort_values("run_id", ignore_index=True)
