@@ -13,7 +13,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,32 @@ def reports_dir(settings: Settings | None = None) -> Path:
 
 def reference_dir(settings: Settings | None = None) -> Path:
     return (settings or get_settings()).data_dir / "reference"
+
+
+def load_reference(name: str, *, settings: Settings | None = None) -> pd.DataFrame:
+    """A published table, ``data/reference/<name>.csv`` (``#`` lines are its source notes).
+
+    Looked up under the configured data dir first, then under the checkout's ``data/``, where the
+    tables ship (a ``LAB_DATA_DIR`` elsewhere holds runs, not the published tables).
+    """
+    s = settings or get_settings()
+    dirs = (reference_dir(s), s.root / "data" / "reference")
+    for path in (d / f"{name}.csv" for d in dirs):
+        if path.is_file():
+            return pd.read_csv(path, comment="#")
+    known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.csv")})
+    choices = ", ".join(known) or "(none found)"
+    raise ValueError(f"no reference table {name!r}: choose one of {choices}")
+
+
+def report_dir(report_id: str, settings: Settings | None = None) -> Path:
+    """Where one report goes: executed notebooks, ``report.html``, figures and tables."""
+    return reports_dir(settings) / report_id
+
+
+def new_report_id(profile: str) -> str:
+    """``<UTC timestamp>-<profile>``, e.g. ``20261130T120000Z-quick``."""
+    return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{profile}"
 
 
 def new_run_id(pipeline: str, consumers: int) -> str:
@@ -70,6 +96,14 @@ def read_run(run_id: str, *, settings: Settings | None = None) -> dict[str, Any]
 
 def read_samples(run_id: str, *, settings: Settings | None = None) -> pd.DataFrame:
     return pd.read_csv(runs_dir(settings) / run_id / "samples.csv")
+
+
+def iter_runs(*, settings: Settings | None = None) -> Iterator[dict[str, Any]]:
+    """Every stored run's ``run.json`` content, as written (in run-id order)."""
+    root = runs_dir(settings)
+    for path in sorted(root.glob("*/run.json")) if root.exists() else []:
+        if not path.parent.name.endswith(".tmp"):
+            yield json.loads(path.read_text())
 
 
 def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
