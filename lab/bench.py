@@ -34,36 +34,41 @@ def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _
     stack.up()
     out: dict[str, Any] = {"warm_up_s": round(time.monotonic() - t0, 1)}
     say(f"warm up: {out['warm_up_s']} s; measuring idle services for {idle_s:.0f} s")
+    out["idle"] = _idle(settings, stack.participants(), ("postgres", "kafka", "rabbitmq"), idle_s)
+    out["debezium_start_s"] = {}
+    for sink, service in stack.debezium.items():
+        say(f"starting debezium-{sink}, then measuring it idle for {idle_s:.0f} s")
+        t0 = time.monotonic()
+        service.start()
+        out["debezium_start_s"][sink] = round(time.monotonic() - t0, 1)
+        idle = _idle(settings, {f"debezium-{sink}": service.processes()}, (f"debezium-{sink}",), idle_s)
+        out["idle"].update(idle)
+        service.stop()
+    return out
+
+
+def _idle(
+    settings: Settings, roots: dict[str, list[psutil.Process]], names: tuple[str, ...], idle_s: float
+) -> dict[str, dict[str, float]]:
+    """CPU % of one core and mean RSS of each named participant over ``idle_s`` of idling."""
     mount, scope = cgroup2_mount(), cgroup_scope(settings)
     parts = []
-    for name, roots in stack.participants().items():
-        if name == "debezium":
-            continue
+    for name in names:
         group = None
         if mount is not None:
             group = CpuGroup(mount, name, scope=scope)
-            group.attach(pid for r in roots for pid in tree_pids(r.pid))
-        parts.append(Participant(name, roots, cgroup=group))
+            group.attach(pid for r in roots[name] for pid in tree_pids(r.pid))
+        parts.append(Participant(name, roots[name], cgroup=group))
     sampler = Sampler(parts)
     with sampler:
         a = sampler.snapshot()
         time.sleep(idle_s)
         b = sampler.snapshot()
     window = sampler.window(a, b)
-    out["idle"] = {
+    return {
         name: {"cpu_pct": round(100 * v["cpu_s"] / window["window_s"], 2), "rss_mb": v["rss_mb_mean"]}
         for name, v in window["participants"].items()
     }
-    out["debezium_start_s"] = {}
-    for sink, service in stack.debezium.items():
-        say(f"starting debezium-{sink}")
-        t0 = time.monotonic()
-        service.start()
-        out["debezium_start_s"][sink] = round(time.monotonic() - t0, 1)
-        rss = sum(p.memory_info().rss for r in service.processes() for p in [r, *r.children(True)])
-        out.setdefault("debezium_rss_mb", {})[sink] = round(rss / 2**20)
-        service.stop()
-    return out
 
 
 def bench_run(
