@@ -3,9 +3,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+KERNEL := $(VENV)/share/jupyter/kernels/fanout-lab/kernel.json
 
 
-.PHONY: setup system-deps test test-unit test-integration up down status report lab clean
+.PHONY: setup system-deps test test-unit test-integration test-notebooks up down status report lab clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -13,7 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-setup: system-deps $(STAMP)  ## idempotent: system packages, venv, package, stack artifacts
+$(KERNEL): $(STAMP)  # the Jupyter kernel papermill runs the notebooks on: this venv's python
+	$(BIN)/python -m ipykernel install --sys-prefix --name fanout-lab --display-name 'fanout-lab (.venv)' >/dev/null
+
+setup: system-deps $(STAMP) $(KERNEL)  ## idempotent: system packages, venv, package, kernel, stack artifacts
 	$(BIN)/lab stack provision
 
 system-deps:
@@ -28,6 +32,9 @@ test-unit: $(STAMP)
 test-integration: setup
 	$(BIN)/pytest tests/integration
 
+test-notebooks: setup  ## every notebook executed with papermill on the smoke profile
+	$(BIN)/pytest tests/notebooks
+
 up: setup
 	$(BIN)/lab stack up
 
@@ -37,10 +44,16 @@ down:
 status:
 	$(BIN)/lab stack status
 
-report: setup  ## the study (notebooks, cost model, HTML report) arrives with issue 5
-	@echo "make report: the study notebooks are not built yet; for now run single measurements:" >&2
-	@echo "  .venv/bin/lab stack up && .venv/bin/lab run --pipeline wal --consumers 4 --json" >&2
-	@exit 2
+PROFILE ?= quick
+
+report: setup  ## the study: runs (or resumes) the series, writes data/reports/<id>/report.html
+	$(BIN)/lab stack up
+	$(BIN)/lab report --profile $(PROFILE)
+
+lab: setup  ## JupyterLab on notebooks/, with the stack up and `lab` importable
+	$(BIN)/pip install -q -e '.[test,notebooks]'
+	$(BIN)/lab stack up
+	$(BIN)/jupyter lab --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean: down
 	rm -rf .stack

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
+from lab.results import runs_dir
 from lab.scenario import Scenario
 from lab.settings import Settings, get_settings
 from lab.stack import get_stack
@@ -138,6 +139,62 @@ def _print_run(result: dict[str, object]) -> None:
     )
 
 
+def _series(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from lab import series
+
+    pipelines = series.parse_pipelines(args.pipelines)
+    plan = series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
+    sid = args.series_id or series.default_series_id(
+        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
+    _say(f"series {sid}: {len(plan)} runs ({series.PROFILES[args.profile].description})")
+    bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
+    last = {"ms": "-", "skipped": 0, "failed": 0}
+
+    def progress(step: series.Step) -> None:
+        if step.status in ("start", "phase"):
+            bar.set_postfix(cell=f"{step.cell} {step.phase}".strip(), last=last["ms"], refresh=True)
+            return
+        result = step.result or {}
+        if step.status == "skipped":
+            last["skipped"] += 1
+        elif not result.get("success"):
+            last["failed"] += 1
+            bar.write(f"{step.cell}: {series.outcome(result)}", file=sys.stderr)
+        ms = result.get("cpu_ms_per_msg")
+        last["ms"] = f"{ms:.3f} ms/msg" if isinstance(ms, float) and result.get("success") else "failed"
+        bar.set_postfix(cell=step.cell, last=last["ms"])
+        bar.update(1)
+
+    try:
+        results = asyncio.run(series.run_series(plan, settings, series_id=sid, force=args.force,
+                                                progress=progress))
+    finally:
+        bar.close()
+    table = series.outcome_table(results)
+    sys.stdout.write(table.drop(columns=["error"]).to_string(index=False) + "\n")
+    _say(f"series {sid}: {len(results) - last['skipped']} run, {last['skipped']} skipped "
+         f"(done before), {last['failed']} failed; results in {runs_dir(settings)}")
+    return 0 if not last["failed"] else 1
+
+
+def _report(args: argparse.Namespace, settings: Settings) -> int:
+    from lab import series
+    from lab.report import build_report
+
+    pipelines = series.parse_pipelines(args.pipelines)
+    series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
+    sid = args.series_id or series.default_series_id(
+        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
+    _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
+    out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,
+                       pipelines=",".join(pipelines or []), force=args.force, echo=sys.stderr)
+    sys.stdout.write(f"{out / 'report.html'}\n")
+    _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
+    return 0
+
+
 def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
     from lab.bench import bench_stack
 
@@ -205,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.set_defaults(handler=_run)
 
+    ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")
+    _series_options(ser)
+    ser.set_defaults(handler=_series)
+    rep = sub.add_parser("report", help="run (or resume) the series and write the HTML report")
+    _series_options(rep)
+    rep.set_defaults(handler=_report)
+
     bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures for docs/benchmarks.md)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
@@ -215,6 +279,21 @@ def build_parser() -> argparse.ArgumentParser:
     brun.add_argument("--repeats", type=int, default=3)
     brun.set_defaults(handler=_bench_run)
     return parser
+
+
+def _series_options(parser: argparse.ArgumentParser) -> None:
+    from lab.series import PROFILES
+
+    parser.add_argument("--profile", choices=list(PROFILES), default="quick",
+                        help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
+    parser.add_argument("--repeats", type=int, default=None, help="runs per cell (default: the profile's)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="shuffle the cells with this seed (recorded in every run); default: reference order")
+    parser.add_argument("--pipelines", default="", help="comma-separated subset (default: every registered one)")
+    parser.add_argument("--series-id", default="",
+                        help="runs are stored under it and skipped when done (default: from profile, repeats, seed)")
+    parser.add_argument("--force", action="store_true",
+                        help="run every cell again, adding to the series (a fresh study: a new --series-id)")
 
 
 def _scenario_options(parser: argparse.ArgumentParser) -> None:

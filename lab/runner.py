@@ -419,12 +419,17 @@ def interpolate(timeline: list[Snapshot], t: float) -> Snapshot:
 
 
 async def run_scenario(
-    scenario: Scenario, settings: Settings, *, progress: Progress | None = None
+    scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Execute one run on the native stack, store it under data/runs/, return run.json's content."""
+    """Execute one run on the native stack, store it under data/runs/, return run.json's content.
+
+    ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
+    """
     stack = NativeStack(settings)
     await asyncio.to_thread(stack.up)
     run = Run(scenario, settings, stack, progress or (lambda phase, info: None))
     result = await run.execute()
+    result.update(meta or {})
     write_run(result, run.samples, settings=settings)
     return result

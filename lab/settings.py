@@ -7,10 +7,11 @@ PostgreSQL, RabbitMQ or Kafka on the same host is never touched. Everything bind
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +156,28 @@ def child_env(settings: Settings | None = None, **extra: str) -> dict[str, str]:
         env.update(settings_env(settings))
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def exported(settings: Settings) -> Iterator[None]:
+    """Within the block, this process's environment carries ``settings`` as ``LAB_*``.
+
+    For children that can only inherit the environment, such as the Jupyter kernel papermill
+    starts (its API takes no ``env``). Restored on exit.
+    """
+    names = list(_ENV_NAMES.values())
+    saved = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ.pop(name, None)
+    os.environ.update(settings_env(settings))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def is_root() -> bool:

@@ -1,0 +1,185 @@
+"""The study as a report: notebooks executed with papermill, exported to HTML, figures and CSV.
+
+``lab report --profile quick`` = :func:`build_report`: ``notebooks/series.ipynb`` runs (or
+resumes) the series, ``notebooks/analysis.ipynb`` analyses it and writes its figures (PNG, SVG)
+and tables (CSV) into the report folder, and the executed analysis becomes ``report.html``
+(code cells hidden: the report reads as text, tables and figures; the executed ``.ipynb`` next
+to it keeps the code). Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
+
+Notebooks run on the Jupyter kernel ``fanout-lab`` (this venv's Python, registered by
+``make setup``); the kernel gets the settings as ``LAB_*`` environment, like every other child.
+The module also holds the small table views the notebooks show for one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import pandas as pd
+
+from lab.results import new_report_id, report_dir
+from lab.settings import Settings, exported
+from lab.stack.base import StackError
+
+log = logging.getLogger(__name__)
+KERNEL = "fanout-lab"
+NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native")
+
+
+def notebooks_dir(settings: Settings) -> Path:
+    return settings.root / "notebooks"
+
+
+def require_kernel() -> None:
+    """Fail with one line when the ``fanout-lab`` kernel is not registered."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        raise StackError(
+            f"the Jupyter kernel {KERNEL!r} is not registered: run `make setup` (or "
+            f"{sys.executable} -m ipykernel install --sys-prefix --name {KERNEL})"
+        ) from None
+
+
+def execute_notebook(name: str, out: Path, parameters: dict[str, Any], *, settings: Settings,
+                     echo: IO[str] | None = None) -> Path:
+    """Execute ``notebooks/<name>.ipynb`` with ``parameters`` into ``out``; returns ``out``.
+
+    The kernel sees ``settings`` (as ``LAB_*``); ``echo`` receives the cells' output live.
+    A failing cell raises :class:`StackError` naming the cell; ``out`` keeps the traceback.
+    """
+    import papermill as pm
+
+    require_kernel()
+    src = notebooks_dir(settings) / f"{name}.ipynb"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("executing %s -> %s", src, out)
+    try:
+        with exported(settings):
+            pm.execute_notebook(
+                str(src), str(out), parameters=parameters, kernel_name=KERNEL,
+                cwd=str(src.parent), progress_bar=False, stdout_file=echo, stderr_file=echo,
+            )
+    except pm.PapermillExecutionError as exc:
+        raise StackError(
+            f"{name}.ipynb failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} (see {out})"
+        ) from None
+    return out
+
+
+def export_html(notebook: Path, html: Path, *, title: str) -> Path:
+    """The executed notebook as one self-contained HTML page, without the code cells."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(notebook, as_version=4)
+    quiet = logging.getLogger(f"{__name__}.nbconvert")
+    quiet.setLevel(logging.ERROR)  # "alternative text is missing" on every figure
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True, log=quiet)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    html.write_text(body, encoding="utf-8")
+    return html
+
+
+def build_report(profile: str, settings: Settings, *, series_id: str, repeats: int | None = None,
+                 seed: int | None = None, pipelines: str = "", force: bool = False,
+                 echo: IO[str] | None = None) -> Path:
+    """Run (or resume) the series, analyse it, export; returns the report folder."""
+    report_id = new_report_id(profile)
+    out = report_dir(report_id, settings)
+    out.mkdir(parents=True)
+    execute_notebook("series", out / "series.ipynb", {
+        "profile": profile, "repeats": repeats or 0, "seed": seed or 0, "pipelines": pipelines,
+        "series_id": series_id, "force": force,
+    }, settings=settings, echo=echo)
+    execute_notebook("analysis", out / "analysis.ipynb", {
+        "series_id": series_id, "report_dir": str(out),
+    }, settings=settings, echo=echo)
+    export_html(out / "analysis.ipynb", out / "report.html",
+                title=f"fanout-lab report {report_id} (series {series_id})")
+    return out
+
+
+# Outputs of the analysis notebook --------------------------------------------------------------
+
+def save_figure(fig: Any, out_dir: str | Path, name: str) -> None:
+    """``<name>.png`` and ``<name>.svg`` in ``out_dir`` (nothing when ``out_dir`` is empty)."""
+    if not out_dir:
+        return
+    for ext in ("png", "svg"):
+        fig.savefig(Path(out_dir) / f"{name}.{ext}", bbox_inches="tight", dpi=150)
+
+
+def save_table(df: pd.DataFrame, out_dir: str | Path, name: str, *, index: bool = False) -> None:
+    """``<name>.csv`` in ``out_dir`` (nothing when ``out_dir`` is empty)."""
+    if out_dir:
+        df.to_csv(Path(out_dir) / f"{name}.csv", index=index)
+
+
+def stand_table(runs: pd.DataFrame, *, settings: Settings | None = None) -> pd.DataFrame:
+    """Where and with what ``runs`` were measured: host, CPUs, platform, Python, the version of
+    every component, lab version and git SHA (distinct values joined when runs differ)."""
+    from lab.results import read_run
+
+    seen: dict[str, list[str]] = {}
+    for run_id in runs["run_id"]:
+        run = read_run(run_id, settings=settings)
+        fields = {**{f"host.{k}": v for k, v in (run.get("host") or {}).items()},
+                  **{f"version.{k}": v for k, v in (run.get("versions") or {}).items()},
+                  "lab_version": run.get("lab_version"), "git_sha": run.get("git_sha")}
+        for key, value in fields.items():
+            values = seen.setdefault(key, [])
+            if str(value) not in values:
+                values.append(str(value))
+    return pd.DataFrame({"value": {k: ", ".join(v) for k, v in seen.items()}}).rename_axis("field")
+
+
+# One run as tables ------------------------------------------------------------------------------
+
+def run_table(result: dict[str, Any]) -> pd.DataFrame:
+    """One run as a column (by field): cell, success, window, ms CPU/msg, msg/s, counters."""
+    s, c = result["scenario"], result.get("counters", {})
+    window = result.get("window_s")
+    row = {
+        "run_id": result["run_id"], "pipeline": s["pipeline"], "consumers": s["consumers"],
+        "messages": s["messages"], "success": result["success"], "error": result.get("error"),
+        "window_s": window, "cpu_ms_per_msg": result.get("cpu_ms_per_msg"),
+        "msg_per_s": round(s["messages"] / window, 1) if window else None,
+        **{k: c.get(k) for k in ("sent", "send_failed", "processed", "skipped", "work_calls",
+                                 "work_distinct", "distinct_ids", "claims_min", "claims_max",
+                                 "db_ops")},
+    }
+    return pd.DataFrame([row]).set_index("run_id").T
+
+
+def participant_table(result: dict[str, Any]) -> pd.DataFrame:
+    """CPU-seconds, ms CPU/msg, share of the total and mean RSS per participant of one run.
+
+    ``unattributed`` (host CPU not in any participant) is shown but not in the total.
+    """
+    m = result["scenario"]["messages"]
+    cpu = result.get("cpu_s") or {}
+    mem = result.get("mem_mb") or {}
+    total = sum(v for k, v in cpu.items() if k != "unattributed")
+    rows = [
+        {"participant": name, "cpu_s": v, "ms_per_msg": round(v * 1000 / m, 4),
+         "share_pct": round(100 * v / total, 1) if total and name != "unattributed" else None,
+         "rss_mb": mem.get(name)}
+        for name, v in sorted(cpu.items(), key=lambda kv: (kv[0] == "unattributed", -kv[1]))
+    ]
+    rows.append({"participant": "total", "cpu_s": round(total, 3),
+                 "ms_per_msg": round(total * 1000 / m, 4), "share_pct": 100.0, "rss_mb": None})
+    return pd.DataFrame(rows).set_index("participant")
+
+
+def consumer_table(result: dict[str, Any]) -> pd.DataFrame:
+    """Each consumer process of one run: processed, skipped, claims, CPU, RSS."""
+    cols = ["index", "processed", "skipped", "failures", "db_ops", "cpu_s", "rss_mb_mean", "error"]
+    rows = [{k: c.get(k) for k in cols} for c in result.get("consumers", [])]
+    return pd.DataFrame(rows, columns=cols).set_index("index")

@@ -1,0 +1,123 @@
+"""Every notebook, executed with papermill on the smoke profile against the real native stack.
+
+The kernel (``fanout-lab``, this venv's Python) gets the test stack's settings the way every child
+process of the lab does: as ``LAB_*`` environment. papermill cannot pass an environment to the
+kernel, so :func:`lab.report.execute_notebook` exports them around the execution
+(:func:`lab.settings.exported`); the tests call it exactly as ``lab report`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pandas as pd
+import pytest
+
+from lab import series
+from lab.report import build_report, execute_notebook
+from lab.settings import Settings
+
+pytestmark = pytest.mark.notebooks
+FIGURES = ("headline", "breakdown", "fanout", "claims", "drift")
+TABLES = ("runs", "headline", "fanout_model", "crossover", "claims", "drift", "ours_vs_published")
+
+
+def _outputs(nb_path: Path) -> str:
+    """Every output of an executed notebook as text (plain text, HTML, streams)."""
+    nb = nbformat.read(nb_path, as_version=4)
+    parts: list[str] = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            data: dict[str, Any] = out.get("data", {})
+            parts += [data.get("text/plain", ""), data.get("text/html", "")]
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def smoke_report(stack: Any, settings: Settings) -> tuple[Path, str]:
+    """``lab report --profile smoke`` on a fresh series id: series.ipynb, then analysis.ipynb."""
+    stack.up()  # idempotent; an earlier test module may have stopped it
+    sid = f"nbtest-{secrets.token_hex(3)}"
+    out = build_report("smoke", settings, series_id=sid)
+    return out, sid
+
+
+def test_series_notebook_ran_every_planned_cell(smoke_report: tuple[Path, str]) -> None:
+    out, sid = smoke_report
+    runs = pd.read_csv(out / "runs.csv")
+    plan = series.plan("smoke")
+    assert (runs["series_id"] == sid).all() and len(runs) == len(plan)
+    assert sorted(zip(runs["pipeline"], runs["consumers"], runs["label"].fillna(""), strict=True)) == sorted(
+        (s.pipeline, s.consumers, s.label) for s in plan)
+    failed = runs.loc[~runs["success"], ["pipeline", "consumers", "error"]]
+    assert failed.empty, failed.to_string()
+    text = _outputs(out / "series.ipynb")
+    assert f"series {sid}: {len(plan)} runs" in text and "ms CPU/msg" in text
+
+
+def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path, str]) -> None:
+    out, _ = smoke_report
+    html = (out / "report.html").read_text()
+    assert "The headline: ms CPU per message" in html
+    headline = pd.read_csv(out / "headline.csv")
+    cells = set(zip(headline["pipeline"], headline["consumers"], strict=True))
+    assert cells == {(p, n) for p in series.available_pipelines() for n in (1, 2)}
+    # the pivoted headline table is in the page: a row per pipeline, a column per N, medians inside
+    tables = re.findall(r"<table.*?</table>", html, re.S)
+    pivot = [t for t in tables if all(f"<th>{p}</th>" in t for p in series.available_pipelines())
+             and "<th>1</th>" in t and "<th>2</th>" in t]
+    assert pivot, "no headline table in report.html"
+    first = headline.iloc[0]
+    assert f"{first['median']:.3f}".rstrip("0") in pivot[0]
+    images = re.findall(r'<img[^>]+src="data:image/png;base64,', html)
+    assert len(images) >= len(FIGURES)
+    assert "costmodel.fit_fanout" not in html  # the code cells are hidden
+    for name in FIGURES:
+        assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").read_text().startswith("<?xml")
+    for name in TABLES:
+        assert (out / f"{name}.csv").exists(), name
+    crossover = pd.read_csv(out / "crossover.csv")
+    direct = [p for p in ("wal", "wal-sharded") if p in series.available_pipelines()]
+    brokers = [p for p in ("kafka", "rabbitmq") if p in series.available_pipelines()]
+    assert len(crossover) == len(direct) * len(brokers)
+
+
+def test_scenario_notebook_runs_one_scenario(stack: Any, settings: Settings, tmp_path: Path) -> None:
+    params = {"pipeline": "wal", "consumers": 2, "messages": 300, "senders": 20, "cooldown_s": 0.0,
+              "label": "nbtest-scenario"}
+    nb = execute_notebook("scenario", tmp_path / "scenario.ipynb", params, settings=settings)
+    text = _outputs(nb)
+    assert re.search(r"success\s+True", text), text[:2000]
+    assert "postgres" in text and "unattributed" in text and "total" in text
+    stored = [json.loads(p.read_text()) for p in (settings.data_dir / "runs").glob("*/run.json")]
+    assert any(r["scenario"]["label"] == "nbtest-scenario" and r["success"] for r in stored)
+
+
+def test_a_bad_parameter_stops_before_anything_starts(stack: Any, settings: Settings, tmp_path: Path) -> None:
+    from lab.stack.base import StackError
+
+    with pytest.raises(StackError, match="unknown pipeline 'nats'"):
+        execute_notebook("scenario", tmp_path / "bad.ipynb", {"pipeline": "nats"}, settings=settings)
+
+
+def test_control_notebook_measures_throughput(stack: Any, settings: Settings, tmp_path: Path) -> None:
+    sid = f"nbtest-control-{secrets.token_hex(3)}"
+    params = {"messages": 150, "consumers": "1,2", "pipelines": "kafka,wal", "cooldown_s": 0.0,
+              "series_id": sid, "report_dir": str(tmp_path)}
+    text = _outputs(execute_notebook("control", tmp_path / "control.ipynb", params, settings=settings))
+    table = pd.read_csv(tmp_path / "control.csv")
+    assert set(zip(table["pipeline"], table["consumers"], strict=True)) == {
+        (p, n) for p in ("kafka", "wal") for n in (1, 2)}
+    assert (table["msg_per_s"] > 0).all() and (table["msg_per_s"] <= table["ideal"] * 1.5).all()
+    assert "transports indistinguishable" in text and (tmp_path / "control.png").exists()
+
+
+def test_broker_native_notebook_shows_only_the_published_numbers(settings: Settings, tmp_path: Path) -> None:
+    text = _outputs(execute_notebook("broker_native", tmp_path / "bn.ipynb", {}, settings=settings))
+    assert "0.45" in text and "0.58" in text and "2.22" in text

@@ -1,0 +1,77 @@
+"""The notebooks as committed: thin, parameterised, without outputs (no kernel, no services)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+from lab.report import KERNEL, NOTEBOOKS
+from lab.scenario import Scenario
+
+DIR = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def _nb(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(DIR / f"{name}.ipynb", as_version=4)
+
+
+def _parameters(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+
+
+def test_the_notebooks_are_the_five_of_the_study() -> None:
+    assert sorted(p.stem for p in DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_valid_thin_and_committed_without_outputs(name: str) -> None:
+    nb = _nb(name)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == KERNEL
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code), "clear the outputs"
+    assert nb.cells[0].cell_type == "markdown"  # the narrative comes first
+    assert len(code) <= 20 and all(len(c.source.splitlines()) <= 30 for c in code), "keep logic in lab/"
+    for cell in code:  # every cell parses (top-level await and line magics allowed, as in the kernel)
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+        compile(source, f"{name}.ipynb", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_one_parameters_cell_each_annotated_and_documented(name: str) -> None:
+    nb = _nb(name)
+    (cell,) = _parameters(nb)
+    lines = [line for line in cell.source.splitlines() if line.strip()]
+    tree = ast.parse(cell.source)
+    assert len(tree.body) == len(lines) and all(isinstance(s, ast.AnnAssign) for s in tree.body)
+    assert all("  # " in line for line in lines), "every parameter says what it is"
+    inferred = pm.inspect_notebook(str(DIR / f"{name}.ipynb"))
+    assert list(inferred) == [s.target.id for s in tree.body]  # type: ignore[union-attr]
+
+
+def test_scenario_parameters_are_exactly_the_scenario_fields() -> None:
+    (cell,) = _parameters(_nb("scenario"))
+    body = ast.parse(cell.source).body
+    fields = dataclasses.fields(Scenario)
+    assert [s.target.id for s in body] == [f.name for f in fields]  # type: ignore[union-attr]
+    for stmt, f in zip(body, fields, strict=True):
+        assert isinstance(stmt, ast.AnnAssign) and stmt.value is not None
+        assert ast.unparse(stmt.annotation) == f.type, f.name
+        assert ast.literal_eval(stmt.value) == f.default, f.name
+        assert type(ast.literal_eval(stmt.value)) is type(f.default), f.name
+    # and the next code cell builds the Scenario from exactly those names
+    code = [c for c in _nb("scenario").cells if c.cell_type == "code"]
+    after = code[next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", [])) + 1]
+    assert "Scenario(**{f: globals()[f] for f in Scenario.field_names()})" in after.source
+
+
+def test_broker_native_says_it_is_not_implemented() -> None:
+    nb = _nb("broker_native")
+    assert "not implemented" in nb.cells[0].source.lower()
+    assert 'load_reference("broker_native")' in "".join(c.source for c in nb.cells)
+    assert "run_scenario" not in "".join(c.source for c in nb.cells)
