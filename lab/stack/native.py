@@ -18,6 +18,7 @@ from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStat
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka import KafkaService
 from lab.stack.postgres import PostgresService
+from lab.stack.provision import java_home
 from lab.stack.rabbitmq import RabbitMQService
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ class NativeStack:
         return Endpoints(pg_dsn=s.pg_dsn, kafka_bootstrap=s.kafka_bootstrap, amqp_url=s.amqp_url)
 
     def provision(self) -> None:
-        """Fetch and cache every artifact; starts nothing."""
+        """Check Java 21+ and fetch and cache every artifact; starts nothing."""
+        java_home(self.settings)  # cached artifacts skip every Java call: check it here
         for service in [*self.services, self.debezium["kafka"]]:
             log.info("provisioning %s", service.name)
             service.provision()

@@ -1,7 +1,9 @@
 """Debezium Server end to end: a row inserted into ``messages`` arrives as a JSON envelope.
 
-Runs against its own PostgreSQL, Kafka and RabbitMQ (own state dir and ports), started once for
-this module and stopped and purged afterwards.
+Runs against the session stack's PostgreSQL, Kafka and RabbitMQ, through the stack's own
+Debezium instances (``stack.debezium[sink]``). What a test creates there (the topic, the
+exchange and queue, the rows, the slots) is removed again, so the shared stack is left as it
+was found.
 """
 
 from __future__ import annotations
@@ -12,51 +14,68 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import aio_pika
 import psycopg
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lab import slots
 from lab.settings import Settings
 from lab.stack import debezium, proc
-from lab.stack.base import NativeService, StackError
+from lab.stack.base import StackError
 from lab.stack.debezium import DebeziumService
-from lab.stack.kafka import KafkaService
-from lab.stack.postgres import PostgresService
-from lab.stack.rabbitmq import RabbitMQService
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "dbzk.public.messages"
 EXCHANGE, QUEUE, ROUTING_KEY = "load-dbz", "load-dbz-quorum", "quorum"
+CLOSED_OFFSET = 107  # session PostgreSQL port + this: a port nothing listens on
 
 
 @pytest.fixture(scope="module")
-def dbz_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    settings = Settings.from_env().replace(
-        stack_dir=Path(tmp_path_factory.mktemp("dbz-stack")),
-        pg_port=25632, kafka_port=29192, kafka_controller_port=29193, amqp_port=25773,
-        rabbitmq_dist_port=25774, rabbitmq_epmd_port=24469, rabbitmq_node="fanoutlab-dbz@localhost",
-        debezium_kafka_http_port=28183, debezium_rabbitmq_http_port=28184,
-    )
-    services: list[NativeService] = [
-        PostgresService(settings), KafkaService(settings), RabbitMQService(settings)
-    ]
-    started: list[NativeService] = []
+def dbz_settings(stack: object, settings: Settings) -> Iterator[Settings]:
+    """The session settings, with the stack up; every row the module inserts is deleted after."""
+    for service in stack.debezium.values():  # type: ignore[attr-defined]
+        service.provision()
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        before = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]  # type: ignore[index]
     try:
-        for service in services:
-            service.provision()
-            started.append(service)
-            service.start()
-        DebeziumService(settings, "kafka").provision()
         yield settings
     finally:
-        for service in reversed(started):
-            service.stop(purge=True)
+        for sink in stack.debezium:  # type: ignore[attr-defined]
+            stack.stop_debezium(sink)  # type: ignore[attr-defined]
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM messages WHERE id > %s", [before])
+
+
+@pytest.fixture
+def kafka_topic(dbz_settings: Settings) -> Iterator[str]:
+    """``dbzk.public.messages``, created for the test and deleted (gone from metadata) after."""
+    admin = AdminClient({"bootstrap.servers": dbz_settings.kafka_bootstrap})
+    admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC].result(30)
+    try:
+        yield TOPIC
+    finally:
+        try:
+            admin.delete_topics([TOPIC], operation_timeout=30)[TOPIC].result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+        deadline = time.monotonic() + 30
+        while TOPIC in admin.list_topics(timeout=5).topics:  # cluster-wide, never by name
+            assert time.monotonic() < deadline, f"topic {TOPIC} still listed after delete"
+            time.sleep(0.2)
+
+
+def _delete_group(admin: AdminClient, group: str) -> None:
+    """Delete a test's consumer group from the shared broker (absent is fine)."""
+    try:
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+            raise
 
 
 def _insert(settings: Settings, content: str) -> int:
@@ -105,12 +124,10 @@ def _started(service: DebeziumService) -> None:
 
 
 def test_kafka_sink_delivers_the_envelope(
-    dbz_settings: Settings, caplog: pytest.LogCaptureFixture
+    stack: object, dbz_settings: Settings, kafka_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    admin = AdminClient({"bootstrap.servers": dbz_settings.kafka_bootstrap})
-    admin.create_topics([NewTopic(TOPIC, num_partitions=1, replication_factor=1)])[TOPIC].result(30)
-    service = DebeziumService(dbz_settings, "kafka")
-    service.start()
+    service = stack.start_debezium("kafka")  # type: ignore[attr-defined]
+    assert service.settings == dbz_settings
     try:
         _started(service)
         (jvm,) = service.processes()
@@ -119,12 +136,13 @@ def test_kafka_sink_delivers_the_envelope(
 
         content = f"kafka-{uuid.uuid4().hex[:8]}"
         row_id = _insert(dbz_settings, content)
+        group = f"test-{uuid.uuid4()}"
         consumer = Consumer({
-            "bootstrap.servers": dbz_settings.kafka_bootstrap, "group.id": f"test-{uuid.uuid4()}",
+            "bootstrap.servers": dbz_settings.kafka_bootstrap, "group.id": group,
             "auto.offset.reset": "earliest", "allow.auto.create.topics": False,
         })
         try:
-            consumer.subscribe([TOPIC])
+            consumer.subscribe([kafka_topic])
             deadline, msg = time.monotonic() + 60, None
             while msg is None and time.monotonic() < deadline:
                 msg = consumer.poll(0.5)
@@ -136,6 +154,7 @@ def test_kafka_sink_delivers_the_envelope(
             _assert_envelope(value, row_id, content)
         finally:
             consumer.close()
+            _delete_group(AdminClient({"bootstrap.servers": dbz_settings.kafka_bootstrap}), group)
     finally:
         if service.processes():
             _stop_and_check(service, caplog)
@@ -153,6 +172,23 @@ async def _declare_topology(url: str) -> None:
         await queue.bind(exchange, routing_key=ROUTING_KEY)
 
 
+async def _exchange_exists(url: str) -> bool:
+    async with await aio_pika.connect(url) as conn:
+        try:
+            await (await conn.channel()).get_exchange(EXCHANGE, ensure=True)  # passive declare
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return False
+        return True
+
+
+async def _delete_topology(url: str, exchange: bool) -> None:
+    async with await aio_pika.connect(url) as conn:
+        channel = await conn.channel()
+        await channel.queue_delete(QUEUE)
+        if exchange:
+            await channel.exchange_delete(EXCHANGE)
+
+
 async def _get_one(url: str) -> aio_pika.abc.AbstractIncomingMessage:
     """The first message of the queue, polled with basic.get (the caller bounds the wait)."""
     async with await aio_pika.connect(url) as conn:
@@ -167,37 +203,47 @@ async def _get_one(url: str) -> aio_pika.abc.AbstractIncomingMessage:
 
 
 def test_rabbitmq_sink_delivers_the_envelope(
-    dbz_settings: Settings, caplog: pytest.LogCaptureFixture
+    stack: object, dbz_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    asyncio.run(_declare_topology(dbz_settings.amqp_url))  # before Debezium: no `mandatory`
-    service = DebeziumService(dbz_settings, "rabbitmq")
-    service.start()
+    url = dbz_settings.amqp_url
+    had_exchange = asyncio.run(_exchange_exists(url))
     try:
-        _started(service)
-        content = f"rabbit-{uuid.uuid4().hex[:8]}"
-        row_id = _insert(dbz_settings, content)
-        message = asyncio.run(asyncio.wait_for(_get_one(dbz_settings.amqp_url), 60))
-        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
-        assert message.routing_key == ROUTING_KEY
-        _assert_envelope(message.body, row_id, content)
+        asyncio.run(_declare_topology(url))  # before Debezium: no `mandatory`
+        service = stack.start_debezium("rabbitmq")  # type: ignore[attr-defined]
+        assert service.settings == dbz_settings
+        try:
+            _started(service)
+            content = f"rabbit-{uuid.uuid4().hex[:8]}"
+            row_id = _insert(dbz_settings, content)
+            message = asyncio.run(asyncio.wait_for(_get_one(url), 60))
+            assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+            assert message.routing_key == ROUTING_KEY
+            _assert_envelope(message.body, row_id, content)
+        finally:
+            if service.processes():
+                _stop_and_check(service, caplog)
     finally:
-        if service.processes():
-            _stop_and_check(service, caplog)
+        asyncio.run(_delete_topology(url, exchange=not had_exchange))
 
 
-def test_stop_drops_leftover_dbz_slots(dbz_settings: Settings) -> None:
+def test_stop_drops_leftover_dbz_slots(stack: object, dbz_settings: Settings) -> None:
     with psycopg.connect(dbz_settings.pg_dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot('dbz_leftover', 'pgoutput')")
-    assert slots.slot_exists(dbz_settings.pg_dsn, "dbz_leftover")
-    DebeziumService(dbz_settings, "kafka").stop()  # nothing running: still drops dbz_* slots
-    assert not slots.slot_exists(dbz_settings.pg_dsn, "dbz_leftover")
+    try:
+        assert slots.slot_exists(dbz_settings.pg_dsn, "dbz_leftover")
+        stack.stop_debezium("kafka")  # type: ignore[attr-defined]  # nothing running: still drops dbz_*
+        assert not slots.slot_exists(dbz_settings.pg_dsn, "dbz_leftover")
+    finally:
+        slots.drop_slots(dbz_settings.pg_dsn, "dbz_leftover")
 
 
 def test_start_without_postgres_names_what_to_start(dbz_settings: Settings) -> None:
-    closed = dbz_settings.replace(pg_port=25639)
+    closed = dbz_settings.replace(pg_port=dbz_settings.pg_port + CLOSED_OFFSET)
     assert not proc.port_open(closed.pg_port)
     service = DebeziumService(closed, "kafka")
-    with pytest.raises(StackError, match=r"PostgreSQL is not reachable at 127\.0\.0\.1:25639"):
+    with pytest.raises(
+        StackError, match=rf"PostgreSQL is not reachable at 127\.0\.0\.1:{closed.pg_port}"
+    ):
         service.start()
     assert service.processes() == []
 
@@ -213,6 +259,6 @@ def test_a_jvm_that_dies_fails_start_with_its_log(
     assert not slots.slot_exists(dbz_settings.pg_dsn, service.slot)
 
 
-def test_unknown_sink_is_a_stack_error() -> None:
+def test_unknown_sink_is_a_stack_error(settings: Settings) -> None:
     with pytest.raises(StackError, match="unknown Debezium sink 'pulsar'"):
-        DebeziumService(Settings.from_env(), "pulsar")
+        DebeziumService(settings, "pulsar")

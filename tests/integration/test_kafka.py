@@ -1,16 +1,22 @@
-"""The native Kafka service: a real KRaft broker provisioned from Maven Central and started here."""
+"""The native Kafka service: a real KRaft broker provisioned from Maven Central.
+
+Produce/consume, idempotent start and status run against the session stack's broker (topics
+created here are deleted again). Stop and warm restart need a broker that may be stopped: one
+throwaway broker of this module, under the session stack dir on ports derived from the session
+settings, stopped and purged even when the test fails.
+"""
 
 from __future__ import annotations
 
 import json
-import socket
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
 
 import psutil
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lab.settings import Settings
@@ -19,29 +25,61 @@ from lab.stack.kafka import KafkaService
 
 pytestmark = pytest.mark.integration
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+OWN_OFFSET = 100  # the module's throwaway broker: session ports + 100
 
 
 @pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaService]:
-    settings = Settings.from_env().replace(stack_dir=tmp_path_factory.mktemp("stack"))
-    if proc.port_open(settings.kafka_port) or proc.port_open(settings.kafka_controller_port):
-        settings = settings.replace(kafka_port=_free_port(), kafka_controller_port=_free_port())
-    service = KafkaService(settings)
-    service.provision()
-    service.start()
+def kafka(stack: object) -> KafkaService:
+    """The session stack's broker (never stopped here)."""
+    return stack.kafka  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="module")
+def own_kafka(stack: object, settings: Settings) -> Iterator[KafkaService]:
+    """A throwaway broker of this module's own; stopped and purged whatever happens."""
+    service = KafkaService(settings.replace(
+        stack_dir=settings.stack_dir / "own-kafka",
+        kafka_port=settings.kafka_port + OWN_OFFSET,
+        kafka_controller_port=settings.kafka_controller_port + OWN_OFFSET,
+    ))
     try:
+        service.start()
         yield service
     finally:
         service.stop(purge=True)
+        shutil.rmtree(service.settings.stack_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def topics(kafka: KafkaService) -> Iterator[list[str]]:
+    """Topics a test creates on the shared broker; deleted (and gone from metadata) afterwards."""
+    made: list[str] = []
+    yield made
+    if made:
+        admin = _admin(kafka)
+        for future in admin.delete_topics(made, operation_timeout=30).values():
+            try:
+                future.result()
+            except KafkaException as exc:  # never created
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+        deadline = time.monotonic() + 30
+        while set(made) & set(admin.list_topics(timeout=5).topics):
+            assert time.monotonic() < deadline, f"topics {made} still listed after delete"
+            time.sleep(0.2)
 
 
 def _admin(kafka: KafkaService) -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka.settings.kafka_bootstrap})
+
+
+def _delete_group(admin: AdminClient, group: str) -> None:
+    """Delete a test's consumer group from the shared broker (absent is fine)."""
+    try:
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+            raise
 
 
 def _wait_for_partitions(admin: AdminClient, topic: str, partitions: int) -> None:
@@ -55,8 +93,10 @@ def _wait_for_partitions(admin: AdminClient, topic: str, partitions: int) -> Non
     pytest.fail(f"topic {topic} never showed {partitions} partitions in cluster metadata")
 
 
-def _create_topic(kafka: KafkaService, partitions: int) -> str:
+def _create_topic(kafka: KafkaService, partitions: int, made: list[str] | None = None) -> str:
     topic = f"test-{uuid.uuid4().hex[:8]}"
+    if made is not None:
+        made.append(topic)  # recorded first: cleaned up even if the creation fails half way
     admin = _admin(kafka)
     new = NewTopic(topic, num_partitions=partitions, replication_factor=1)
     admin.create_topics([new])[topic].result(timeout=30)
@@ -64,8 +104,10 @@ def _create_topic(kafka: KafkaService, partitions: int) -> str:
     return topic
 
 
-def test_produce_and_consume_through_a_consumer_group(kafka: KafkaService) -> None:
-    topic = _create_topic(kafka, partitions=4)
+def test_produce_and_consume_through_a_consumer_group(
+    kafka: KafkaService, topics: list[str]
+) -> None:
+    topic = _create_topic(kafka, partitions=4, made=topics)
     bootstrap = kafka.settings.kafka_bootstrap
     errors: list[KafkaError] = []
 
@@ -78,9 +120,10 @@ def test_produce_and_consume_through_a_consumer_group(kafka: KafkaService) -> No
     assert producer.flush(30) == 0
     assert errors == []
 
+    group = f"test-{uuid.uuid4()}"
     consumer = Consumer({
         "bootstrap.servers": bootstrap,
-        "group.id": f"test-{uuid.uuid4()}",
+        "group.id": group,
         "auto.offset.reset": "earliest",
         "allow.auto.create.topics": False,
         "partition.assignment.strategy": "cooperative-sticky",
@@ -99,6 +142,7 @@ def test_produce_and_consume_through_a_consumer_group(kafka: KafkaService) -> No
             partitions.add(msg.partition())
     finally:
         consumer.close()
+        _delete_group(_admin(kafka), group)
 
     assert sorted(ids) == list(range(100))
     assert partitions == {0, 1, 2, 3}  # 100 distinct keys over 4 partitions hit every one
@@ -124,7 +168,8 @@ def test_status_reports_the_running_broker(kafka: KafkaService) -> None:
     assert (kafka.libs_dir / f"kafka_2.13-{kafka.settings.kafka_version}.jar").is_file()
 
 
-def test_stop_ends_the_process_and_restart_keeps_topics(kafka: KafkaService) -> None:
+def test_stop_ends_the_process_and_restart_keeps_topics(own_kafka: KafkaService) -> None:
+    kafka = own_kafka
     topic = _create_topic(kafka, partitions=2)
     (java,) = kafka.processes()
     cluster_id = kafka.status().detail["cluster_id"]

@@ -1,17 +1,18 @@
 """The native PostgreSQL service against a real PostgreSQL 18 (method.md §1.2 and §2).
 
-The module fixture starts one service in a temp stack dir on its own port; the tests that stop
-or break a service use their own throwaway instances, so the assertions also hold against a
-shared session stack. Stack dirs live outside pytest's basetemp: every root pytest session
-resets /tmp/pytest-of-root to 0700 when it starts, which would lock the unprivileged postgres
-account out of a cluster that another session's run is using.
+Flags, schema, publication, status and the refusals run against the session stack's PostgreSQL
+(read-only, or with a slot they drop again). The restart test needs a cluster it may stop: one
+throwaway instance of this module, in a dir under the session stack dir and on a port derived
+from the session settings, stopped and purged even when the test fails. Dirs stay out of
+pytest's basetemp: a root pytest session resets /tmp/pytest-of-root to 0700, which would lock
+the unprivileged postgres account out.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,8 +27,8 @@ from lab.stack.postgres import PostgresService
 
 pytestmark = pytest.mark.integration
 
-PORT = 25532  # the module's service
-SPARE_PORTS = (25534, 25535)  # throwaway instances
+OWN_OFFSET = 100  # the module's throwaway instance: session ports + 100
+SPARE_OFFSET = 101  # a port nothing listens on, for the refusals
 
 # method.md §1.2 as the server must report it: (SHOW value, pg_settings setting, unit).
 EXPECTED_FLAGS = {
@@ -43,12 +44,13 @@ EXPECTED_FLAGS = {
 
 
 @pytest.fixture(scope="module")
-def scratch() -> Iterator[Callable[[str], Path]]:
-    """Makes fresh temp dirs outside pytest's basetemp; all removed at the end of the module."""
+def scratch(stack: object, settings: Settings) -> Iterator[Callable[[str], Path]]:
+    """Makes fresh dirs under the session stack dir; all removed at the end of the module."""
     made: list[Path] = []
 
     def make(name: str) -> Path:
-        made.append(Path(tempfile.mkdtemp(prefix=f"fanout-lab-{name}-")))
+        made.append(settings.stack_dir / f"pgtest-{name}-{uuid.uuid4().hex[:8]}")
+        made[-1].mkdir(parents=True)
         return made[-1]
 
     yield make
@@ -57,14 +59,17 @@ def scratch() -> Iterator[Callable[[str], Path]]:
 
 
 @pytest.fixture(scope="module")
-def settings(scratch: Callable[[str], Path]) -> Settings:
-    return Settings.from_env().replace(stack_dir=scratch("pgstack"), pg_port=PORT)
+def pg(stack: object) -> PostgresService:
+    """The session stack's PostgreSQL (never stopped here)."""
+    return stack.postgres  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.fixture(scope="module")
-def pg(settings: Settings) -> Iterator[PostgresService]:
-    service = PostgresService(settings)
-    service.start()
+def own(settings: Settings, scratch: Callable[[str], Path]) -> Iterator[PostgresService]:
+    """The module's throwaway PostgreSQL (not started); stopped and purged whatever happens."""
+    service = PostgresService(settings.replace(
+        stack_dir=scratch("own"), pg_port=settings.pg_port + OWN_OFFSET
+    ))
     try:
         yield service
     finally:
@@ -204,41 +209,42 @@ def test_start_twice_is_a_noop(pg: PostgresService) -> None:
 
 
 def test_same_stack_on_another_port_is_refused(pg: PostgresService, settings: Settings) -> None:
-    other = PostgresService(settings.replace(pg_port=SPARE_PORTS[0]))
+    other = PostgresService(settings.replace(pg_port=settings.pg_port + SPARE_OFFSET))
     with pytest.raises(StackError, match=f"already runs on port {settings.pg_port}"):
         other.start()
 
 
 def test_data_dir_held_by_a_foreign_postmaster_is_refused(
-    pg: PostgresService, settings: Settings, tmp_path: Path
+    pg: PostgresService, settings: Settings, scratch: Callable[[str], Path]
 ) -> None:
     # Another stack dir whose data dir is ours: our postmaster is foreign to it.
-    (tmp_path / "postgres").mkdir()
-    (tmp_path / "postgres" / "data").symlink_to(pg.data_dir)
-    other = PostgresService(settings.replace(stack_dir=tmp_path, pg_port=SPARE_PORTS[1]))
+    other_dir, spare = scratch("foreign"), settings.pg_port + SPARE_OFFSET
+    (other_dir / "postgres").mkdir()
+    (other_dir / "postgres" / "data").symlink_to(pg.data_dir)
+    other = PostgresService(settings.replace(stack_dir=other_dir, pg_port=spare))
     pid = _pid(pg)
     with pytest.raises(StackError, match=f"in use by a foreign process pid {pid}"):
         other.start()
     assert other.processes() == []
-    assert not proc.port_open(SPARE_PORTS[1])
+    assert not proc.port_open(spare)
     assert _pid(pg) == pid
     with pytest.raises(StackError, match=f"foreign process pid {pid}"):
         other.stop(purge=True)
     assert (pg.data_dir / "PG_VERSION").exists()
 
 
-def test_taken_port_is_refused(pg: PostgresService, settings: Settings, tmp_path: Path) -> None:
-    other = PostgresService(settings.replace(stack_dir=tmp_path))
+def test_taken_port_is_refused(
+    pg: PostgresService, settings: Settings, scratch: Callable[[str], Path]
+) -> None:
+    other = PostgresService(settings.replace(stack_dir=scratch("taken")))
     with pytest.raises(StackError, match=f"port {settings.pg_port} .*LAB_PG_PORT"):
         other.start()
     assert not other.data_dir.exists()
 
 
-def test_stop_leaves_nothing_and_restart_keeps_data(
-    settings: Settings, scratch: Callable[[str], Path]
-) -> None:
-    s = settings.replace(stack_dir=scratch("pgstop"), pg_port=SPARE_PORTS[0])
-    service = PostgresService(s)
+def test_stop_leaves_nothing_and_restart_keeps_data(own: PostgresService) -> None:
+    s, service = own.settings, own
+    assert not proc.port_open(s.pg_port)
     service.start()
     try:
         [postmaster] = service.processes()

@@ -1,4 +1,11 @@
-"""The private RabbitMQ node: topology of method.md §1.4, confirms, restart, clean stop."""
+"""The private RabbitMQ node: topology of method.md §1.4, confirms, restart, clean stop.
+
+Publish/consume, idempotent start, status and users run against the session stack's node (the
+queue and exchange made here are deleted again). Restart and stop need a node that may be
+stopped: one throwaway node of this module (own node name, AMQP, distribution and epmd ports
+derived from the session settings, under the session stack dir), stopped and purged even when
+a test fails.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,18 +30,38 @@ log = logging.getLogger(__name__)
 
 EXCHANGE = "test-load-dbz"
 ROUTING_KEY = "quorum"
+OWN_OFFSET = 100  # the module's throwaway node: session ports + 100
 
 
 @pytest.fixture(scope="module")
-def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQService]:
-    settings = Settings.from_env().replace(stack_dir=tmp_path_factory.mktemp("stack"))
-    service = RabbitMQService(settings)
-    service.provision()
-    service.start()
+def rabbitmq(stack: object) -> RabbitMQService:
+    """The session stack's node (never stopped here)."""
+    return stack.rabbitmq  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture(scope="module")
+def own_rabbitmq(stack: object, settings: Settings) -> Iterator[RabbitMQService]:
+    """A throwaway node of this module's own; stopped and purged whatever happens."""
+    service = RabbitMQService(settings.replace(
+        stack_dir=settings.stack_dir / "own-rabbitmq",
+        amqp_port=settings.amqp_port + OWN_OFFSET,
+        rabbitmq_dist_port=settings.rabbitmq_dist_port + OWN_OFFSET,
+        rabbitmq_epmd_port=settings.rabbitmq_epmd_port + OWN_OFFSET,
+        rabbitmq_node="own-" + settings.rabbitmq_node,
+    ))
     try:
+        service.start()
         yield service
     finally:
         service.stop(purge=True)
+        shutil.rmtree(service.settings.stack_dir, ignore_errors=True)
+
+
+async def _delete(url: str, queue: str, exchange: str) -> None:
+    async with await aio_pika.connect(url) as conn:
+        channel = await conn.channel()
+        await channel.queue_delete(queue)
+        await channel.exchange_delete(exchange)
 
 
 def _tree(service: RabbitMQService) -> list[psutil.Process]:
@@ -98,12 +126,17 @@ async def _consume(url: str, queue_name: str, count: int) -> tuple[list[bytes], 
 def test_quorum_queue_publish_with_confirms_and_consume(rabbitmq: RabbitMQService) -> None:
     url = rabbitmq.settings.amqp_url
     bodies = [f"message-{i}".encode() for i in range(100)]
-    asyncio.run(_publish(url, "test-load-dbz-quorum", bodies))
-    received, left = asyncio.run(_consume(url, "test-load-dbz-quorum", len(bodies)))
+    try:
+        asyncio.run(_publish(url, "test-load-dbz-quorum", bodies))
+        received, left = asyncio.run(_consume(url, "test-load-dbz-quorum", len(bodies)))
+        queues = rabbitmq.ctl("list_queues", "name", "type", "durable", "--formatter", "json")
+    finally:
+        asyncio.run(_delete(url, "test-load-dbz-quorum", EXCHANGE))
     assert sorted(received) == sorted(bodies)
     assert left == 0
-    queues = rabbitmq.ctl("list_queues", "name", "type", "durable", "--formatter", "json")
     assert {"name": "test-load-dbz-quorum", "type": "quorum", "durable": True} in json.loads(queues)
+    after = json.loads(rabbitmq.ctl("list_queues", "name", "--formatter", "json"))
+    assert {"name": "test-load-dbz-quorum"} not in after  # the shared node is left as it was
 
 
 def test_start_twice_is_a_noop(rabbitmq: RabbitMQService) -> None:
@@ -138,7 +171,8 @@ def test_only_the_lab_user_exists(rabbitmq: RabbitMQService) -> None:
                       "configure": ".*", "write": ".*", "read": ".*"}]
 
 
-def test_persistent_messages_survive_a_restart(rabbitmq: RabbitMQService) -> None:
+def test_persistent_messages_survive_a_restart(own_rabbitmq: RabbitMQService) -> None:
+    rabbitmq = own_rabbitmq
     url = rabbitmq.settings.amqp_url
     bodies = [f"durable-{i}".encode() for i in range(10)]
     asyncio.run(_publish(url, "test-restart-quorum", bodies))
@@ -152,7 +186,9 @@ def test_persistent_messages_survive_a_restart(rabbitmq: RabbitMQService) -> Non
     assert sorted(received) == sorted(bodies) and left == 0
 
 
-def test_stop_leaves_no_process_of_ours(rabbitmq: RabbitMQService) -> None:
+def test_stop_leaves_no_process_of_ours(own_rabbitmq: RabbitMQService) -> None:
+    rabbitmq = own_rabbitmq
+    rabbitmq.start()  # no-op unless an earlier test of this module left it stopped
     known = _tree(rabbitmq)
     assert known
     rabbitmq.stop()

@@ -1,8 +1,8 @@
 """lab.replication.ReplicationStream against a real PostgreSQL 18 (method.md §4.3, §7.2, §10.4).
 
-For now the module starts its own PostgreSQL (``PostgresService`` in a temp stack dir on port
-25539; it creates ``messages`` and ``load_test_pub``). It can move to the shared session stack
-later: every test uses a slot of its own and drops it.
+Runs on the session stack's PostgreSQL (``messages`` and ``load_test_pub`` come from its
+schema). Every test uses a slot of its own and drops it; the rows the module inserts are
+deleted at the end.
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import uvloop
 from lab.pgoutput import Begin, Commit, Decoder, Insert, parse_lsn
 from lab.replication import ReplicationStream
 from lab.settings import Settings
-from lab.stack.postgres import PostgresService
 
 pytestmark = pytest.mark.integration
 
-PORT = 25539
 PUBLICATION = "load_test_pub"
 # method.md §7.2: the slot is held by a walsender that pg_stat_replication reports as streaming.
 STREAMING = """
@@ -42,19 +40,13 @@ Admin = psycopg.AsyncConnection[tuple[object, ...]]
 
 
 @pytest.fixture(scope="module")
-def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    stack_dir = tmp_path_factory.mktemp("replstack")
-    return Settings.from_env().replace(stack_dir=stack_dir, pg_port=PORT)
-
-
-@pytest.fixture(scope="module")
-def dsn(settings: Settings) -> Iterator[str]:
-    service = PostgresService(settings)
-    service.start()
-    try:
-        yield settings.pg_dsn
-    finally:
-        service.stop(purge=True)
+def dsn(stack: object, settings: Settings) -> Iterator[str]:
+    """The session PostgreSQL's DSN; rows inserted by the module are deleted afterwards."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        before = conn.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]  # type: ignore[index]
+    yield settings.pg_dsn
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM messages WHERE id > %s", [before])
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """The web service and the senders as real processes against a real PostgreSQL 18.
 
-One throwaway PostgreSQL (the native stack's ``PostgresService`` in a temp stack dir, port 25639)
-and one web process serve the module. The senders run as the process the runner starts, gated on
-a start file, and once through the in-process API.
+They run on the session stack's PostgreSQL. One web process on ``settings.web_port`` serves
+the module (a second one, on a free port, is stopped by SIGTERM). The senders run as the
+process the runner starts, gated on a start file, and once through the in-process API. Each
+test that counts rows starts from an empty ``messages`` (TRUNCATE, as the runner's reset does).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,11 +25,9 @@ import pytest
 from lab.senders import SendResult, run_senders
 from lab.settings import Settings, child_env
 from lab.stack import proc
-from lab.stack.postgres import PostgresService
 
 pytestmark = pytest.mark.integration
 
-PG_PORT = 25639
 WEB_POOL = 64
 
 
@@ -40,22 +38,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def workdir() -> Iterator[Path]:
-    # Outside pytest's basetemp, which a root session resets to 0700 (see test_postgres.py).
-    d = Path(tempfile.mkdtemp(prefix="fanout-lab-web-"))
+def workdir(stack: object, settings: Settings) -> Iterator[Path]:
+    # Under the session stack dir, not pytest's basetemp (see test_postgres.py).
+    d = settings.stack_dir / "web-senders"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def pg_settings(workdir: Path) -> Iterator[Settings]:
-    settings = Settings.from_env().replace(stack_dir=workdir / "stack", pg_port=PG_PORT)
-    service = PostgresService(settings)
-    service.start()
-    try:
-        yield settings
-    finally:
-        service.stop(purge=True)
+def pg_settings(stack: object, settings: Settings) -> Settings:
+    """The session settings, with the stack (and so its PostgreSQL) up."""
+    return settings
 
 
 @pytest.fixture
@@ -65,35 +60,47 @@ def db(pg_settings: Settings) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-def _start_web(settings: Settings, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+def _start_web(
+    settings: Settings, log: Path, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port() if port is None else port
+    proc.require_free(port, "the web service", "LAB_WEB_PORT")
     argv = [sys.executable, "-m", "lab.web", "--port", str(port), "--dsn", settings.pg_dsn,
             "--pool", str(WEB_POOL)]
     with open(log, "ab") as out:
-        web = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env())
-    watched = psutil.Process(web.pid)
-    proc.wait_until(lambda: proc.port_open(port), timeout=60, what="web", proc=watched,
-                    log_path=log)
+        web = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env(settings))
+    try:
+        watched = psutil.Process(web.pid)
+        proc.wait_until(lambda: proc.port_open(port), timeout=60, what="web", proc=watched,
+                        log_path=log)
+    except BaseException:
+        web.kill()
+        web.wait()
+        raise
     return web, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
 def web_url(pg_settings: Settings, workdir: Path) -> Iterator[str]:
-    web, url = _start_web(pg_settings, workdir / "web.log")
+    web, url = _start_web(pg_settings, workdir / "web.log", pg_settings.web_port)
     try:
         yield url
     finally:
         web.send_signal(signal.SIGTERM)
-        web.wait(30)
+        try:
+            web.wait(30)
+        except subprocess.TimeoutExpired:
+            web.kill()
+            web.wait()
 
 
-def _senders(url: str, out: Path, *, messages: int, senders: int,
+def _senders(settings: Settings, url: str, out: Path, *, messages: int, senders: int,
              start_file: Path | None = None) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "lab.senders", "--url", url, "--messages", str(messages),
             "--senders", str(senders), "--out", str(out)]
     if start_file is not None:
         argv += ["--start-file", str(start_file)]
-    return subprocess.Popen(argv, env=child_env())
+    return subprocess.Popen(argv, env=child_env(settings))
 
 
 async def _call(method: str, url: str, body: dict | None = None) -> tuple[int, dict | None]:
@@ -102,10 +109,10 @@ async def _call(method: str, url: str, body: dict | None = None) -> tuple[int, d
 
 
 def test_senders_process_inserts_exactly_m_rows(
-    web_url: str, db: psycopg.Connection, workdir: Path
+    web_url: str, db: psycopg.Connection, workdir: Path, pg_settings: Settings
 ) -> None:
     start, out = workdir / "start", workdir / "senders.json"
-    senders = _senders(web_url, out, messages=2000, senders=50, start_file=start)
+    senders = _senders(pg_settings, web_url, out, messages=2000, senders=50, start_file=start)
     try:
         assert db.execute("SELECT count(*) FROM messages").fetchone() == (0,)
         assert senders.poll() is None  # held at the gate, not finished
@@ -187,9 +194,9 @@ def test_send_email_counts_calls_and_distinct_ids(web_url: str) -> None:
     assert empty == {"ids": [], "t": []}
 
 
-def test_no_listener_fails_every_send_without_retry(workdir: Path) -> None:
+def test_no_listener_fails_every_send_without_retry(workdir: Path, settings: Settings) -> None:
     out = workdir / "refused.json"
-    senders = _senders(f"http://127.0.0.1:{_free_port()}", out, messages=300, senders=20)
+    senders = _senders(settings, f"http://127.0.0.1:{_free_port()}", out, messages=300, senders=20)
     assert senders.wait(120) == 0
     r = SendResult.load(out)
     assert (r.sent, r.send_failed, r.error) == (0, 300, None)
@@ -205,7 +212,7 @@ def test_sigterm_stops_web_gracefully(pg_settings: Settings, workdir: Path) -> N
         status, _ = asyncio.run(_call("GET", f"{url}/load/stats"))
         assert status == 200
         ports = [c.laddr.port for c in psutil.Process(web.pid).net_connections("tcp")
-                 if c.raddr and c.raddr.port == PG_PORT]
+                 if c.raddr and c.raddr.port == pg_settings.pg_port]
         assert len(ports) == WEB_POOL  # the pool is open before the port is
         with psycopg.connect(pg_settings.pg_dsn, autocommit=True) as conn:
             assert conn.execute(query, [ports]).fetchone() == (WEB_POOL,)
