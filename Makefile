@@ -23,8 +23,8 @@ setup: system-deps $(STAMP) $(KERNEL)  ## idempotent: system packages, venv, pac
 system-deps:
 	bash scripts/system-deps.sh
 
-test: setup  ## unit tests, then integration tests against the real native stack
-	$(BIN)/pytest tests
+test: setup  ## unit tests, then integration and notebook tests against the real native stack
+	$(BIN)/pytest tests/unit tests/integration tests/notebooks
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -58,3 +58,8 @@ def stack(settings: Settings) -> Iterator[object]:
 def lab_env(settings: Settings) -> dict[str, str]:
     """The environment that makes a `lab` subprocess use ``settings``."""
     return child_env(settings)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`lab stack down` is checked last, after every test that uses the session stack."""
+    items.sort(key=lambda item: item.path.name == "test_zz_stack_down.py")

@@ -100,14 +100,52 @@ def terminate(
         tree += proc.children(recursive=True)
     with contextlib.suppress(psutil.NoSuchProcess):
         proc.send_signal(sig)
-    _, alive = psutil.wait_procs([proc], timeout=timeout)
+    alive = wait_gone([proc], timeout=timeout)
     for p in alive + tree[1:]:
         with contextlib.suppress(psutil.NoSuchProcess):
             if p.is_running():
                 p.kill()
-    psutil.wait_procs(tree, timeout=5)
+    wait_gone(tree, timeout=5)
     pidfile(state_dir).unlink(missing_ok=True)
     return True
+
+
+def _gone(p: psutil.Process) -> bool:
+    """Exited: not running any more, or a zombie that is ours and reaped here or someone else's.
+
+    A zombie thread-group leader whose other threads are still exiting (a JVM shutting down)
+    has not exited yet, nor has a child of ours that ``waitpid`` cannot reap yet.
+    """
+    try:
+        if not p.is_running():
+            return True
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return False
+        if len(os.listdir(f"/proc/{p.pid}/task")) > 1:
+            return False
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return True
+    try:
+        return os.waitpid(p.pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:  # not our child: its parent reaps it
+        return True
+
+
+def wait_gone(
+    procs: Sequence[psutil.Process], *, timeout: float, interval: float = 0.1
+) -> list[psutil.Process]:
+    """Wait until every process has exited; return those still alive after ``timeout``.
+
+    Unlike ``psutil.wait_procs`` a zombie counts as exited: the stack's processes are children
+    of whoever started them (a Python session, a notebook kernel, a PID 1 that never reaps), so
+    another process stopping them would otherwise wait out the whole timeout for each one.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in procs if not _gone(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(interval)
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -128,7 +128,7 @@ class RabbitMQService:
                 tree += node.children(recursive=True)
             try:
                 self.ctl("stop", timeout=STOP_TIMEOUT)
-                _, alive = psutil.wait_procs(tree, timeout=STOP_TIMEOUT)
+                alive = proc.wait_gone(tree, timeout=STOP_TIMEOUT)
             except StackError as exc:
                 log.warning("graceful RabbitMQ stop failed (%s); terminating by pid", exc)
                 alive = tree
@@ -137,7 +137,7 @@ class RabbitMQService:
                 with contextlib.suppress(psutil.Error):
                     if p.is_running():
                         p.kill()
-            psutil.wait_procs(alive, timeout=5)
+            proc.wait_gone(alive, timeout=5)
         else:
             self._kill()
         if purge:
@@ -281,7 +281,7 @@ class RabbitMQService:
         if orphan is not None:  # the script died but its VM did not
             log.warning("killing orphaned RabbitMQ VM pid %d", orphan.pid)
             orphan.terminate()
-            if psutil.wait_procs([orphan], timeout=STOP_TIMEOUT)[1]:
+            if proc.wait_gone([orphan], timeout=STOP_TIMEOUT):
                 orphan.kill()
         proc.terminate(self.epmd_dir, timeout=10)
         (self.dir / "beam.pid").unlink(missing_ok=True)

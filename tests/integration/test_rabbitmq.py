@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,8 +70,22 @@ def _tree(service: RabbitMQService) -> list[psutil.Process]:
     return [p for root in roots for p in [root, *root.children(recursive=True)]]
 
 
+def _zombie(p: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return p.status() == psutil.STATUS_ZOMBIE
+    return False
+
+
 def _ours_alive(service: RabbitMQService, known: list[psutil.Process]) -> list[str]:
-    """Known processes still running, plus any beam/epmd started with our HOME or epmd port."""
+    """Known processes still running, plus any beam/epmd started with our HOME or epmd port.
+
+    ``stop`` returns once every process has exited; one that has just exited may still be a
+    zombie for a moment until its parent (PID 1 for the VM's orphaned helpers) reaps it, so
+    zombies get up to 10 s to disappear before they count as left behind.
+    """
+    deadline = time.monotonic() + 10
+    while any(p.is_running() and _zombie(p) for p in known) and time.monotonic() < deadline:
+        time.sleep(0.1)
     alive = [f"{p.pid} {p.name()}" for p in known if p.is_running()]
     home, port = str(service.home), str(service.settings.rabbitmq_epmd_port)
     for p in psutil.process_iter(["name", "cmdline"]):
