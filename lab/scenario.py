@@ -4,6 +4,10 @@ Fields are primitives only (papermill stringifies anything else). Defaults are t
 bench's (method.md §3, §4.0): 200 closed-loop senders, batches of 100, 100 ms wait for a
 batch's first message and 50 ms to top it up, a 600 s drain deadline, ``CHECKPOINT`` plus a
 20 s cooldown after every run.
+
+``producer`` picks where messages enter: ``web`` (the study: HTTP senders -> web service ->
+outbox row, Debezium for ``kafka``/``rabbitmq``) or ``direct`` (the broker-native stand of
+method.md §9.5: ``senders`` producer tasks write straight into the topic, the queue or the table).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
+PRODUCERS = ("web", "direct")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 
 
@@ -35,6 +40,7 @@ class Scenario:
     warmup: bool = False  # marked as warm-up/drift: kept, excluded from tables
     label: str = ""  # free text (e.g. "drift"), stored with the result
     seed: int = 0  # for anything randomised in a series
+    producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINE_NAMES:
@@ -46,6 +52,12 @@ class Scenario:
                 f"consumers must be between 1 and {MAX_CONSUMERS} "
                 f"(max_wal_senders=64 leaves room for Debezium), got {self.consumers}"
             )
+        if self.producer not in PRODUCERS:
+            raise ValueError(
+                f"unknown producer {self.producer!r}: choose one of {', '.join(PRODUCERS)}"
+            )
+        if self.producer == "direct" and self.rate:
+            raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -70,4 +82,5 @@ class Scenario:
     @property
     def slug(self) -> str:
         mode = f"r{self.rate:g}" if self.rate else f"s{self.senders}"
-        return f"{self.pipeline}-c{self.consumers}-m{self.messages}-{mode}"
+        tail = "" if self.producer == "web" else f"-{self.producer}"
+        return f"{self.pipeline}-c{self.consumers}-m{self.messages}-{mode}{tail}"

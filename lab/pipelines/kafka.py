@@ -39,6 +39,12 @@ Deviations and choices, with their reasons:
   per message and 128 µs and 79-88 µs for ``confluent_kafka.aio.AIOConsumer`` (2.16; every
   call is a thread-pool hop). A batch holds up to 100 *messages*; envelopes that are not
   inserts count toward it but are not returned.
+
+Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
+writes the plain message JSON ``{"id", "content", "createdAt"}`` into topic ``messages``
+(recreated per run the same way, 2N partitions) and no Debezium runs. The group and the inbox
+names become ``kafka-<uuid>`` / ``kafka-<i>``; the source decides once, when it is built, which
+of the two message parsers its read loop calls.
 """
 
 from __future__ import annotations
@@ -72,9 +78,11 @@ from lab.watermark import Watermark
 log = logging.getLogger(__name__)
 
 TOPIC = f"{TOPIC_PREFIX['kafka']}.public.messages"
+DIRECT_TOPIC = "messages"  # the broker-native stand's topic (lab.pipelines.producers writes it)
 PARTITIONS_PER_CONSUMER = 2
 REPLICATION_FACTOR = 1
 GROUP_PREFIX = "dbz-kafka-"
+DIRECT_GROUP_PREFIX = "kafka-"
 METADATA_TIMEOUT = 10.0  # seconds per cluster-wide metadata request
 POLL_INTERVAL = 0.5  # topic absent / partitions present
 GATE_CHECKS = 3  # consecutive passing assignment checks
@@ -95,23 +103,43 @@ def consumer_config(settings: Settings, group: str | None) -> dict[str, Any]:
     }
 
 
+def names(scenario: Scenario) -> tuple[str, str]:
+    """(topic, group and consumer name prefix) for the scenario's producer."""
+    if scenario.producer == "direct":
+        return DIRECT_TOPIC, DIRECT_GROUP_PREFIX
+    return TOPIC, GROUP_PREFIX
+
+
+def _envelope_row(value: bytes) -> tuple[int, str, str] | None:
+    """A Debezium envelope's row, None when it is not an insert."""
+    after = orjson.loads(value).get("after")
+    return None if after is None else (after["id"], after["content"], after["created_at"])
+
+
+def _plain_row(value: bytes) -> tuple[int, str, str]:
+    """A message the broker-native producer wrote."""
+    m = orjson.loads(value)
+    return m["id"], m["content"], m["createdAt"]
+
+
 def _admin(settings: Settings) -> AdminClient:
     return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})
 
 
-def partition_count(admin: AdminClient) -> int | None:
-    """Partitions of :data:`TOPIC` in cluster-wide metadata (never by name); None if absent."""
-    meta = admin.list_topics(timeout=METADATA_TIMEOUT).topics.get(TOPIC)
+def partition_count(admin: AdminClient, topic: str = TOPIC) -> int | None:
+    """Partitions of ``topic`` in cluster-wide metadata (never by name); None if absent."""
+    meta = admin.list_topics(timeout=METADATA_TIMEOUT).topics.get(topic)
     return None if meta is None or meta.error is not None else len(meta.partitions)
 
 
-def group_id(admin: AdminClient, timeout: float) -> str:
-    """``dbz-kafka-<uuid>`` from the topic id Kafka gave :data:`TOPIC` when it was created."""
-    desc = admin.describe_topics(TopicCollection([TOPIC]), request_timeout=timeout)[TOPIC].result()
+def group_id(admin: AdminClient, timeout: float, topic: str = TOPIC,
+             prefix: str = GROUP_PREFIX) -> str:
+    """``<prefix><uuid>`` from the topic id Kafka gave ``topic`` when it was created."""
+    desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result()
     tid = desc.topic_id
     msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
     bits = (msb & _MASK64) << 64 | lsb & _MASK64
-    return f"{GROUP_PREFIX}{uuid.UUID(int=bits)}"
+    return f"{prefix}{uuid.UUID(int=bits)}"
 
 
 def _poll(check: Any, deadline: float, what: str) -> None:
@@ -134,6 +162,8 @@ class KafkaPipeline:
         self.settings = settings
         self.stack = stack
         self.partitions = PARTITIONS_PER_CONSUMER * scenario.consumers
+        self.topic, self.prefix = names(scenario)
+        self.direct = scenario.producer == "direct"
         self.group: str | None = None
         self.assignment: list[int] = []  # partitions per member when the gate passed
         self._admin_client: AdminClient | None = None
@@ -146,7 +176,8 @@ class KafkaPipeline:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "topic": TOPIC,
+            "producer": self.scenario.producer,
+            "topic": self.topic,
             "partitions": self.partitions,
             "replication_factor": REPLICATION_FACTOR,
             "group_id": self.group,
@@ -155,8 +186,10 @@ class KafkaPipeline:
             "assignment_gate": {"partitions_per_consumer": PARTITIONS_PER_CONSUMER,
                                 "checks": GATE_CHECKS, "interval_s": GATE_INTERVAL,
                                 "members": self.assignment},
-            "debezium_sink": self.cdc_sink,
-            "debezium_slot": SLOT["kafka"],
+            "debezium_sink": None if self.direct else self.cdc_sink,
+            "debezium_slot": None if self.direct else SLOT["kafka"],
+            "source": ("lab.pipelines.producers straight into the topic (no outbox, no Debezium)"
+                       if self.direct else "Debezium Server from the outbox table"),
             "inbox": self.inbox_table,
             "offsets": "per-partition watermark, stored once per batch",
         }
@@ -165,13 +198,13 @@ class KafkaPipeline:
         await asyncio.to_thread(self._recreate_topic)
 
     def _recreate_topic(self) -> None:
-        admin, n = self.admin, self.partitions
+        admin, n, topic = self.admin, self.partitions, self.topic
         deadline = time.monotonic() + self.scenario.ready_timeout_s
         while True:
             self._delete_topic()
-            _poll(lambda: partition_count(admin) is None, deadline,
-                  f"topic {TOPIC} still in cluster metadata after delete")
-            future = admin.create_topics([NewTopic(TOPIC, n, REPLICATION_FACTOR)])[TOPIC]
+            _poll(lambda: partition_count(admin, topic) is None, deadline,
+                  f"topic {topic} still in cluster metadata after delete")
+            future = admin.create_topics([NewTopic(topic, n, REPLICATION_FACTOR)])[topic]
             try:
                 future.result()
                 break
@@ -179,14 +212,14 @@ class KafkaPipeline:
                 exists = exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
                 if not exists or time.monotonic() > deadline:
                     raise
-        _poll(lambda: partition_count(admin) == n, deadline,
-              f"topic {TOPIC} does not show {n} partitions in cluster metadata")
-        self.group = group_id(admin, METADATA_TIMEOUT)
-        log.info("topic %s: %d partitions, group %s", TOPIC, n, self.group)
+        _poll(lambda: partition_count(admin, topic) == n, deadline,
+              f"topic {topic} does not show {n} partitions in cluster metadata")
+        self.group = group_id(admin, METADATA_TIMEOUT, topic, self.prefix)
+        log.info("topic %s: %d partitions, group %s", topic, n, self.group)
 
     def _delete_topic(self) -> None:
         try:
-            self.admin.delete_topics([TOPIC], operation_timeout=30)[TOPIC].result()
+            self.admin.delete_topics([self.topic], operation_timeout=30)[self.topic].result()
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise
@@ -201,7 +234,7 @@ class KafkaPipeline:
             return None
         if desc.state != ConsumerGroupState.STABLE:
             return None
-        owned = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == TOPIC}
+        owned = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == self.topic}
                  for m in desc.members]
         if len(set().union(*owned)) != sum(map(len, owned)):
             return None  # a partition listed twice: mid-rebalance
@@ -225,11 +258,13 @@ class KafkaPipeline:
         self.assignment = want
 
     async def start_source(self) -> None:
-        await asyncio.to_thread(self.stack.start_debezium, "kafka")
+        if not self.direct:  # the direct producer is the source; the runner starts it
+            await asyncio.to_thread(self.stack.start_debezium, "kafka")
 
     async def teardown(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.stack.stop_debezium, "kafka")
+        if not self.direct:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.stack.stop_debezium, "kafka")
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._delete_topic)
         if self.group is not None:
@@ -258,7 +293,10 @@ class KafkaSource:
     def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
         self.scenario = scenario
         self.settings = settings
-        self.me = f"{GROUP_PREFIX}{index}"
+        self.topic, prefix = names(scenario)
+        self.me = f"{prefix}{index}"
+        self._prefix = prefix
+        self._row = _plain_row if scenario.producer == "direct" else _envelope_row
         self.skipped = 0
         self.db_ops = 0
         self.decoded_bytes = 0
@@ -273,15 +311,16 @@ class KafkaSource:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
         self.group = await asyncio.to_thread(self._find_group)
         self._consumer = Consumer(consumer_config(self.settings, self.group), logger=log)
-        self._consumer.subscribe([TOPIC], on_assign=self._assigned, on_revoke=self._revoked,
+        self._consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
                                  on_lost=self._lost)
 
     def _find_group(self) -> str:
         admin = _admin(self.settings)
         deadline = time.monotonic() + self.scenario.ready_timeout_s
-        _poll(lambda: partition_count(admin) is not None, deadline,
-              f"topic {TOPIC} does not exist; the runner creates it before the consumers start")
-        return group_id(admin, METADATA_TIMEOUT)
+        _poll(lambda: partition_count(admin, self.topic) is not None, deadline,
+              f"topic {self.topic} does not exist; "
+              "the runner creates it before the consumers start")
+        return group_id(admin, METADATA_TIMEOUT, self.topic, self._prefix)
 
     # rebalance callbacks: served inside consume(), i.e. between batches ------------------------
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -327,7 +366,7 @@ class KafkaSource:
         return msgs
 
     def _take(self, msgs: list[Any], batch: list[Item]) -> None:
-        parts, loads = self._parts, orjson.loads
+        parts, row_of = self._parts, self._row
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -341,13 +380,13 @@ class KafkaSource:
             if part is None:  # revoked after it was read: worked if claimed, never stored
                 part = _Partition(number)
             self.decoded_bytes += len(value) if value else 0
-            after = loads(value).get("after") if value else None
-            if after is None:  # not an insert: acknowledged at once, not counted
+            row = row_of(value) if value else None
+            if row is None:  # not an insert: acknowledged at once, not counted
                 part.marks.advance(offset)
                 self._dirty = True
                 continue
             part.marks.hold(offset)
-            batch.append(Item(after["id"], after["content"], after["created_at"], (part, offset)))
+            batch.append(Item(*row, (part, offset)))
 
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._claims is not None
@@ -382,7 +421,7 @@ class KafkaSource:
             upto = part.marks.confirmable
             if upto is not None and upto >= part.stored:
                 part.stored = upto + 1
-                offsets.append(TopicPartition(TOPIC, part.number, upto + 1))
+                offsets.append(TopicPartition(self.topic, part.number, upto + 1))
         if offsets:
             assert self._consumer is not None
             self._consumer.store_offsets(offsets=offsets)

@@ -33,6 +33,12 @@ Choices written down here:
   It is left out because it changes when acks are sent.
 * A batch that carries the same id twice (a redelivery) keeps the first copy; the second is
   acked and counted as skipped, so one claim never leads to two work calls.
+
+Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
+publishes the plain message JSON ``{"id", "content", "createdAt"}`` through the default
+exchange straight into the quorum queue ``messages`` (deleted and re-declared per run like the
+Debezium one, bound to nothing else); no exchange of ours, no Debezium. Inbox names become
+``rabbitmq-<i>``. The source picks its message parser once, when it is built.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ log = logging.getLogger(__name__)
 EXCHANGE = RABBITMQ_EXCHANGE  # "load-dbz": Debezium's sink publishes here
 ROUTING_KEY = RABBITMQ_ROUTING_KEY  # "quorum"
 QUEUE = "load-dbz-quorum"
+DIRECT_QUEUE = "messages"  # the broker-native stand's queue (lab.pipelines.producers publishes to it)
 QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
 PREFETCH = 1000
 DECLARE_ATTEMPTS = 6
@@ -79,8 +86,27 @@ def ack_frame(channel: int, tag: int) -> bytes:
     return _ACK.pack(1, channel, 13, 60, 80, tag, 0, 0xCE)
 
 
-def consumer_name(index: int) -> str:
-    return f"dbz-quorum-{index}"
+def consumer_name(index: int, producer: str = "web") -> str:
+    return f"rabbitmq-{index}" if producer == "direct" else f"dbz-quorum-{index}"
+
+
+def queue_name(scenario: Scenario) -> str:
+    return DIRECT_QUEUE if scenario.producer == "direct" else QUEUE
+
+
+def _envelope_row(body: bytes) -> tuple[int, str, str] | None:
+    """A Debezium envelope's row, None when it is not an insert."""
+    envelope = orjson.loads(body)
+    after = envelope.get("after")
+    if after is None or envelope.get("op") != "c":
+        return None
+    return after["id"], after["content"], after["created_at"]
+
+
+def _plain_row(body: bytes) -> tuple[int, str, str]:
+    """A message the broker-native producer published."""
+    m = orjson.loads(body)
+    return m["id"], m["content"], m["createdAt"]
 
 
 class RabbitPipeline:
@@ -95,14 +121,21 @@ class RabbitPipeline:
         self.scenario = scenario
         self.settings = settings
         self.stack = stack
+        self.direct = scenario.producer == "direct"
+        self.queue = queue_name(scenario)
 
     def describe(self) -> dict[str, Any]:
+        direct, producer = self.direct, self.scenario.producer
         return {
-            "exchange": EXCHANGE, "exchange_type": "direct", "queue": QUEUE,
-            "routing_key": ROUTING_KEY, "queue_type": "quorum", "prefetch": PREFETCH,
-            "ack": "basic.ack per message after work, multiple=false",
-            "consumer_names": [consumer_name(i) for i in range(self.scenario.consumers)],
-            "inbox": self.inbox_table, "debezium_sink": self.cdc_sink, "slot": SLOT["rabbitmq"],
+            "producer": producer,
+            "source": ("lab.pipelines.producers straight into the queue (no outbox, no Debezium)"
+                       if direct else "Debezium Server from the outbox table"),
+            "exchange": "" if direct else EXCHANGE, "exchange_type": "direct", "queue": self.queue,
+            "routing_key": self.queue if direct else ROUTING_KEY, "queue_type": "quorum",
+            "prefetch": PREFETCH, "ack": "basic.ack per message after work, multiple=false",
+            "consumer_names": [consumer_name(i, producer) for i in range(self.scenario.consumers)],
+            "inbox": self.inbox_table, "debezium_sink": None if direct else self.cdc_sink,
+            "slot": None if direct else SLOT["rabbitmq"],
             "client": f"aiormq {version('aiormq')} (consumers), "
                       f"aio-pika {version('aio-pika')} (topology)",
         }
@@ -110,6 +143,10 @@ class RabbitPipeline:
     async def prepare(self) -> None:
         async with await aio_pika.connect(self.settings.amqp_url) as conn:
             channel = await conn.channel()
+            if self.direct:  # the default exchange routes by queue name: nothing to bind
+                await channel.queue_delete(self.queue)
+                await _declare_queue(conn, self.queue)
+                return
             exchange = await channel.declare_exchange(
                 EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
             )
@@ -124,47 +161,52 @@ class RabbitPipeline:
         async with await aio_pika.connect(self.settings.amqp_url) as conn:
             channel = await conn.channel()
             while True:
-                queue = await channel.declare_queue(QUEUE, passive=True)
+                queue = await channel.declare_queue(self.queue, passive=True)
                 count = queue.declaration_result.consumer_count
                 if count == n:
                     return
                 if loop.time() > deadline:
                     raise TimeoutError(
-                        f"queue {QUEUE} has {count} consumers, expected {n}, after {timeout:.0f} s"
+                        f"queue {self.queue} has {count} consumers, expected {n}, "
+                        f"after {timeout:.0f} s"
                     )
                 await asyncio.sleep(POLL_S)
 
     async def start_source(self) -> None:
-        await asyncio.to_thread(self.stack.start_debezium, self.cdc_sink)
+        if not self.direct:  # the direct producer is the source; the runner starts it
+            await asyncio.to_thread(self.stack.start_debezium, self.cdc_sink)
 
     async def teardown(self) -> None:
-        try:
-            await asyncio.to_thread(self.stack.stop_debezium, self.cdc_sink)
-        except Exception as exc:
-            log.warning("could not stop Debezium (%s sink): %s", self.cdc_sink, exc)
+        if not self.direct:
+            try:
+                await asyncio.to_thread(self.stack.stop_debezium, self.cdc_sink)
+            except Exception as exc:
+                log.warning("could not stop Debezium (%s sink): %s", self.cdc_sink, exc)
         try:
             async with await aio_pika.connect(self.settings.amqp_url) as conn:
                 channel = await conn.channel()
-                await channel.queue_delete(QUEUE)
+                await channel.queue_delete(self.queue)
         except Exception as exc:
-            log.warning("could not delete queue %s: %s", QUEUE, exc)
+            log.warning("could not delete queue %s: %s", self.queue, exc)
 
 
-async def _declare_queue(conn: aio_pika.abc.AbstractConnection) -> aio_pika.abc.AbstractQueue:
+async def _declare_queue(
+    conn: aio_pika.abc.AbstractConnection, name: str = QUEUE
+) -> aio_pika.abc.AbstractQueue:
     """Declare the quorum queue, retrying on a fresh channel (a failed declare closes it)."""
     for attempt in range(1, DECLARE_ATTEMPTS + 1):
         channel = await conn.channel()
         try:
             return await channel.declare_queue(
-                QUEUE, durable=True, exclusive=False, auto_delete=False, arguments=QUEUE_ARGUMENTS,
+                name, durable=True, exclusive=False, auto_delete=False, arguments=QUEUE_ARGUMENTS,
             )
         except aio_pika.exceptions.AMQPError as exc:
             if attempt == DECLARE_ATTEMPTS:
                 raise StackError(
-                    f"could not declare quorum queue {QUEUE} after {attempt} attempts: {exc}"
+                    f"could not declare quorum queue {name} after {attempt} attempts: {exc}"
                 ) from None
             log.info("declaring %s failed (%s); retry %d in %.0f s",
-                     QUEUE, exc, attempt, DECLARE_PAUSE_S)
+                     name, exc, attempt, DECLARE_PAUSE_S)
             await asyncio.sleep(DECLARE_PAUSE_S)
     raise AssertionError("unreachable")
 
@@ -179,7 +221,9 @@ class RabbitSource:
 
     def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
         self.settings = settings
-        self.me = consumer_name(index)
+        self.me = consumer_name(index, scenario.producer)
+        self.queue = queue_name(scenario)
+        self._row = _plain_row if scenario.producer == "direct" else _envelope_row
         self.skipped = 0
         self.db_ops = 0
         self.decoded_bytes = 0
@@ -198,7 +242,7 @@ class RabbitSource:
         self._channel = channel = await self._conn.channel()
         self._write, self._number = channel.write_queue.put_nowait, channel.number
         await channel.basic_qos(prefetch_count=PREFETCH)
-        await channel.basic_consume(QUEUE, self._on_delivery, no_ack=False)
+        await channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
 
     async def _on_delivery(self, message: DeliveredMessage) -> None:
         self._buf.append((message.body, message.delivery_tag))
@@ -218,23 +262,22 @@ class RabbitSource:
             self._waiter = None
 
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
-        buf, loads, ack = self._buf, orjson.loads, self._ack
+        buf, row_of, ack = self._buf, self._row, self._ack
         batch: list[Item] = []
         while len(batch) < max_items:
             if not buf:
                 await self._wait(flush_wait if batch else first_wait)
                 if not buf:
                     if not batch and self._channel is not None and self._channel.is_closed:
-                        raise ConnectionError(f"AMQP channel to {QUEUE} closed")
+                        raise ConnectionError(f"AMQP channel to {self.queue} closed")
                     return batch
             body, tag = buf.popleft()
             self.decoded_bytes += len(body)
-            envelope = loads(body)
-            after = envelope.get("after")
-            if after is None or envelope.get("op") != "c":
+            row = row_of(body)
+            if row is None:  # not an insert: acked at once
                 ack(tag)
                 continue
-            batch.append(Item(after["id"], after["content"], after["created_at"], tag))
+            batch.append(Item(*row, tag))
         return batch
 
     async def claim(self, batch: list[Item]) -> list[Item]:
