@@ -116,7 +116,7 @@ def _summary(result: dict[str, object]) -> dict[str, object]:
         "mem_mb": result["mem_mb"],
     }
     out.update({k: counters.get(k) for k in SUMMARY_COUNTERS})
-    for key in ("latency_ms", "achieved_rate"):
+    for key in ("latency_ms", "latency_from_due_ms", "achieved_rate"):
         if key in result:
             out[key] = result[key]
     return out
@@ -137,6 +137,17 @@ def _print_run(result: dict[str, object]) -> None:
         "  sent {sent} failed {send_failed} processed {processed} skipped {skipped} "
         "work {work_calls}/{work_distinct} claims {claims_min}/{claims_max}\n".format(**s)
     )
+    target = result["scenario"].get("rate")  # type: ignore[union-attr]
+    due = f" (from the due time: {_p50_p99(s.get('latency_from_due_ms'))})" if target else ""
+    goal = f" (target {target:g})" if target else ""
+    sys.stdout.write(f"  latency {_p50_p99(s.get('latency_ms'))}{due}\n"
+                     f"  achieved {s.get('achieved_rate') or '-'} msg/s{goal}\n")
+
+
+def _p50_p99(lat: object) -> str:
+    if not isinstance(lat, dict) or not lat.get("n"):
+        return "p50 - ms, p99 - ms"
+    return f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms"
 
 
 def _series(args: argparse.Namespace, settings: Settings) -> int:
@@ -145,14 +156,18 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
     from lab import series
 
     pipelines = series.parse_pipelines(args.pipelines)
-    plan = series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
+    plan = series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines,
+                       rate=args.rate)
     sid = args.series_id or series.default_series_id(
-        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
+        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, rate=args.rate)
     _say(f"series {sid}: {len(plan)} runs ({series.PROFILES[args.profile].description})")
     bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
     last = {"ms": "-", "skipped": 0, "failed": 0}
 
     def progress(step: series.Step) -> None:
+        if step.status == "idle":
+            bar.set_postfix(cell="idle baseline", refresh=True)
+            return
         if step.status in ("start", "phase"):
             bar.set_postfix(cell=f"{step.cell} {step.phase}".strip(), last=last["ms"], refresh=True)
             return
@@ -168,8 +183,9 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
         bar.update(1)
 
     try:
+        idle_s = series.PROFILES[args.profile].idle_s if args.idle_s is None else args.idle_s
         results = asyncio.run(series.run_series(plan, settings, series_id=sid, force=args.force,
-                                                progress=progress))
+                                                progress=progress, idle_s=idle_s))
     finally:
         bar.close()
     table = series.outcome_table(results)
@@ -181,7 +197,7 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
     from lab import series
-    from lab.report import build_report
+    from lab.report import build_report, report_series
 
     pipelines = series.parse_pipelines(args.pipelines)
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
@@ -189,9 +205,16 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
     _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
     out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,
-                       pipelines=",".join(pipelines or []), force=args.force, echo=sys.stderr)
+                       pipelines=",".join(pipelines or []), force=args.force, idle_s=args.idle_s,
+                       echo=sys.stderr)
     sys.stdout.write(f"{out / 'report.html'}\n")
     _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
+    failed = [f"{name}: {cell}" for name, rid in report_series(sid, args.profile).items()
+              for cell in series.failed_cells(rid, settings)]
+    if failed:
+        _say(f"{len(failed)} cell(s) of series {sid} have no successful run ({'; '.join(failed)}); "
+             "the report lists their errors and leaves them out. Run the same command again to retry them.")
+        return 1
     return 0
 
 
@@ -263,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")
-    _series_options(ser)
+    _series_options(ser, rate=True)
     ser.set_defaults(handler=_series)
     rep = sub.add_parser("report", help="run (or resume) the series and write the HTML report")
     _series_options(rep)
@@ -281,14 +304,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _series_options(parser: argparse.ArgumentParser) -> None:
+def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:
     from lab.series import PROFILES
+
+    if rate:  # `lab series` only: the report's notebooks run closed-loop series
+        parser.add_argument("--rate", type=float, default=0.0,
+                            help="open-loop msg/s for every measured cell (latency mode); default 0 = closed loop")
 
     parser.add_argument("--profile", choices=list(PROFILES), default="quick",
                         help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
     parser.add_argument("--repeats", type=int, default=None, help="runs per cell (default: the profile's)")
     parser.add_argument("--seed", type=int, default=None,
-                        help="shuffle the cells with this seed (recorded in every run); default: reference order")
+                        help="shuffle the cells with this seed (recorded in every run); default: the profile's "
+                             "(reference order, or seed 1 when a cell has more than one repeat)")
+    parser.add_argument("--idle-s", type=float, default=None,
+                        help="idle baseline before the series, seconds (default: the profile's; 0: none)")
     parser.add_argument("--pipelines", default="", help="comma-separated subset (default: every registered one)")
     parser.add_argument("--series-id", default="",
                         help="runs are stored under it and skipped when done (default: from profile, repeats, seed)")

@@ -42,11 +42,18 @@ NAN_CI: Interval = (math.nan, math.nan)
 Anchor = Literal["ols", "first"]
 
 
-def measured(df: pd.DataFrame, pipeline: str | None = None) -> pd.DataFrame:
-    """Successful, non-warm-up runs with a finite metric (of one pipeline when given)."""
+def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | None = "web") -> pd.DataFrame:
+    """Successful, non-warm-up runs with a finite metric (of one pipeline when given).
+
+    ``producer``: only runs of that producer mode (``"web"``: the study; ``"direct"``: the
+    broker-native stand, which is not comparable with it); None keeps both. Runs stored before
+    the field existed count as ``"web"``.
+    """
     if df.empty:
         return df
     ok = np.isfinite(pd.to_numeric(df[METRIC], errors="coerce").to_numpy(float))
+    if producer is not None and "producer" in df:
+        ok &= (df["producer"].fillna("web") == producer).to_numpy()
     for col, want in (("success", True), ("warmup", False)):
         if col in df:
             ok &= df[col].fillna(not want).astype(bool).to_numpy() == want

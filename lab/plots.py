@@ -108,7 +108,7 @@ def breakdown_figure(
     """Stacked bars of ms CPU/msg per participant: one bar per pipeline x N (median over its runs;
     ``per="run"`` for one bar per run). ``unattributed`` host CPU is not part of the metric and is
     left out unless asked for."""
-    runs = _order(measured(df))
+    runs = _order(measured(df, producer=None))
     names = [c.removeprefix("cpu_s.") for c in runs.columns if c.startswith("cpu_s.")]
     names = sorted(
         names, key=lambda n: list(PARTICIPANT_COLORS).index(n) if n in PARTICIPANT_COLORS else 99
@@ -199,7 +199,7 @@ def fanout_figure(
 def claims_figure(df: pd.DataFrame) -> Figure:
     """Per run: claims lost to another consumer (skipped per message) and the spread of claims
     across consumers (min..max as a share of the fair share M/N)."""
-    runs = _order(measured(df))
+    runs = _order(measured(df, producer=None))
     labels = [_cell_label(r) for _, r in runs.iterrows()]
     x = np.arange(len(runs))
     fair = runs["messages"].to_numpy(float) / runs["consumers"].to_numpy(float)
@@ -250,4 +250,71 @@ def drift_figure(df: pd.DataFrame) -> Figure:
         ax.set_xticks(x, labels)
         ax.set_title(title)
         ax.legend(fontsize="small", loc="lower right")
+    return fig
+
+
+def residual_figure(idle: pd.DataFrame) -> Figure:
+    """Per cell (median over runs): ms CPU/msg as measured, without the idle floor, and the
+    ``unattributed`` residual beside them (:func:`lab.compare.idle_table`)."""
+    fig = Figure(figsize=(max(6, 0.5 * idle[["pipeline", "consumers"]].drop_duplicates().shape[0] + 2), 4.2),
+                 layout="constrained")
+    ax = fig.subplots()
+    if idle.empty or idle["ms_per_msg_net"].isna().all():
+        ax.text(0.5, 0.5, "no idle baseline with these runs", ha="center")
+        ax.set_axis_off()
+        return fig
+    cells = _order(idle).groupby(["pipeline", "consumers"], sort=False)[
+        ["ms_per_msg", "ms_per_msg_net", "unattributed_ms_per_msg"]].median()
+    x, w = np.arange(len(cells)), 0.28
+    ax.bar(x - w, cells["ms_per_msg"], w, color="0.55", label="as measured")
+    ax.bar(x, cells["ms_per_msg_net"], w, color="C0", label="without the idle baseline")
+    ax.bar(x + w, cells["unattributed_ms_per_msg"], w, color="0.8", label="unattributed (not in either)")
+    ax.axhline(0, color="0.3", lw=0.6)
+    ax.set_xticks(x, [f"{p} c{n}" for p, n in cells.index], rotation=60, ha="right", fontsize="small")
+    ax.set_ylabel("ms CPU per message")
+    ax.set_title("Idle floor and residual")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def decode_figure(decode: pd.DataFrame) -> Figure:
+    """WAL decoded per message (all slots of the run) against N: fan-out decodes once per reader
+    (:func:`lab.compare.decode_table`)."""
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    if decode.empty:
+        ax.text(0.5, 0.5, "no slot statistics with these runs", ha="center")
+        ax.set_axis_off()
+        return fig
+    for pipeline, g in _order(decode).groupby("pipeline", sort=False):
+        ax.plot(g["consumers"], g["bytes_per_msg"] / 1024, "-o", color=_color(pipeline), label=pipeline)
+    _n_axis(ax, decode["consumers"])
+    ax.set_yscale("log")
+    ax.set_ylabel("KiB of WAL decoded per message")
+    ax.set_title("Logical decoding volume (pg_stat_replication_slots.total_bytes)")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def memory_figure(memory: pd.DataFrame) -> Figure:
+    """Stacked peak RSS per participant, one bar per pipeline x N (:func:`lab.compare.memory_table`)."""
+    fig = Figure(figsize=(max(6, 0.45 * len(memory) + 2), 4.2), layout="constrained")
+    ax = fig.subplots()
+    if memory.empty:
+        ax.text(0.5, 0.5, "no memory readings with these runs", ha="center")
+        ax.set_axis_off()
+        return fig
+    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    table = memory.loc[sorted(memory.index, key=lambda k: (rank.get(k[0], 99), k[0], k[1]))]
+    x, bottom = np.arange(len(table)), np.zeros(len(table))
+    for name in (c for c in table.columns if c != "total"):
+        values = table[name].fillna(0).to_numpy(float)
+        if values.sum() <= 0:
+            continue
+        ax.bar(x, values, bottom=bottom, label=name, color=PARTICIPANT_COLORS.get(name))
+        bottom += values
+    ax.set_xticks(x, [f"{p} c{n}" for p, n in table.index], rotation=60, ha="right", fontsize="small")
+    ax.set_ylabel("MB resident (peak in the window)")
+    ax.set_title("Memory per participant")
+    ax.legend(fontsize="small", ncol=3)
     return fig

@@ -1,10 +1,12 @@
 """The study as a report: notebooks executed with papermill, exported to HTML, figures and CSV.
 
 ``lab report --profile quick`` = :func:`build_report`: ``notebooks/series.ipynb`` runs (or
-resumes) the series, ``notebooks/analysis.ipynb`` analyses it and writes its figures (PNG, SVG)
-and tables (CSV) into the report folder, and the executed analysis becomes ``report.html``
-(code cells hidden: the report reads as text, tables and figures; the executed ``.ipynb`` next
-to it keeps the code). Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
+resumes) the series, ``notebooks/analysis.ipynb`` analyses it, ``notebooks/latency.ipynb``
+measures latency at a fixed rate and ``notebooks/broker_native.ipynb`` the broker-native stand
+(each resumable, under a series id derived from the study's); each writes its figures (PNG, SVG)
+and tables (CSV) into the report folder, and the three executed notebooks become one
+``report.html`` (code cells hidden: the report reads as text, tables and figures; the executed
+``.ipynb`` files next to it keep the code). Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
 
 Notebooks run on the Jupyter kernel ``fanout-lab`` (this venv's Python, registered by
 ``make setup``); the kernel gets the settings as ``LAB_*`` environment, like every other child.
@@ -26,7 +28,7 @@ from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
-NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native")
+NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency")
 
 
 def notebooks_dir(settings: Settings) -> Path:
@@ -87,22 +89,63 @@ def export_html(notebook: Path, html: Path, *, title: str) -> Path:
     return html
 
 
+# What else a report measures, per profile: the latency at a fixed rate (issue 6) and the
+# broker-native stand (method.md §9.5). Sizes grow with the profile like the main series.
+EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
+    "smoke": {"latency": {"rate": 100.0, "consumers": "1"},
+              "broker_native": {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0}},
+    "quick": {"latency": {"rate": 500.0, "consumers": "1,4"},
+              "broker_native": {"messages": 20_000, "consumers": 8, "producers": 200, "cooldown_s": 5.0}},
+    "full": {"latency": {"rate": 500.0, "consumers": "1,4,8,16"},
+             "broker_native": {"messages": 200_000, "consumers": 8, "producers": 200, "repeats": 3,
+                               "cooldown_s": 20.0}},
+}
+
+
+def report_series(series_id: str, profile: str) -> dict[str, str]:
+    """The series a report runs: the study, its fixed-rate latency series, its broker-native one."""
+    rate = EXTRAS[profile]["latency"]["rate"]
+    return {"series": series_id, "latency": f"{series_id}-rate{rate:g}",
+            "broker_native": f"{series_id}-broker-native"}
+
+
+def combine(notebooks: list[Path], out: Path) -> Path:
+    """One notebook holding the cells (and outputs) of ``notebooks`` in order, for one report page."""
+    import nbformat
+
+    first, *rest = (nbformat.read(p, as_version=4) for p in notebooks)
+    for nb in rest:
+        first.cells.extend(nb.cells)
+    nbformat.write(first, out)
+    return out
+
+
 def build_report(profile: str, settings: Settings, *, series_id: str, repeats: int | None = None,
                  seed: int | None = None, pipelines: str = "", force: bool = False,
-                 echo: IO[str] | None = None) -> Path:
-    """Run (or resume) the series, analyse it, export; returns the report folder."""
+                 idle_s: float | None = None, echo: IO[str] | None = None) -> Path:
+    """Run (or resume) the series, analyse it, measure latency at a fixed rate and the
+    broker-native stand (:data:`EXTRAS`), export one ``report.html``; returns the report folder."""
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)
     out.mkdir(parents=True)
+    ids = report_series(series_id, profile)
     execute_notebook("series", out / "series.ipynb", {
         "profile": profile, "repeats": repeats or 0, "seed": seed or 0, "pipelines": pipelines,
-        "series_id": series_id, "force": force,
+        "series_id": series_id, "force": force, "idle_s": -1.0 if idle_s is None else idle_s,
     }, settings=settings, echo=echo)
     execute_notebook("analysis", out / "analysis.ipynb", {
         "series_id": series_id, "report_dir": str(out),
     }, settings=settings, echo=echo)
-    export_html(out / "analysis.ipynb", out / "report.html",
-                title=f"fanout-lab report {report_id} (series {series_id})")
+    execute_notebook("latency", out / "latency.ipynb", {
+        **EXTRAS[profile]["latency"], "profile": profile, "pipelines": pipelines,
+        "series_id": ids["latency"], "report_dir": str(out),
+    }, settings=settings, echo=echo)
+    execute_notebook("broker_native", out / "broker_native.ipynb", {
+        **EXTRAS[profile]["broker_native"], "series_id": ids["broker_native"], "report_dir": str(out),
+    }, settings=settings, echo=echo)
+    page = combine([out / f"{n}.ipynb" for n in ("analysis", "latency", "broker_native")],
+                   out / "report.ipynb")
+    export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")
     return out
 
 

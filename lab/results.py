@@ -90,6 +90,28 @@ def write_run(
     return final
 
 
+def idle_dir(settings: Settings | None = None) -> Path:
+    return (settings or get_settings()).data_dir / "idle"
+
+
+def write_idle(series_id: str, record: Mapping[str, Any], *, settings: Settings | None = None) -> Path:
+    """Store a series' idle baseline (:mod:`lab.idle`) as ``data/idle/<series-id>.json``, atomically."""
+    if not series_id or "/" in series_id:
+        raise ValueError(f"not a usable series id: {series_id!r}")
+    path = idle_dir(settings) / f"{series_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"series_id": series_id, **record}, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def read_idle(series_id: str, *, settings: Settings | None = None) -> dict[str, Any] | None:
+    """The stored idle baseline of a series, or None."""
+    path = idle_dir(settings) / f"{series_id}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def read_run(run_id: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return json.loads((runs_dir(settings) / run_id / "run.json").read_text())
 
@@ -111,8 +133,14 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in run.items():
         if key in ("scenario", "counters"):
             row.update(value)
-        elif key in ("cpu_s", "mem_mb", "latency_ms") and isinstance(value, Mapping):
+        elif key in ("cpu_s", "mem_mb", "mem_mb_max", "latency_ms", "latency_from_due_ms") and isinstance(value, Mapping):
             row.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key == "idle" and isinstance(value, Mapping):
+            row["cpu_ms_per_msg_net"] = value.get("cpu_ms_per_msg_net")
+            row.update({f"idle_cpu_s.{k}": v for k, v in (value.get("idle_cpu_s") or {}).items()})
+        elif key == "slots" and isinstance(value, Mapping):
+            row["decoded_mb"] = sum(v.get("total_bytes") or 0 for v in value.values()) / 2**20
+            row["slots"] = len(value)
         elif not isinstance(value, Mapping | list):
             row[key] = value
     return row

@@ -33,9 +33,11 @@ import psycopg
 from psycopg import sql
 
 from lab import __version__
+from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.idle import idle_rates_for, net_of_idle
+from lab.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
-from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
 from lab.sampler import Participant, Sampler, Snapshot
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env
@@ -60,8 +62,11 @@ def _git_sha(root: Path) -> str | None:
 class Run:
     """State of one run. Use :func:`run_scenario`."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: NativeStack, progress: Progress) -> None:
+    def __init__(self, scenario: Scenario, settings: Settings, stack: NativeStack, progress: Progress,
+                 idle: dict[str, Any] | None = None) -> None:
         self.scenario = scenario
+        self.idle = idle  # the series' idle baseline (lab.idle), if one was measured
+        self.slot_stats: dict[str, dict[str, Any]] = {}
         self.settings = settings
         self.stack = stack
         self.progress = progress
@@ -73,6 +78,8 @@ class Run:
         self.edges: dict[str, Snapshot] = {}
         self._http: aiohttp.ClientSession | None = None
         self.samples: list[dict[str, Any]] = []
+        self.latency_ms: dict[str, Any] | None = None  # lab.latency.summarize of this run
+        self.latency_from_due_ms: dict[str, Any] | None = None  # open loop only
 
     # processes -----------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
@@ -217,6 +224,50 @@ class Run:
             results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
         return results
 
+    async def read_slot_stats(self) -> dict[str, dict[str, Any]]:
+        """WAL decoded per slot (``pg_stat_replication_slots``), read after the consumers stopped
+        (their walsenders flushed their counters) and before any slot is dropped. Fan-out decodes
+        the same WAL once per slot; Debezium's slot is one more. Slots are fresh every run."""
+        query = (
+            "SELECT s.slot_name, s.total_txns, s.total_bytes, s.spill_bytes, s.stream_bytes "
+            "FROM pg_stat_replication_slots s JOIN pg_replication_slots r USING (slot_name) "
+            "WHERE r.slot_type = 'logical' ORDER BY 1"
+        )
+        try:
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                cur = await conn.execute(query)
+                return {
+                    name: {"total_txns": txns, "total_bytes": total, "spill_bytes": spill, "stream_bytes": stream}
+                    for name, txns, total, spill, stream in await cur.fetchall()
+                }
+        except psycopg.Error as exc:  # informative only: never fails a run
+            log.warning("could not read pg_stat_replication_slots: %s", exc)
+            return {}
+
+    async def measure_latency(self, sent: dict[str, Any]) -> None:
+        """End-to-end latency of every worked message (:mod:`lab.latency`), read after the drain
+        while the web service still holds its arrivals: one ``/load/arrivals`` call and one query
+        for the ``created_at`` of those ids. Sets ``latency_ms`` and, for an open-loop run where
+        every send succeeded, ``latency_from_due_ms``. A failure is a warning and None. Not for
+        ``producer="direct"`` runs, whose messages may have no outbox row."""
+        if getattr(self.scenario, "producer", "web") != "web":
+            return
+        try:
+            arrivals = await self._web("/load/arrivals")
+            ids = sorted(set(arrivals["ids"]))
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                cur = await conn.execute(
+                    "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)", (ids,)
+                )
+                created = dict(await cur.fetchall())
+            self.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
+            if sent.get("rate") and sent.get("sent") == self.scenario.messages and sent.get("gate_opened_at"):
+                self.latency_from_due_ms = summarize(
+                    due_latencies(arrivals["ids"], arrivals["t"], sent["gate_opened_at"], sent["rate"])
+                )
+        except Exception as exc:  # never fails the run, never silent
+            log.warning("run %s: latency not measured: %s: %s", self.run_id, type(exc).__name__, exc)
+
     async def verify(self) -> dict[str, Any]:
         table = sql.Identifier(self.pipeline.inbox_table)
         key, owner = ("wal", "slot") if self.pipeline.inbox_table == "inbox_wal" else ("id", "consumer")
@@ -273,13 +324,16 @@ class Run:
             await self._wait_web()
             await self.reset()
             await self.pipeline.prepare()
-            sender_args = [
-                "-m", "lab.senders", "--url", st.web_url, "--messages", str(s.messages),
-                "--senders", str(s.senders), "--start-file", str(self.scratch / "start"),
-                "--out", str(self.scratch / "senders.json"),
-            ]
-            if s.rate:
-                sender_args += ["--rate", str(s.rate)]
+            gate_out = ["--start-file", str(self.scratch / "start"), "--out", str(self.scratch / "senders.json")]
+            if s.producer == "direct":  # broker-native stand: write straight into the transport
+                target = {"kafka": "kafka", "rabbitmq": "rabbitmq"}.get(s.pipeline, "pg")
+                sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
+                               "--producers", str(s.senders), *gate_out]
+            else:
+                sender_args = ["-m", "lab.senders", "--url", st.web_url, "--messages", str(s.messages),
+                               "--senders", str(s.senders), *gate_out]
+                if s.rate:
+                    sender_args += ["--rate", str(s.rate)]
             self.procs["senders"] = self._spawn("senders", sender_args)
             await self.start_consumers()
             self.progress("ready", {})
@@ -288,9 +342,16 @@ class Run:
             sampler = Sampler(self.participants())
             sampler.start()
             sent = await self.drain(sampler)
-            sampler.stop()
             consumer_results = await self.stop_consumers()
+            # The drain is seen when the web service has counted every call, but a consumer's
+            # last work completes when the reply reaches it (later still with a work delay or
+            # a loaded machine): read once more after the consumers exited, so the window's
+            # end always lies inside the sampled timeline.
+            self.edges["stopped"] = sampler.snapshot()
+            sampler.stop()
+            self.slot_stats = await self.read_slot_stats()
             checks = await self.verify()
+            await self.measure_latency(sent)
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
@@ -340,6 +401,7 @@ class Run:
         t1 = max(lasts) if lasts else None
         cpu_s: dict[str, float] = {}
         mem_mb: dict[str, float] = {}
+        mem_mb_max: dict[str, float] = {}
         window: dict[str, Any] = {}
         if sampler is not None and t0 and t1 and t1 > t0:
             timeline = sampler.timeline()
@@ -350,6 +412,7 @@ class Run:
             parts.update(window["groups"])
             cpu_s = {n: v["cpu_s"] for n, v in parts.items()}
             mem_mb = {n: v["rss_mb_mean"] for n, v in parts.items()}
+            mem_mb_max = {n: v["rss_mb_max"] for n, v in parts.items()}
             for c in consumers:
                 w = window["participants"].get(f"consumer-{c['index']}")
                 if w:
@@ -367,6 +430,12 @@ class Run:
             "cpu_ms_per_msg": round(total * 1000 / m, 4) if window else None,
             "cpu_s": cpu_s,
             "mem_mb": mem_mb,
+            "mem_mb_max": mem_mb_max,
+            "slots": self.slot_stats,
+            "idle": self._idle_block(cpu_s, t1 - t0 if t0 and t1 else 0.0),
+            "latency_ms": self.latency_ms,
+            "latency_from_due_ms": self.latency_from_due_ms,
+            "achieved_rate": achieved_rate(sent, t1 - t0 if t0 and t1 else None),
             "counters": counters,
             "senders": sent,
             "consumers": consumers,
@@ -378,6 +447,15 @@ class Run:
             "git_sha": _git_sha(self.settings.root),
             "lab_version": __version__,
         }
+
+    def _idle_block(self, cpu_s: dict[str, float], window_s: float) -> dict[str, Any] | None:
+        """This run's cost with the series' idle baseline taken out (lab.idle), or None."""
+        if not self.idle or not cpu_s or window_s <= 0:
+            return None
+        sink = self.pipeline.cdc_sink if getattr(self.scenario, "producer", "web") == "web" else None
+        rates = idle_rates_for(self.idle, cdc_sink=sink)
+        return {"measured_at": self.idle.get("measured_at"), "cpu_s_per_s": rates,
+                **net_of_idle(cpu_s, window_s, self.scenario.messages, rates)}
 
     def _versions(self) -> dict[str, str]:
         out = {}
@@ -420,15 +498,17 @@ def interpolate(timeline: list[Snapshot], t: float) -> Snapshot:
 
 async def run_scenario(
     scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Execute one run on the native stack, store it under data/runs/, return run.json's content.
 
     ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
+    ``idle``: an idle baseline (:func:`lab.idle.measure_idle`); the run then stores its cost
+    without it (``idle``).
     """
     stack = NativeStack(settings)
     await asyncio.to_thread(stack.up)
-    run = Run(scenario, settings, stack, progress or (lambda phase, info: None))
+    run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
     result = await run.execute()
     result.update(meta or {})
     write_run(result, run.samples, settings=settings)

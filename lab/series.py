@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections import Counter, defaultdict
@@ -29,13 +30,16 @@ from typing import Any
 
 import pandas as pd
 
-from lab.results import iter_runs
+from lab.idle import measure_idle
+from lab.results import iter_runs, read_idle, write_idle
 from lab.scenario import PIPELINE_NAMES, Scenario
 from lab.settings import Settings
 
 log = logging.getLogger(__name__)
 
 ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order (method.md §9.1)
+# The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it (issue 6).
+CONSUMERS = (1, 2, 4, 8, 12, 16)
 
 
 @dataclass(frozen=True)
@@ -50,17 +54,20 @@ class Profile:
     repeats: int
     warmup_messages: int
     description: str
+    idle_s: float = 30.0  # idle baseline before the series (lab.idle); 0: none
+    seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
 
 
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile("smoke", 300, 20, (1, 2), 0.0, 1, 60,
-                "tests: tiny runs, numbers are noise (minutes)"),
-        Profile("quick", 5000, 200, (1, 2, 4, 8), 5.0, 1, 5000,
-                "the whole matrix at 5,000 messages (about 10 min on 2 shared cores)"),
-        Profile("full", 100_000, 200, (1, 2, 4, 8), 20.0, 3, 20_000,
-                "the reference: 100,000 messages, 200 senders, 20 s cooldown, 3 repeats (hours)"),
+                "tests: tiny runs, numbers are noise (minutes)", idle_s=3.0),
+        Profile("quick", 5000, 200, CONSUMERS, 5.0, 1, 5000,
+                "the whole matrix, N up to 16, at 5,000 messages (about 15 min on 2 shared cores)"),
+        Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
+                "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
+                "3 repeats in shuffled order (hours)", seed=1),
     )
 }
 
@@ -105,11 +112,15 @@ def matrix(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
 
 
 def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = None,
-         pipelines: Sequence[str] | None = None) -> list[Scenario]:
+         pipelines: Sequence[str] | None = None, rate: float = 0.0) -> list[Scenario]:
     """The series for profile ``name``: warm-up, the matrix, drift probe.
 
+    ``rate > 0`` makes every measured cell (and the drift probe) open-loop at ``rate`` msg/s
+    (latency mode, :mod:`lab.latency`); the warm-up stays closed-loop.
+
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
-    shuffles the measured cells; ``pipelines`` defaults to every registered one, in the reference
+    shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
+    profile seed, 1 — repeats in the reference order would put one cell's repeats side by side); ``pipelines`` defaults to every registered one, in the reference
     order.
     """
     prof = profile(name)
@@ -118,8 +129,12 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not seed:  # the profile's; repeats are shuffled so that drift spreads over the cells
+        seed = prof.seed or (1 if (repeats or prof.repeats) > 1 else 0)
     base = Scenario(messages=prof.messages, senders=prof.senders, cooldown_s=prof.cooldown_s)
-    cells = matrix(base, pipelines=pipes, consumers=prof.consumers,
+    if rate < 0:
+        raise ValueError(f"rate must not be negative, got {rate}")
+    cells = matrix(base.replace(rate=float(rate)), pipelines=pipes, consumers=prof.consumers,
                    repeats=repeats or prof.repeats, seed=seed)
     first = "kafka" if "kafka" in pipes else pipes[0]
     warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
@@ -129,8 +144,8 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
 
 
 def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,
-                      pipelines: Sequence[str] | None = None) -> str:
-    """A stable id, so that running the same series again resumes it."""
+                      pipelines: Sequence[str] | None = None, rate: float = 0.0) -> str:
+    """A stable id, so that running the same series again resumes it (``-rate500``: open loop)."""
     parts = [name]
     if repeats is not None and repeats != profile(name).repeats:
         parts.append(f"r{repeats}")
@@ -138,6 +153,8 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
         parts.append(f"s{seed}")
     if pipelines and list(pipelines) != available_pipelines():
         parts.append("+".join(pipelines))
+    if rate:
+        parts.append(f"rate{rate:g}")
     return "-".join(parts)
 
 
@@ -150,7 +167,7 @@ def cell_label(s: Scenario) -> str:
 class Step:
     """A progress event of :func:`run_series`.
 
-    ``status``: ``start`` (a run begins), ``phase`` (the run moved on; ``phase`` says where),
+    ``status``: ``idle`` (the idle baseline is being measured; ``index`` is -1), ``start`` (a run begins), ``phase`` (the run moved on; ``phase`` says where),
     ``skipped`` (a successful run exists) or ``done`` (``result`` is the run.json content).
     """
 
@@ -174,8 +191,9 @@ def _existing(series_id: str, settings: Settings) -> dict[Scenario, list[dict[st
         if run.get("series_id") != series_id or not run.get("success"):
             continue
         params = run.get("scenario") or {}
-        if set(params) != names:
+        if not set(params) <= names:
             continue  # stored by another version of Scenario: not the same cell
+        # a field added later takes its default (e.g. producer="web" for runs stored before it)
         try:
             out[Scenario(**params)].append(run)
         except (TypeError, ValueError):
@@ -185,16 +203,28 @@ def _existing(series_id: str, settings: Settings) -> dict[Scenario, list[dict[st
 
 async def run_series(
     plan: Sequence[Scenario], settings: Settings, *, series_id: str, force: bool = False,
-    progress: Callable[[Step], None] | None = None,
+    progress: Callable[[Step], None] | None = None, idle_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Run every scenario of ``plan`` in order; return each one's run.json content.
 
     Resumable: a scenario with a successful run in ``series_id`` is skipped (its stored result
     is returned) unless ``force``. Failed runs are stored and the series goes on.
+    ``idle_s > 0``: first the idle baseline (:func:`lab.idle.measure_idle`) over that many
+    seconds, stored with the series (kept when resuming, measured again with ``force``); every
+    run then carries its cost without it.
     """
     from lab.runner import run_scenario
 
     report = progress or (lambda step: None)
+    idle = None
+    if idle_s > 0 and plan:
+        idle = None if force else read_idle(series_id, settings=settings)
+        if idle is None:
+            report(Step(-1, len(plan), plan[0], "idle"))
+            idle = await asyncio.to_thread(measure_idle, settings, seconds=idle_s,
+                                           say=lambda line: log.info("%s", line))
+            write_idle(series_id, idle, settings=settings)
+        log.info("idle baseline (cpu s/s): %s", idle["cpu_s_per_s"])
     done = {} if force else _existing(series_id, settings)
     seen: Counter[Scenario] = Counter()
     results = []
@@ -214,12 +244,28 @@ async def run_series(
         def on_phase(phase: str, info: dict[str, Any], i: int = i, s: Scenario = scenario) -> None:
             report(Step(i, total, s, "phase", phase=phase))
 
-        result = await run_scenario(scenario, settings, progress=on_phase,
+        result = await run_scenario(scenario, settings, progress=on_phase, idle=idle,
                                     meta={"series_id": series_id, "series_index": i})
         log.info("[%d/%d] %s: %s", i + 1, total, cell_label(scenario), outcome(result))
         report(Step(i, total, scenario, "done", result=result))
         results.append(result)
     return results
+
+
+def failed_cells(series_id: str, settings: Settings) -> list[str]:
+    """Cells of a series whose every run failed (a cell retried successfully is not listed)."""
+    ok: set[tuple[Any, ...]] = set()
+    bad: dict[tuple[Any, ...], str] = {}
+    for run in iter_runs(settings=settings):
+        if run.get("series_id") != series_id:
+            continue
+        s = run.get("scenario") or {}
+        key = tuple(sorted((k, str(v)) for k, v in s.items()))
+        if run.get("success"):
+            ok.add(key)
+        else:
+            bad[key] = f"{s.get('pipeline')} c{s.get('consumers')}{' ' + s['label'] if s.get('label') else ''}"
+    return sorted(label for key, label in bad.items() if key not in ok)
 
 
 def outcome(result: dict[str, Any]) -> str:

@@ -23,8 +23,10 @@ from lab.report import build_report, execute_notebook
 from lab.settings import Settings
 
 pytestmark = pytest.mark.notebooks
-FIGURES = ("headline", "breakdown", "fanout", "claims", "drift")
-TABLES = ("runs", "headline", "fanout_model", "crossover", "claims", "drift", "ours_vs_published")
+FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
+           "broker_native")
+TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
+          "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "latency", "broker_native")
 
 
 def _outputs(nb_path: Path) -> str:
@@ -78,6 +80,26 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     images = re.findall(r'<img[^>]+src="data:image/png;base64,', html)
     assert len(images) >= len(FIGURES)
     assert "costmodel.fit_fanout" not in html  # the code cells are hidden
+    # one page: the study, then latency at a fixed rate, then the broker-native stand
+    at = [html.find(h) for h in ("The headline: ms CPU per message", "Latency at a fixed rate",
+                                  "Broker-native experiment")]
+    assert -1 not in at and at == sorted(at), at
+
+
+def test_report_shows_the_idle_baseline_memory_and_decode_volume(smoke_report: tuple[Path, str]) -> None:
+    out, sid = smoke_report
+    idle = pd.read_csv(out / "idle_and_residual.csv")
+    assert idle["ms_per_msg_net"].notna().all()  # every run carries the series' idle baseline
+    assert (idle["ms_per_msg_net"] <= idle["ms_per_msg"] + 1e-9).all() and (idle["idle_ms_per_msg"] >= 0).all()
+    assert idle["unattributed_ms_per_msg"].notna().all()
+    decode = pd.read_csv(out / "decode.csv").set_index(["pipeline", "consumers"])
+    assert decode.loc[("wal", 2), "slots"] == 2 and decode.loc[("kafka", 2), "slots"] == 1
+    # fan-out decodes the WAL once per reader: two wal readers decode about twice one Debezium's
+    assert decode.loc[("wal", 2), "mb_per_slot"] > 0
+    memory = pd.read_csv(out / "memory.csv")
+    assert (memory["postgres"] > 0).all() and (memory["total"] > memory["postgres"]).all()
+    html = (out / "report.html").read_text()
+    assert "Idle baseline and residual" in html and "Memory and WAL decode volume" in html
     for name in FIGURES:
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").read_text().startswith("<?xml")
     for name in TABLES:
@@ -118,6 +140,27 @@ def test_control_notebook_measures_throughput(stack: Any, settings: Settings, tm
     assert "transports indistinguishable" in text and (tmp_path / "control.png").exists()
 
 
-def test_broker_native_notebook_shows_only_the_published_numbers(settings: Settings, tmp_path: Path) -> None:
-    text = _outputs(execute_notebook("broker_native", tmp_path / "bn.ipynb", {}, settings=settings))
-    assert "0.45" in text and "0.58" in text and "2.22" in text
+def test_broker_native_notebook_runs_the_three_arms(stack: Any, settings: Settings, tmp_path: Path) -> None:
+    sid = f"nbtest-native-{secrets.token_hex(3)}"
+    params = {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0, "series_id": sid,
+              "report_dir": str(tmp_path)}
+    text = _outputs(execute_notebook("broker_native", tmp_path / "bn.ipynb", params, settings=settings))
+    table = pd.read_csv(tmp_path / "broker_native.csv")
+    assert list(table["pipeline"]) == ["kafka", "rabbitmq", "wal"] and (table["runs"] == 1).all()
+    assert (table["ms_per_msg"] > 0).all() and list(table["published"]) == [0.45, 0.58, 2.22]
+    assert (table["ms.senders"] > 0).all() and "0.45" in text and "2.22" in text
+    assert (tmp_path / "broker_native.png").stat().st_size > 1000
+
+
+def test_latency_notebook_runs_a_fixed_rate_series(stack: Any, settings: Settings, tmp_path: Path) -> None:
+    sid = f"nbtest-latency-{secrets.token_hex(3)}"
+    params = {"rate": 100.0, "profile": "smoke", "pipelines": "wal,kafka", "consumers": "1,2",
+              "series_id": sid, "report_dir": str(tmp_path)}
+    text = _outputs(execute_notebook("latency", tmp_path / "latency.ipynb", params, settings=settings))
+    assert f"series {sid}: 5 runs at 100 msg/s" in text
+    t = pd.read_csv(tmp_path / "latency.csv")
+    assert set(zip(t["pipeline"], t["consumers"], strict=True)) == {(p, n) for p in ("wal", "kafka") for n in (1, 2)}
+    assert ((0 < t["p50"]) & (t["p50"] <= t["p95"]) & (t["p95"] <= t["p99"]) & (t["p99"] <= t["max"])).all()
+    assert (t["rate"] == 100.0).all() and t["achieved_rate"].between(80, 110).all()
+    assert (t["cpu_ms_per_msg"] > 0).all()
+    assert (tmp_path / "latency.png").stat().st_size > 1000 and (tmp_path / "latency.svg").exists()
