@@ -136,16 +136,16 @@ def idle_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_table(df: pd.DataFrame, *, stat: str = "mem_mb_max") -> pd.DataFrame:
-    """(pipeline, N) -> median over runs of each participant's RSS (``mem_mb_max`` = the run's peak,
-    ``mem_mb`` = its mean), MB, and the sum."""
+    """Pipeline x N: median over runs of each participant's RSS in MB (``<participant>_mb``;
+    ``mem_mb_max`` = the run's peak, ``mem_mb`` = its mean) and their sum (``total_mb``)."""
     runs = measured(df)
     cols = [f"{stat}.{p}" for p in PARTICIPANTS if f"{stat}.{p}" in runs]
     if not cols:
         return pd.DataFrame()
     out = runs.groupby(["pipeline", "consumers"])[cols].median()
-    out.columns = [c.split(".", 1)[1] for c in cols]
-    out["total"] = out.sum(axis=1)
-    return out  # indexed by (pipeline, consumers): "consumers" is also a participant
+    out.columns = [f"{c.split('.', 1)[1]}_mb" for c in cols]
+    out["total_mb"] = out.sum(axis=1)
+    return out.reset_index()
 
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:

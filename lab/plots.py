@@ -310,16 +310,16 @@ def memory_figure(memory: pd.DataFrame) -> Figure:
         ax.text(0.5, 0.5, "no memory readings with these runs", ha="center")
         ax.set_axis_off()
         return fig
-    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
-    table = memory.loc[sorted(memory.index, key=lambda k: (rank.get(k[0], 99), k[0], k[1]))]
+    table = _order(memory)
     x, bottom = np.arange(len(table)), np.zeros(len(table))
-    for name in (c for c in table.columns if c != "total"):
-        values = table[name].fillna(0).to_numpy(float)
+    for col in (c for c in table.columns if c.endswith("_mb") and c != "total_mb"):
+        values = table[col].fillna(0).to_numpy(float)
         if values.sum() <= 0:
             continue
+        name = col.removesuffix("_mb")
         ax.bar(x, values, bottom=bottom, label=name, color=PARTICIPANT_COLORS.get(name))
         bottom += values
-    ax.set_xticks(x, [f"{p} c{n}" for p, n in table.index], rotation=60, ha="right", fontsize="small")
+    ax.set_xticks(x, [_cell_label(r) for _, r in table.iterrows()], rotation=60, ha="right", fontsize="small")
     ax.set_ylabel("MB resident (peak in the window)")
     ax.set_title("Memory per participant")
     ax.legend(fontsize="small", ncol=3)

@@ -97,7 +97,8 @@ def test_report_shows_the_idle_baseline_memory_and_decode_volume(smoke_report: t
     # fan-out decodes the WAL once per reader: two wal readers decode about twice one Debezium's
     assert decode.loc[("wal", 2), "mb_per_slot"] > 0
     memory = pd.read_csv(out / "memory.csv")
-    assert (memory["postgres"] > 0).all() and (memory["total"] > memory["postgres"]).all()
+    assert (memory["postgres_mb"] > 0).all() and (memory["total_mb"] > memory["postgres_mb"]).all()
+    assert (memory["consumers_mb"] > 0).all()
     html = (out / "report.html").read_text()
     assert "Idle baseline and residual" in html and "Memory and WAL decode volume" in html
     for name in FIGURES:

@@ -131,4 +131,5 @@ def test_decode_and_memory_tables_take_medians_per_cell() -> None:
     assert dec.decoded_mb == pytest.approx(1.0) and dec.mb_per_slot == pytest.approx(0.25)
     assert dec.bytes_per_msg == pytest.approx(2**20 / 1000)
     mem = compare.memory_table(df).iloc[0]
-    assert mem.postgres == 301 and mem.total == 401
+    assert (mem.pipeline, mem.consumers) == ("wal", 4)
+    assert mem.postgres_mb == 301 and mem.consumers_mb == 100 and mem.total_mb == 401
