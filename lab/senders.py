@@ -28,6 +28,7 @@ import os
 import resource
 import time
 from array import array
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,14 @@ class SendResult:
         return cls(**json.loads(Path(path).read_text()))
 
 
-class _Tally:
+class Tally:
+    """Counters of a send phase, shared by its tasks (one event loop, no locks)."""
+
     __slots__ = ("failed", "first_error", "first_mono", "first_wall", "last_mono", "last_wall",
-                 "latency", "remaining", "sent")
+                 "latency", "next_id", "remaining", "sent")
 
     def __init__(self, messages: int) -> None:
-        self.remaining = messages
+        self.remaining, self.next_id = messages, 0
         self.sent = self.failed = 0
         self.first_wall = self.last_wall = self.first_mono = self.last_mono = None
         self.first_error: str | None = None
@@ -97,7 +100,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000, 3)
 
 
-async def _send(post: Any, target: str, t: _Tally, t0: float) -> None:
+async def _send(post: Any, target: str, t: Tally, t0: float) -> None:
     """One POST, never retried; latency is measured from ``t0`` (start, or due time)."""
     clock = time.monotonic
     try:
@@ -121,14 +124,14 @@ async def _send(post: Any, target: str, t: _Tally, t0: float) -> None:
         t.failed += 1
 
 
-async def _closed_loop(session: aiohttp.ClientSession, target: str, t: _Tally) -> None:
+async def _closed_loop(session: aiohttp.ClientSession, target: str, t: Tally) -> None:
     post, clock = session.post, time.monotonic
     while t.remaining > 0:
         t.remaining -= 1
         await _send(post, target, t, clock())
 
 
-async def _open_loop(session: aiohttp.ClientSession, target: str, t: _Tally, rate: float) -> None:
+async def _open_loop(session: aiohttp.ClientSession, target: str, t: Tally, rate: float) -> None:
     """Start message i at ``start + i / rate`` whatever the responses do (latency mode).
 
     Latency counts from the due time, so waiting for a free connection (at most
@@ -149,7 +152,7 @@ async def _open_loop(session: aiohttp.ClientSession, target: str, t: _Tally, rat
     await asyncio.gather(*inflight)
 
 
-async def _progress(path: Path, t: _Tally) -> None:
+async def _progress(path: Path, t: Tally) -> None:
     tmp = path.with_name(path.name + ".tmp")
     while True:
         await asyncio.sleep(1.0)
@@ -167,7 +170,7 @@ async def run_senders(
     ``rate > 0`` switches to open-loop sends at ``rate`` msg/s over ``senders + 16`` connections.
     """
     target = url.rstrip("/") + "/load/messages"
-    t = _Tally(messages)
+    t = Tally(messages)
     connector = aiohttp.TCPConnector(limit=senders + 16, limit_per_host=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
@@ -176,19 +179,30 @@ async def run_senders(
     ) as session:
         if gate is not None:
             await gate.wait()
-        gate_at, cpu0 = time.time(), _cpu_s()
-        ticker = asyncio.create_task(_progress(progress, t)) if progress else None
-        try:
-            if rate > 0:
-                await _open_loop(session, target, t, rate)
-            else:
-                await asyncio.gather(*(_closed_loop(session, target, t) for _ in range(senders)))
-        finally:
-            if ticker is not None:
-                ticker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ticker
-        cpu = _cpu_s() - cpu0
+        work = (_open_loop(session, target, t, rate) if rate > 0 else
+                asyncio.gather(*(_closed_loop(session, target, t) for _ in range(senders))))
+        gate_at, cpu = await send_phase(t, progress, work)
+    return tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
+
+
+async def send_phase(t: Tally, progress: Path | None, work: Awaitable[Any]) -> tuple[float, float]:
+    """Await ``work`` (the gate is open), rewriting the ``progress`` file each second;
+    returns (epoch time the phase began, this process's CPU seconds during it)."""
+    gate_at, cpu0 = time.time(), _cpu_s()
+    ticker = asyncio.create_task(_progress(progress, t)) if progress else None
+    try:
+        await work
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+    return gate_at, _cpu_s() - cpu0
+
+
+def tally_result(t: Tally, *, url: str, messages: int, senders: int, rate: float = 0.0,
+                 gate_at: float, cpu: float) -> SendResult:
+    """The :class:`SendResult` of a finished send phase."""
     lat = sorted(t.latency)
     return SendResult(
         url=url, messages=messages, senders=senders, sent=t.sent, send_failed=t.failed, rate=rate,
@@ -216,20 +230,37 @@ def write_result(result: SendResult, out: Path) -> None:
     tmp.replace(out)
 
 
-async def _main(a: argparse.Namespace) -> SendResult:
+async def gated(start_file: Path | None, work: Callable[[asyncio.Event | None], Awaitable[SendResult]],
+                failed: Callable[[str], SendResult]) -> SendResult:
+    """``work(gate)`` with a gate that opens once ``start_file`` exists (None: no gate); a crash
+    becomes ``failed(error)``, because the result file must exist whatever happened."""
     gate = waiter = None
-    if a.start_file is not None:
+    if start_file is not None:
         gate = asyncio.Event()
-        waiter = asyncio.create_task(_wait_for_file(a.start_file, gate))
+        waiter = asyncio.create_task(_wait_for_file(start_file, gate))
     try:
-        return await run_senders(a.url, a.messages, a.senders, gate, rate=a.rate,
-                                 progress=a.progress)
-    except Exception as e:  # the result file must exist whatever happened
-        return SendResult(url=a.url, messages=a.messages, senders=a.senders, sent=0,
-                          send_failed=0, rate=a.rate, error=f"{type(e).__name__}: {e}")
+        return await work(gate)
+    except Exception as e:
+        return failed(f"{type(e).__name__}: {e}")
     finally:
         if waiter is not None:
             waiter.cancel()
+
+
+def add_gate_options(p: argparse.ArgumentParser) -> None:
+    """``--start-file``, ``--out`` and ``--progress``: the protocol with the runner."""
+    p.add_argument("--start-file", type=Path, default=None, help="start once this file exists")
+    p.add_argument("--out", type=Path, required=True, help="result JSON, written atomically")
+    p.add_argument("--progress", type=Path, default=None,
+                   help="counter file, rewritten each second")
+
+
+def run_and_write(main: Callable[[], Awaitable[SendResult]], out: Path) -> int:
+    """Run ``main()`` on uvloop, write its result to ``out``; the process's exit status."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
+        result = r.run(main())
+    write_result(result, out)
+    return 0 if result.error is None else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,17 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--senders", type=int, default=200)
     p.add_argument("--rate", type=float, default=0.0,
                    help="open-loop msg/s (latency mode); default 0 = closed loop")
-    p.add_argument("--start-file", type=Path, default=None, help="start once this file exists")
-    p.add_argument("--out", type=Path, required=True, help="result JSON, written atomically")
-    p.add_argument("--progress", type=Path, default=None,
-                   help="counter file, rewritten each second")
+    add_gate_options(p)
     a = p.parse_args(argv)
     if a.messages < 0 or a.senders < 1 or a.rate < 0:
         p.error("--messages and --rate must be >= 0, --senders >= 1")
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        result = r.run(_main(a))
-    write_result(result, a.out)
-    return 0 if result.error is None else 1
+    return run_and_write(lambda: gated(
+        a.start_file,
+        lambda gate: run_senders(a.url, a.messages, a.senders, gate, rate=a.rate, progress=a.progress),
+        lambda error: SendResult(url=a.url, messages=a.messages, senders=a.senders, sent=0,
+                                 send_failed=0, rate=a.rate, error=error),
+    ), a.out)
 
 
 if __name__ == "__main__":

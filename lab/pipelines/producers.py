@@ -46,18 +46,24 @@ import collections
 import contextlib
 import threading
 import time
-from array import array
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
-import uvloop
 
 from lab.pipelines.kafka import DIRECT_TOPIC as TOPIC
 from lab.pipelines.rabbitmq import DIRECT_QUEUE as QUEUE
-from lab.senders import SendResult, _progress, _quantile, _wait_for_file, write_result
+from lab.senders import (
+    SendResult,
+    Tally,
+    add_gate_options,
+    gated,
+    run_and_write,
+    send_phase,
+    tally_result,
+)
 from lab.settings import Settings, get_settings
 
 TARGETS = ("kafka", "rabbitmq", "pg")
@@ -74,19 +80,7 @@ def body(i: int) -> bytes:
     return orjson.dumps({"id": i, "content": CONTENT, "createdAt": datetime.now(UTC)})
 
 
-class _Tally:
-    __slots__ = ("failed", "first_error", "first_mono", "first_wall", "last_mono", "last_wall",
-                 "latency", "next_id", "remaining", "sent")
-
-    def __init__(self, messages: int) -> None:
-        self.remaining, self.next_id = messages, 0
-        self.sent = self.failed = 0
-        self.first_wall = self.last_wall = self.first_mono = self.last_mono = None
-        self.first_error: str | None = None
-        self.latency = array("d")
-
-
-async def _closed_loop(send: Send, t: _Tally) -> None:
+async def _closed_loop(send: Send, t: Tally) -> None:
     clock = time.monotonic
     while t.remaining > 0:
         t.remaining -= 1
@@ -229,53 +223,16 @@ async def run_producers(
     Connections are opened before ``gate`` (if given) is awaited; nothing is written before it.
     """
     client = _CLIENTS[target](settings)
-    t = _Tally(messages)
+    t = Tally(messages)
     try:
         await client.open(producers)
         if gate is not None:
             await gate.wait()
-        gate_at, cpu0 = time.time(), _cpu_s()
-        ticker = asyncio.create_task(_progress(progress, t)) if progress else None  # type: ignore[arg-type]
-        try:
-            await asyncio.gather(*(_closed_loop(client.sender(k), t) for k in range(producers)))
-        finally:
-            if ticker is not None:
-                ticker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ticker
-        cpu = _cpu_s() - cpu0
+        gate_at, cpu = await send_phase(
+            t, progress, asyncio.gather(*(_closed_loop(client.sender(k), t) for k in range(producers))))
     finally:
         await client.close()
-    lat = sorted(t.latency)
-    return SendResult(
-        url=client.url, messages=messages, senders=producers, sent=t.sent, send_failed=t.failed,
-        gate_opened_at=gate_at, first_send_at=t.first_wall, last_send_at=t.last_wall,
-        first_send_mono=t.first_mono, last_send_mono=t.last_mono,
-        send_p50_ms=_quantile(lat, 0.50) if lat else None,
-        send_p95_ms=_quantile(lat, 0.95) if lat else None,
-        send_max_ms=round(lat[-1] * 1000, 3) if lat else None,
-        cpu_s=round(cpu, 4), first_error=t.first_error,
-    )
-
-
-def _cpu_s() -> float:
-    return time.process_time()
-
-
-async def _main(a: argparse.Namespace) -> SendResult:
-    gate = waiter = None
-    if a.start_file is not None:
-        gate = asyncio.Event()
-        waiter = asyncio.create_task(_wait_for_file(a.start_file, gate))
-    try:
-        return await run_producers(a.target, get_settings(), a.messages, a.producers, gate,
-                                   progress=a.progress)
-    except Exception as e:  # the result file must exist whatever happened
-        return SendResult(url=a.target, messages=a.messages, senders=a.producers, sent=0,
-                          send_failed=0, error=f"{type(e).__name__}: {e}")
-    finally:
-        if waiter is not None:
-            waiter.cancel()
+    return tally_result(t, url=client.url, messages=messages, senders=producers, gate_at=gate_at, cpu=cpu)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -284,10 +241,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", required=True, choices=TARGETS, help="where messages are written")
     p.add_argument("--messages", type=int, required=True, help="M, exactly this many writes")
     p.add_argument("--producers", type=int, default=200, help="S concurrent closed loops")
-    p.add_argument("--start-file", type=Path, default=None, help="start once this file exists")
-    p.add_argument("--out", type=Path, required=True, help="result JSON, written atomically")
-    p.add_argument("--progress", type=Path, default=None,
-                   help="counter file, rewritten each second")
+    add_gate_options(p)
     a = p.parse_args(argv)
     if a.messages < 1 or a.producers < 1:
         p.error(f"--messages and --producers must be at least 1, "
@@ -297,10 +251,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        result = r.run(_main(a))
-    write_result(result, a.out)
-    return 0 if result.error is None else 1
+    return run_and_write(lambda: gated(
+        a.start_file,
+        lambda gate: run_producers(a.target, get_settings(), a.messages, a.producers, gate,
+                                   progress=a.progress),
+        lambda error: SendResult(url=a.target, messages=a.messages, senders=a.producers, sent=0,
+                                 send_failed=0, error=error),
+    ), a.out)
 
 
 if __name__ == "__main__":

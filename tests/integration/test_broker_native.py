@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aio_pika
-import psycopg
 import pytest
 
 from lab.pipelines.kafka import DIRECT_TOPIC, _admin, partition_count
@@ -19,27 +17,12 @@ from lab.pipelines.rabbitmq import DIRECT_QUEUE
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
+from tests.integration.checks import queue_exists, scalar
 
 pytestmark = pytest.mark.integration
 
 M = 2000
 N = 2
-
-
-def scalar(settings: Settings, query: str) -> Any:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        row = conn.execute(query).fetchone()
-    return row[0] if row else None
-
-
-async def queue_exists(settings: Settings, name: str) -> bool:
-    async with await aio_pika.connect(settings.amqp_url) as conn:
-        channel = await conn.channel()
-        try:
-            await channel.declare_queue(name, passive=True)
-        except aio_pika.exceptions.ChannelNotFoundEntity:
-            return False
-        return True
 
 
 @pytest.mark.parametrize("pipeline", ["kafka", "rabbitmq", "wal"])

@@ -20,33 +20,18 @@ from lab.pipelines.rabbitmq import EXCHANGE, QUEUE, ROUTING_KEY, RabbitPipeline,
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
+from tests.integration.checks import queue_exists, scalar
 
 pytestmark = pytest.mark.integration
 
 M = 2000
 
 
-def scalar(settings: Settings, query: str) -> Any:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        row = conn.execute(query).fetchone()
-    return row[0] if row else None
-
-
-async def queue_exists(settings: Settings) -> bool:
-    async with await aio_pika.connect(settings.amqp_url) as conn:
-        channel = await conn.channel()
-        try:
-            await channel.declare_queue(QUEUE, passive=True)
-        except aio_pika.exceptions.ChannelNotFoundEntity:
-            return False
-        return True
-
-
 def assert_clean(settings: Settings, stack: Any) -> None:
     slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'dbz\\_%'"
     assert scalar(settings, slots) == 0
     assert stack.debezium["rabbitmq"].processes() == []
-    assert not asyncio.run(queue_exists(settings))
+    assert not asyncio.run(queue_exists(settings, QUEUE))
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
@@ -141,7 +126,7 @@ async def _consumer_half(settings: Settings, stack: Any) -> None:
             await asyncio.sleep(0.1)
         assert (declared.consumer_count, declared.message_count) == (0, 0)
     await pipeline.teardown()
-    assert not await queue_exists(settings)
+    assert not await queue_exists(settings, QUEUE)
 
 
 def test_consumer_acks_non_inserts_lost_claims_and_duplicates_at_once(

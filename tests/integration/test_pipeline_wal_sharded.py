@@ -28,6 +28,7 @@ from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.shards import MEMBER_SPACE, SHARD_SPACE, SHARDS, ShardOwnership, target
+from tests.integration.checks import scalar
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +43,6 @@ OUR_SLOTS = "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'loa
 def run(settings: Settings, consumers: int) -> dict[str, Any]:
     scenario = Scenario(pipeline="wal-sharded", consumers=consumers, messages=M, cooldown_s=0)
     return asyncio.run(run_scenario(scenario, settings))
-
-
-def scalar(settings: Settings, query: str) -> Any:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        row = conn.execute(query).fetchone()
-    return row[0] if row else None
 
 
 def shard_states(settings: Settings, result: dict[str, Any]) -> list[dict[str, Any]]:
