@@ -34,7 +34,7 @@ from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
 from lab.sampler import Participant, Sampler
 from lab.settings import Settings, child_env
 from lab.stack.native import NativeStack
-from lab.stack.proc import port_open, require_free, wait_until
+from lab.stack.proc import exclusive, port_open, require_free, wait_until
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -75,6 +75,13 @@ def measure_idle(settings: Settings, *, seconds: float = IDLE_SECONDS, debezium:
     """
     if seconds <= 0:
         raise ValueError(f"the idle window must be positive, got {seconds}")
+    from lab.runner import stack_lock
+
+    with exclusive(stack_lock(settings), "the stack"):
+        return _measure_idle(settings, seconds=seconds, debezium=debezium, say=say)
+
+
+def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Say) -> dict[str, Any]:
     stack = NativeStack(settings)
     stack.up()
     web = None

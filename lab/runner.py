@@ -43,7 +43,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings, child_env
 from lab.slots import drop_slots
 from lab.stack.native import NativeStack
-from lab.stack.proc import tail
+from lab.stack.proc import exclusive, tail
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, dict[str, Any]], None]
@@ -507,9 +507,15 @@ async def run_scenario(
     without it (``idle``).
     """
     stack = NativeStack(settings)
-    await asyncio.to_thread(stack.up)
-    run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
-    result = await run.execute()
+    with exclusive(stack_lock(settings), "the stack"):
+        await asyncio.to_thread(stack.up)
+        run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
+        result = await run.execute()
     result.update(meta or {})
     write_run(result, run.samples, settings=settings)
     return result
+
+
+def stack_lock(settings: Settings) -> Path:
+    """The lock file every run, series and idle baseline on this stack holds (one at a time)."""
+    return settings.stack_dir / "run.lock"

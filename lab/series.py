@@ -34,6 +34,7 @@ from lab.idle import measure_idle
 from lab.results import iter_runs, read_idle, write_idle
 from lab.scenario import PIPELINE_NAMES, Scenario
 from lab.settings import Settings
+from lab.stack.proc import exclusive
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,8 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
-    profile seed, 1 — repeats in the reference order would put one cell's repeats side by side); ``pipelines`` defaults to every registered one, in the reference
-    order.
+    profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
+    ``pipelines`` defaults to every registered one, in the reference order.
     """
     prof = profile(name)
     pipes = list(pipelines or available_pipelines())
@@ -213,6 +214,19 @@ async def run_series(
     seconds, stored with the series (kept when resuming, measured again with ``force``); every
     run then carries its cost without it.
     """
+    from lab.runner import stack_lock
+
+    if idle_s < 0:
+        raise ValueError(f"idle_s must not be negative, got {idle_s}")
+    with exclusive(stack_lock(settings), "the stack"):
+        return await _run_series(plan, settings, series_id=series_id, force=force, progress=progress,
+                                 idle_s=idle_s)
+
+
+async def _run_series(
+    plan: Sequence[Scenario], settings: Settings, *, series_id: str, force: bool,
+    progress: Callable[[Step], None] | None, idle_s: float,
+) -> list[dict[str, Any]]:
     from lab.runner import run_scenario
 
     report = progress or (lambda step: None)

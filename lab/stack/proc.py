@@ -8,6 +8,7 @@ never mistaken for ours.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -46,7 +47,7 @@ def spawn(
     if user is not None and os.geteuid() == 0:  # drop root's gid and groups too, not just the uid
         group, extra_groups = pwd.getpwnam(user).pw_gid, []
     with open(log_path, "ab") as out:
-        popen = subprocess.Popen(  # noqa: S603 - argv is ours
+        popen = subprocess.Popen(
             [str(a) for a in argv],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -214,3 +215,41 @@ def ensure_os_user(name: str, home: Path) -> tuple[int, int]:
         )
         pw = pwd.getpwnam(name)
     return pw.pw_uid, pw.pw_gid
+
+
+_held: dict[Path, list[int]] = {}  # lock file -> [fd, depth] held by this process
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block, or fail at once with one line.
+
+    Two runs on one stack would truncate each other's tables and stop each other's Debezium, so
+    every run, series and idle baseline holds the stack's lock. Re-entrant within a process (a
+    series holds it around its runs); the holder's pid is written into the file for the message.
+    """
+    held = _held.get(path)
+    if held is not None:
+        held[1] += 1
+        try:
+            yield
+        finally:
+            held[1] -= 1
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StackError(f"{what} is in use by another lab process (pid {holder}): wait for it to "
+                         "finish, or give this one its own LAB_STACK_DIR and ports") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _held[path] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _held[path]
+        os.close(fd)  # releases the lock

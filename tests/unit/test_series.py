@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -76,7 +79,7 @@ def _stored(settings: Settings, s: Scenario, sid: str, *, ok: bool, stamp: str) 
 def test_run_series_skips_what_succeeded_in_this_series_and_reruns_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings().replace(data_dir=tmp_path)
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
     cells = series.matrix(Scenario(messages=300, senders=20, cooldown_s=0.0), pipelines=["wal"],
                           consumers=(1, 2), repeats=2)  # c1, c2, c1, c2 in this order
     plan = [cells[0].replace(warmup=True, label="warmup"), *cells, cells[0].replace(warmup=True, label="drift")]
@@ -107,7 +110,7 @@ def test_run_series_skips_what_succeeded_in_this_series_and_reruns_the_rest(
 def test_run_series_measures_the_idle_baseline_once_and_hands_it_to_every_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings().replace(data_dir=tmp_path)
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
     plan = series.plan("smoke", pipelines=["wal"])
     measured: list[float] = []
     got: list[Any] = []
@@ -140,7 +143,7 @@ def test_outcome_lines() -> None:
 
 
 def test_failed_cells_lists_only_cells_that_never_succeeded(tmp_path: Path) -> None:
-    settings = Settings().replace(data_dir=tmp_path)
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
     base = Scenario(messages=300, senders=20, cooldown_s=0.0)
     wal1, wal2, kafka1 = base, base.replace(consumers=2), base.replace(pipeline="kafka")
     _stored(settings, wal1, "f", ok=False, stamp="2026-01-01T00")
@@ -149,3 +152,33 @@ def test_failed_cells_lists_only_cells_that_never_succeeded(tmp_path: Path) -> N
     _stored(settings, kafka1, "other", ok=False, stamp="2026-01-01T03")  # another series
     assert series.failed_cells("f", settings) == ["wal c2"]
     assert series.failed_cells("nothing", settings) == []
+
+
+def test_one_stack_serves_one_lab_process_at_a_time(tmp_path: Path) -> None:
+    """A second series (another process) on the same stack fails at once with one line."""
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from lab import series\n"
+        "from lab.settings import Settings\n"
+        "from lab.stack.base import StackError\n"
+        f"s = Settings().replace(data_dir=Path({str(tmp_path)!r}), stack_dir=Path({str(tmp_path / 'stack')!r}))\n"
+        "try:\n"
+        "    asyncio.run(series.run_series([], s, series_id='x'))\n"
+        "except StackError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    from lab.runner import stack_lock
+    from lab.stack.proc import exclusive
+
+    with exclusive(stack_lock(settings), "the stack"):
+        with exclusive(stack_lock(settings), "the stack"):  # re-entrant in this process
+            pass
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+        assert other.returncode == 3, other.stderr
+        assert f"in use by another lab process (pid {os.getpid()})" in other.stdout
+    free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert free.returncode == 0, free.stdout + free.stderr  # released: the empty series runs
+    with pytest.raises(ValueError, match="idle_s"):
+        asyncio.run(series.run_series([], settings, series_id="x", idle_s=-1))
