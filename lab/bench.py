@@ -14,9 +14,8 @@ from typing import Any
 
 import psutil
 
-from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.idle import sample_idle
 from lab.runner import run_scenario
-from lab.sampler import Participant, Sampler
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.native import NativeStack
@@ -51,20 +50,7 @@ def _idle(
     settings: Settings, roots: dict[str, list[psutil.Process]], names: tuple[str, ...], idle_s: float
 ) -> dict[str, dict[str, float]]:
     """CPU % of one core and mean RSS of each named participant over ``idle_s`` of idling."""
-    mount, scope = cgroup2_mount(), cgroup_scope(settings)
-    parts = []
-    for name in names:
-        group = None
-        if mount is not None:
-            group = CpuGroup(mount, name, scope=scope)
-            group.attach(pid for r in roots[name] for pid in tree_pids(r.pid))
-        parts.append(Participant(name, roots[name], cgroup=group))
-    sampler = Sampler(parts)
-    with sampler:
-        a = sampler.snapshot()
-        time.sleep(idle_s)
-        b = sampler.snapshot()
-    window = sampler.window(a, b)
+    window = sample_idle(settings, {n: roots[n] for n in names}, idle_s)
     return {
         name: {"cpu_pct": round(100 * v["cpu_s"] / window["window_s"], 2), "rss_mb": v["rss_mb_mean"]}
         for name, v in window["participants"].items()

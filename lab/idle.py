@@ -51,6 +51,19 @@ def _participant(name: str, roots: list[psutil.Process], settings: Settings) -> 
     return Participant(name, roots, cgroup=group)
 
 
+def sample_idle(settings: Settings, roots: Mapping[str, list[psutil.Process]], seconds: float, *,
+                settle: float = 0.0) -> dict[str, Any]:
+    """:meth:`Sampler.window` over ``seconds`` of the named process trees doing nothing, each in
+    its own cgroup (after ``settle`` seconds, e.g. for something just started)."""
+    sampler = Sampler([_participant(n, r, settings) for n, r in roots.items()])
+    with sampler:
+        time.sleep(settle)
+        a = sampler.snapshot()
+        time.sleep(seconds)
+        b = sampler.snapshot()
+    return sampler.window(a, b)
+
+
 def _start_web(settings: Settings) -> psutil.Popen:
     require_free(settings.web_port, "the web service", "LAB_WEB_PORT")
     proc = psutil.Popen(
@@ -75,9 +88,7 @@ def measure_idle(settings: Settings, *, seconds: float = IDLE_SECONDS, debezium:
     """
     if seconds <= 0:
         raise ValueError(f"the idle window must be positive, got {seconds}")
-    from lab.runner import stack_lock
-
-    with exclusive(stack_lock(settings), "the stack"):
+    with exclusive(settings.run_lock, "the stack"):
         return _measure_idle(settings, seconds=seconds, debezium=debezium, say=say)
 
 
@@ -97,13 +108,7 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
                 started.append(sink)
                 roots[f"debezium-{sink}"] = service.processes()
         say(f"idle baseline: sampling {', '.join(roots)} for {seconds:.0f} s")
-        sampler = Sampler([_participant(n, r, settings) for n, r in roots.items()])
-        with sampler:
-            time.sleep(min(1.0, seconds / 10))  # let the starts settle before the window opens
-            a = sampler.snapshot()
-            time.sleep(seconds)
-            b = sampler.snapshot()
-        window = sampler.window(a, b)
+        window = sample_idle(settings, roots, seconds, settle=min(1.0, seconds / 10))
     finally:
         if web is not None and web.poll() is None:
             web.terminate()

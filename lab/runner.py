@@ -419,6 +419,7 @@ class Run:
                     c["cpu_s"], c["rss_mb_mean"] = w["cpu_s"], w["rss_mb_mean"]
             cpu_s["unattributed"] = window["unattributed_cpu_s"]
         total = sum(v for k, v in cpu_s.items() if k != "unattributed")
+        span = t1 - t0 if t0 and t1 else None
         return {
             "run_id": self.run_id,
             "started_at": started_at,
@@ -426,16 +427,16 @@ class Run:
             "pipeline_settings": self.pipeline.describe(),
             "success": success,
             "error": error,
-            "window_s": round(t1 - t0, 3) if t0 and t1 else None,
+            "window_s": round(span, 3) if span else None,
             "cpu_ms_per_msg": round(total * 1000 / m, 4) if window else None,
             "cpu_s": cpu_s,
             "mem_mb": mem_mb,
             "mem_mb_max": mem_mb_max,
             "slots": self.slot_stats,
-            "idle": self._idle_block(cpu_s, t1 - t0 if t0 and t1 else 0.0),
+            "idle": self._idle_block(cpu_s, span or 0.0),
             "latency_ms": self.latency_ms,
             "latency_from_due_ms": self.latency_from_due_ms,
-            "achieved_rate": achieved_rate(sent, t1 - t0 if t0 and t1 else None),
+            "achieved_rate": achieved_rate(sent, span),
             "counters": counters,
             "senders": sent,
             "consumers": consumers,
@@ -452,7 +453,7 @@ class Run:
         """This run's cost with the series' idle baseline taken out (lab.idle), or None."""
         if not self.idle or not cpu_s or window_s <= 0:
             return None
-        sink = self.pipeline.cdc_sink if getattr(self.scenario, "producer", "web") == "web" else None
+        sink = self.pipeline.cdc_sink if self.scenario.producer == "web" else None
         rates = idle_rates_for(self.idle, cdc_sink=sink)
         return {"measured_at": self.idle.get("measured_at"), "cpu_s_per_s": rates,
                 **net_of_idle(cpu_s, window_s, self.scenario.messages, rates)}
@@ -507,15 +508,10 @@ async def run_scenario(
     without it (``idle``).
     """
     stack = NativeStack(settings)
-    with exclusive(stack_lock(settings), "the stack"):
+    with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
         result = await run.execute()
     result.update(meta or {})
     write_run(result, run.samples, settings=settings)
     return result
-
-
-def stack_lock(settings: Settings) -> Path:
-    """The lock file every run, series and idle baseline on this stack holds (one at a time)."""
-    return settings.stack_dir / "run.lock"

@@ -214,11 +214,9 @@ async def run_series(
     seconds, stored with the series (kept when resuming, measured again with ``force``); every
     run then carries its cost without it.
     """
-    from lab.runner import stack_lock
-
     if idle_s < 0:
         raise ValueError(f"idle_s must not be negative, got {idle_s}")
-    with exclusive(stack_lock(settings), "the stack"):
+    with exclusive(settings.run_lock, "the stack"):
         return await _run_series(plan, settings, series_id=series_id, force=force, progress=progress,
                                  idle_s=idle_s)
 

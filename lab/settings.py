@@ -108,6 +108,11 @@ class Settings:
         )
 
     @property
+    def run_lock(self) -> Path:
+        """Held by every run, series and idle baseline on this stack (one lab process at a time)."""
+        return self.stack_dir / "run.lock"
+
+    @property
     def kafka_bootstrap(self) -> str:
         return f"{self.host}:{self.kafka_port}"
 

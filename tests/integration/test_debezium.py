@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import aio_pika
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lab import slots
@@ -26,6 +26,7 @@ from lab.settings import Settings
 from lab.stack import debezium, proc
 from lab.stack.base import StackError
 from lab.stack.debezium import DebeziumService
+from tests.integration.checks import delete_group, delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -58,24 +59,7 @@ def kafka_topic(dbz_settings: Settings) -> Iterator[str]:
     try:
         yield TOPIC
     finally:
-        try:
-            admin.delete_topics([TOPIC], operation_timeout=30)[TOPIC].result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise
-        deadline = time.monotonic() + 30
-        while TOPIC in admin.list_topics(timeout=5).topics:  # cluster-wide, never by name
-            assert time.monotonic() < deadline, f"topic {TOPIC} still listed after delete"
-            time.sleep(0.2)
-
-
-def _delete_group(admin: AdminClient, group: str) -> None:
-    """Delete a test's consumer group from the shared broker (absent is fine)."""
-    try:
-        admin.delete_consumer_groups([group], request_timeout=30)[group].result()
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
-            raise
+        delete_topics(admin, [TOPIC])
 
 
 def _insert(settings: Settings, content: str) -> int:
@@ -154,7 +138,7 @@ def test_kafka_sink_delivers_the_envelope(
             _assert_envelope(value, row_id, content)
         finally:
             consumer.close()
-            _delete_group(AdminClient({"bootstrap.servers": dbz_settings.kafka_bootstrap}), group)
+            delete_group(AdminClient({"bootstrap.servers": dbz_settings.kafka_bootstrap}), group)
     finally:
         if service.processes():
             _stop_and_check(service, caplog)

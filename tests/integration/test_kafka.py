@@ -16,12 +16,13 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lab.settings import Settings
 from lab.stack import proc
 from lab.stack.kafka import KafkaService
+from tests.integration.checks import delete_group, delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -56,30 +57,11 @@ def topics(kafka: KafkaService) -> Iterator[list[str]]:
     made: list[str] = []
     yield made
     if made:
-        admin = _admin(kafka)
-        for future in admin.delete_topics(made, operation_timeout=30).values():
-            try:
-                future.result()
-            except KafkaException as exc:  # never created
-                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    raise
-        deadline = time.monotonic() + 30
-        while set(made) & set(admin.list_topics(timeout=5).topics):
-            assert time.monotonic() < deadline, f"topics {made} still listed after delete"
-            time.sleep(0.2)
+        delete_topics(_admin(kafka), made)
 
 
 def _admin(kafka: KafkaService) -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka.settings.kafka_bootstrap})
-
-
-def _delete_group(admin: AdminClient, group: str) -> None:
-    """Delete a test's consumer group from the shared broker (absent is fine)."""
-    try:
-        admin.delete_consumer_groups([group], request_timeout=30)[group].result()
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
-            raise
 
 
 def _wait_for_partitions(admin: AdminClient, topic: str, partitions: int) -> None:
@@ -142,7 +124,7 @@ def test_produce_and_consume_through_a_consumer_group(
             partitions.add(msg.partition())
     finally:
         consumer.close()
-        _delete_group(_admin(kafka), group)
+        delete_group(_admin(kafka), group)
 
     assert sorted(ids) == list(range(100))
     assert partitions == {0, 1, 2, 3}  # 100 distinct keys over 4 partitions hit every one

@@ -169,11 +169,10 @@ def test_one_stack_serves_one_lab_process_at_a_time(tmp_path: Path) -> None:
         "except StackError as e:\n"
         "    print(e); sys.exit(3)\n"
     )
-    from lab.runner import stack_lock
     from lab.stack.proc import exclusive
 
-    with exclusive(stack_lock(settings), "the stack"):
-        with exclusive(stack_lock(settings), "the stack"):  # re-entrant in this process
+    with exclusive(settings.run_lock, "the stack"):
+        with exclusive(settings.run_lock, "the stack"):  # re-entrant in this process
             pass
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
         assert other.returncode == 3, other.stderr
