@@ -41,7 +41,10 @@ def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _stack_down(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.measure.cgroups import remove_scope
+
     get_stack(settings).down(purge=args.purge)
+    remove_scope(settings)  # the run's participant groups, empty once everything is stopped
     _say("stack down" + (" (state purged)" if args.purge else ""))
     return 0
 
@@ -153,7 +156,7 @@ def _p50_p99(lat: object) -> str:
 def _series(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from lab import series
+    from lab.study import series
 
     pipelines = series.parse_pipelines(args.pipelines)
     plan = series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines,
@@ -196,8 +199,8 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
-    from lab import series
-    from lab.report import build_report, report_series
+    from lab.study import series
+    from lab.study.report import build_report, report_series
 
     pipelines = series.parse_pipelines(args.pipelines)
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
@@ -219,7 +222,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
-    from lab.bench import bench_stack
+    from lab.study.bench import bench_stack
 
     out = bench_stack(settings, idle_s=args.idle_s, say=_say)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
@@ -227,7 +230,7 @@ def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _bench_run(args: argparse.Namespace, settings: Settings) -> int:
-    from lab.bench import bench_run
+    from lab.study.bench import bench_run
 
     fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
     out = bench_run(Scenario(**fields), settings, repeats=args.repeats, say=_say)
@@ -305,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:
-    from lab.series import PROFILES
+    from lab.study.series import PROFILES
 
     if rate:  # `lab series` only: the report's notebooks run closed-loop series
         parser.add_argument("--rate", type=float, default=0.0,

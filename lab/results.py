@@ -95,7 +95,7 @@ def idle_dir(settings: Settings | None = None) -> Path:
 
 
 def write_idle(series_id: str, record: Mapping[str, Any], *, settings: Settings | None = None) -> Path:
-    """Store a series' idle baseline (:mod:`lab.idle`) as ``data/idle/<series-id>.json``, atomically."""
+    """Store a series' idle baseline (:mod:`lab.measure.idle`) as ``data/idle/<series-id>.json``, atomically."""
     if not series_id or "/" in series_id:
         raise ValueError(f"not a usable series id: {series_id!r}")
     path = idle_dir(settings) / f"{series_id}.json"

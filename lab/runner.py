@@ -33,15 +33,15 @@ import psycopg
 from psycopg import sql
 
 from lab import __version__
-from lab.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
-from lab.idle import idle_rates_for, net_of_idle
-from lab.latency import achieved_rate, due_latencies, message_latencies, summarize
+from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.measure.idle import idle_rates_for, net_of_idle
+from lab.measure.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
-from lab.sampler import Participant, Sampler, Snapshot
+from lab.measure.sampler import Participant, Sampler, Snapshot
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env
-from lab.slots import drop_slots
+from lab.pg.slots import drop_slots
 from lab.stack.native import NativeStack
 from lab.stack.proc import exclusive, tail
 
@@ -65,7 +65,7 @@ class Run:
     def __init__(self, scenario: Scenario, settings: Settings, stack: NativeStack, progress: Progress,
                  idle: dict[str, Any] | None = None) -> None:
         self.scenario = scenario
-        self.idle = idle  # the series' idle baseline (lab.idle), if one was measured
+        self.idle = idle  # the series' idle baseline (lab.measure.idle), if one was measured
         self.slot_stats: dict[str, dict[str, Any]] = {}
         self.settings = settings
         self.stack = stack
@@ -78,7 +78,7 @@ class Run:
         self.edges: dict[str, Snapshot] = {}
         self._http: aiohttp.ClientSession | None = None
         self.samples: list[dict[str, Any]] = []
-        self.latency_ms: dict[str, Any] | None = None  # lab.latency.summarize of this run
+        self.latency_ms: dict[str, Any] | None = None  # lab.measure.latency.summarize of this run
         self.latency_from_due_ms: dict[str, Any] | None = None  # open loop only
 
     # processes -----------------------------------------------------------------------------
@@ -245,7 +245,7 @@ class Run:
             return {}
 
     async def measure_latency(self, sent: dict[str, Any]) -> None:
-        """End-to-end latency of every worked message (:mod:`lab.latency`), read after the drain
+        """End-to-end latency of every worked message (:mod:`lab.measure.latency`), read after the drain
         while the web service still holds its arrivals: one ``/load/arrivals`` call and one query
         for the ``created_at`` of those ids. Sets ``latency_ms`` and, for an open-loop run where
         every send succeeded, ``latency_from_due_ms``. A failure is a warning and None. Not for
@@ -317,7 +317,7 @@ class Run:
         checks: dict[str, Any] = {}
         try:
             self.progress("setup", {})
-            web_args = ["-m", "lab.web", "--port", str(st.web_port), "--dsn", st.pg_dsn]
+            web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn]
             if s.work_delay_ms:
                 web_args += ["--work-delay-ms", str(s.work_delay_ms)]
             self.procs["web"] = self._spawn("web", web_args)
@@ -330,7 +330,7 @@ class Run:
                 sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
                                "--producers", str(s.senders), *gate_out]
             else:
-                sender_args = ["-m", "lab.senders", "--url", st.web_url, "--messages", str(s.messages),
+                sender_args = ["-m", "lab.workload.senders", "--url", st.web_url, "--messages", str(s.messages),
                                "--senders", str(s.senders), *gate_out]
                 if s.rate:
                     sender_args += ["--rate", str(s.rate)]
@@ -450,7 +450,7 @@ class Run:
         }
 
     def _idle_block(self, cpu_s: dict[str, float], window_s: float) -> dict[str, Any] | None:
-        """This run's cost with the series' idle baseline taken out (lab.idle), or None."""
+        """This run's cost with the series' idle baseline taken out (lab.measure.idle), or None."""
         if not self.idle or not cpu_s or window_s <= 0:
             return None
         sink = self.pipeline.cdc_sink if self.scenario.producer == "web" else None
@@ -504,7 +504,7 @@ async def run_scenario(
     """Execute one run on the native stack, store it under data/runs/, return run.json's content.
 
     ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
-    ``idle``: an idle baseline (:func:`lab.idle.measure_idle`); the run then stores its cost
+    ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
     without it (``idle``).
     """
     stack = NativeStack(settings)

@@ -52,7 +52,10 @@ def stack(settings: Settings) -> Iterator[object]:
     try:
         yield native
     finally:
+        from lab.measure.cgroups import remove_scope
+
         native.down(purge=True)
+        remove_scope(settings)
 
 
 def lab_env(settings: Settings) -> dict[str, str]:

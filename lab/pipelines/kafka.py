@@ -18,7 +18,7 @@ Deviations and choices, with their reasons:
   the reference. The uuid is the topic id Kafka assigns when :meth:`KafkaPipeline.prepare`
   creates the topic: new on every run and readable by both halves from the broker
   (``describe_topics``), so nothing else has to carry it from the runner to the consumers.
-* **Watermark.** Offsets go through one :class:`~lab.watermark.Watermark` per assigned
+* **Watermark.** Offsets go through one :class:`~lab.workload.watermark.Watermark` per assigned
   partition: held when read, resolved after the work or a lost claim, advanced for envelopes
   that are not inserts; ``confirmable + 1`` is stored. The measured reference stored each
   offset as it went, with no watermark (§4.1, §10 item 16); this is the article's fix.
@@ -68,12 +68,12 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from lab.inbox import claim_ids
+from lab.workload.inbox import claim_ids
 from lab.pipelines.base import Item
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
-from lab.watermark import Watermark
+from lab.workload.watermark import Watermark
 
 log = logging.getLogger(__name__)
 

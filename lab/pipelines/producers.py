@@ -1,13 +1,13 @@
 """The broker-native producers (method.md §9.5): S tasks write exactly M messages straight into
 the transport, with no web service, no outbox and no Debezium in between.
 
-Run by the runner, in place of :mod:`lab.senders`, as the measured participant ``senders``::
+Run by the runner, in place of :mod:`lab.workload.senders`, as the measured participant ``senders``::
 
     python -m lab.pipelines.producers --target kafka --messages 20000 --producers 200 \\
         --start-file RUN/start --out RUN/senders.json
 
 Same protocol as the senders: nothing is sent before ``--start-file`` exists (20 ms ``stat``
-poll), the result is a :class:`~lab.senders.SendResult` written once and atomically to ``--out``
+poll), the result is a :class:`~lab.workload.senders.SendResult` written once and atomically to ``--out``
 (also after a crash), ``--progress`` optionally rewrites a counter file each second. Each task
 is a closed loop: take the next id, write, await the broker's acknowledgement, count; **no
 retries** (a failed write is ``send_failed``). The window starts at the first acknowledged write.
@@ -55,7 +55,7 @@ import orjson
 
 from lab.pipelines.kafka import DIRECT_TOPIC as TOPIC
 from lab.pipelines.rabbitmq import DIRECT_QUEUE as QUEUE
-from lab.senders import (
+from lab.workload.senders import (
     SendResult,
     Tally,
     add_gate_options,

@@ -57,7 +57,7 @@ import orjson
 import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
-from lab.inbox import claim_ids
+from lab.workload.inbox import claim_ids
 from lab.pipelines.base import Item
 from lab.scenario import Scenario
 from lab.settings import Settings

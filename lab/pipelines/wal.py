@@ -5,7 +5,7 @@ publication ``load_test_pub`` with protocol 4 and binary tuples, decodes every I
 name and claims batches of rows by WAL position in ``inbox_wal``. Every reader sees every row,
 so exactly (N−1)·M claims are lost (``skipped``) and N·M/100 claim statements run.
 
-Positions are confirmed through a :class:`~lab.watermark.Watermark` over the stream order
+Positions are confirmed through a :class:`~lab.workload.watermark.Watermark` over the stream order
 (the reference confirmed each position as it went and could jump over unfinished work,
 method.md §10.16): the slot's confirmed LSN only moves to the end of a transaction once every
 row streamed up to it was worked on or lost its claim. Stream order is used rather than LSNs
@@ -21,14 +21,14 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from lab.inbox import claim_lsns
-from lab.pgoutput import Commit, Decoder, Insert, protocol_version
+from lab.workload.inbox import claim_lsns
+from lab.pg.pgoutput import Commit, Decoder, Insert, protocol_version
 from lab.pipelines.base import Item
-from lab.replication import ReplicationStream
+from lab.pg.replication import ReplicationStream
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.slots import drop_slots, wait_streaming
-from lab.watermark import Watermark
+from lab.pg.slots import drop_slots, wait_streaming
+from lab.workload.watermark import Watermark
 
 SLOT_PREFIX = "load_test_slot"
 PUBLICATION = "load_test_pub"

@@ -2,7 +2,7 @@
 
 Every consumer still reads and decodes the whole WAL through its own slot (sharding removes the
 claim tax, not the decoding tax), but it only tries to claim rows whose shard ``id % 64`` it
-owns or does not know to be owned by someone else (:class:`~lab.shards.ShardOwnership`). Rows
+owns or does not know to be owned by someone else (:class:`~lab.pg.shards.ShardOwnership`). Rows
 filtered out are confirmed through the watermark at once and are *not* counted as skipped; rows
 that pass go through the same ``inbox_wal`` batch claim as ``wal`` (losers are skipped).
 Rebalancing happens at the start of :meth:`ShardedWalSource.fill` only (between batches, on the
@@ -49,7 +49,7 @@ from lab.pipelines.base import Item
 from lab.pipelines.wal import WalPipeline, WalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.shards import LOCKS_SQL, MEMBER_SPACE, REFRESH_S, SHARD_SPACE, SHARDS, ShardOwnership
+from lab.pg.shards import LOCKS_SQL, MEMBER_SPACE, REFRESH_S, SHARD_SPACE, SHARDS, ShardOwnership
 
 log = logging.getLogger(__name__)
 

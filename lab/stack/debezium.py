@@ -34,7 +34,7 @@ from typing import ClassVar
 import psutil
 import psycopg
 
-from lab import slots
+from lab.pg import slots
 from lab.settings import Settings, child_env
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError, check_sink

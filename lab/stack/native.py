@@ -12,7 +12,6 @@ import shutil
 
 import psutil
 
-from lab.cgroups import remove_scope
 from lab.settings import Settings
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
@@ -77,7 +76,6 @@ class NativeStack:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{service.name}: {exc}")
-        remove_scope(self.settings)
         if purge:
             shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
         if errors:

@@ -2,7 +2,7 @@
 
 The kernel (``fanout-lab``, this venv's Python) gets the test stack's settings the way every child
 process of the lab does: as ``LAB_*`` environment. papermill cannot pass an environment to the
-kernel, so :func:`lab.report.execute_notebook` exports them around the execution
+kernel, so :func:`lab.study.report.execute_notebook` exports them around the execution
 (:func:`lab.settings.exported`); the tests call it exactly as ``lab report`` does.
 """
 
@@ -18,8 +18,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from lab import series
-from lab.report import build_report, execute_notebook
+from lab.study import series
+from lab.study.report import build_report, execute_notebook
 from lab.settings import Settings
 
 pytestmark = pytest.mark.notebooks

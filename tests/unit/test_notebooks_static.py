@@ -10,7 +10,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-from lab.report import KERNEL, NOTEBOOKS
+from lab.study.report import KERNEL, NOTEBOOKS
 from lab.scenario import Scenario
 
 DIR = Path(__file__).resolve().parents[2] / "notebooks"

@@ -1,0 +1,158 @@
+"""The idle baseline: what every participant costs while nothing happens (issue 6).
+
+Before a series, :func:`measure_idle` samples the stack's services, an idle web service and both
+Debezium instances (started, streaming, no rows) over one window of ``seconds`` (30 by default):
+CPU in seconds per second of wall time and mean RSS, per participant, through the same cgroups
+and :class:`~lab.measure.sampler.Sampler` the runs use. The record is stored per series
+(:func:`lab.results.write_idle`) and every run of that series carries it in ``run.json``
+(``idle``), together with what the run would cost without it (:func:`net_of_idle`).
+
+Why it matters: an idle Kafka broker burns ~4 % of a core and an idle Debezium ~2.7 % (measured,
+docs/benchmarks.md), so a slow run pays more idle CPU than a fast one; the report shows each run's
+cost with and without this floor, and the ``unattributed`` residual next to both.
+
+Decisions: all participants share one window (Debezium connected changes PostgreSQL's idle cost
+by a keepalive every 10 s, which is part of what a CDC run pays anyway); consumers and senders
+are not measured idle (they do not exist between runs and busy-wait nowhere); the runner's own
+idle cost is not subtracted either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import psutil
+
+from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.measure.sampler import Participant, Sampler
+from lab.settings import Settings, child_env
+from lab.stack.native import NativeStack
+from lab.stack.proc import exclusive, port_open, require_free, wait_until
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+IDLE_SECONDS = 30.0
+SERVICES = ("postgres", "kafka", "rabbitmq")
+
+
+def _participant(name: str, roots: list[psutil.Process], settings: Settings) -> Participant:
+    mount = cgroup2_mount()
+    group = None
+    if mount is not None:
+        group = CpuGroup(mount, f"idle-{name}", scope=cgroup_scope(settings))
+        group.attach(pid for r in roots for pid in tree_pids(r.pid))
+    return Participant(name, roots, cgroup=group)
+
+
+def sample_idle(settings: Settings, roots: Mapping[str, list[psutil.Process]], seconds: float, *,
+                settle: float = 0.0) -> dict[str, Any]:
+    """:meth:`Sampler.window` over ``seconds`` of the named process trees doing nothing, each in
+    its own cgroup (after ``settle`` seconds, e.g. for something just started)."""
+    sampler = Sampler([_participant(n, r, settings) for n, r in roots.items()])
+    with sampler:
+        time.sleep(settle)
+        a = sampler.snapshot()
+        time.sleep(seconds)
+        b = sampler.snapshot()
+    return sampler.window(a, b)
+
+
+def _start_web(settings: Settings) -> psutil.Popen:
+    require_free(settings.web_port, "the web service", "LAB_WEB_PORT")
+    proc = psutil.Popen(
+        [sys.executable, "-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=child_env(settings), cwd=settings.root,
+    )
+    try:
+        wait_until(lambda: port_open(settings.web_port), timeout=30, what="the idle web service", proc=proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def measure_idle(settings: Settings, *, seconds: float = IDLE_SECONDS, debezium: bool = True,
+                 say: Say = lambda _: None) -> dict[str, Any]:
+    """Idle CPU (s per s) and RSS of every participant over one window of ``seconds``.
+
+    Brings the stack up, starts an idle web service and (``debezium``) both Debezium instances,
+    samples, and stops what it started. Returns the record :func:`net_of_idle` reads.
+    """
+    if seconds <= 0:
+        raise ValueError(f"the idle window must be positive, got {seconds}")
+    with exclusive(settings.run_lock, "the stack"):
+        return _measure_idle(settings, seconds=seconds, debezium=debezium, say=say)
+
+
+def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Say) -> dict[str, Any]:
+    stack = NativeStack(settings)
+    stack.up()
+    web = None
+    started: list[str] = []
+    try:
+        web = _start_web(settings)
+        roots = {k: v for k, v in stack.participants().items() if k in SERVICES}
+        roots["web"] = [web]
+        if debezium:
+            for sink, service in stack.debezium.items():
+                say(f"idle baseline: starting debezium-{sink}")
+                service.start()
+                started.append(sink)
+                roots[f"debezium-{sink}"] = service.processes()
+        say(f"idle baseline: sampling {', '.join(roots)} for {seconds:.0f} s")
+        window = sample_idle(settings, roots, seconds, settle=min(1.0, seconds / 10))
+    finally:
+        if web is not None and web.poll() is None:
+            web.terminate()
+            with contextlib.suppress(psutil.TimeoutExpired):
+                web.wait(10)
+        for sink in started:
+            with contextlib.suppress(Exception):
+                stack.stop_debezium(sink)
+    span = window["window_s"]
+    parts = window["participants"]
+    return {
+        "measured_at": datetime.now(UTC).isoformat(),
+        "seconds": round(span, 3),
+        "cpu_s_per_s": {n: round(v["cpu_s"] / span, 6) for n, v in parts.items()},
+        "rss_mb": {n: v["rss_mb_mean"] for n, v in parts.items()},
+        "host_busy_s_per_s": round(window["host_busy_cpu_s"] / span, 6),
+        "unattributed_s_per_s": round(window["unattributed_cpu_s"] / span, 6),
+    }
+
+
+def idle_rates_for(record: Mapping[str, Any], *, cdc_sink: str | None) -> dict[str, float]:
+    """The idle CPU rates that apply to a run: the services, the web service, and the Debezium
+    instance the run used (``cdc_sink``; none for direct readers and broker-native runs)."""
+    rates = dict(record.get("cpu_s_per_s") or {})
+    out = {n: float(rates[n]) for n in (*SERVICES, "web") if n in rates}
+    if cdc_sink and f"debezium-{cdc_sink}" in rates:
+        out["debezium"] = float(rates[f"debezium-{cdc_sink}"])
+    return out
+
+
+def net_of_idle(cpu_s: Mapping[str, float], window_s: float, messages: int,
+                rates: Mapping[str, float]) -> dict[str, Any]:
+    """A run's cost without the idle floor: per participant ``max(0, cpu - rate·window)``.
+
+    Returns ``idle_cpu_s`` (what idling would have cost over the window, per participant),
+    ``net_cpu_s`` per participant and ``cpu_ms_per_msg_net`` (the total without ``unattributed``,
+    like ``cpu_ms_per_msg``). A participant is never pushed below zero.
+    """
+    if window_s <= 0 or messages <= 0:
+        raise ValueError("window_s and messages must be positive")
+    idle = {n: r * window_s for n, r in rates.items() if n in cpu_s}
+    net = {n: max(0.0, v - idle.get(n, 0.0)) for n, v in cpu_s.items() if n != "unattributed"}
+    return {
+        "idle_cpu_s": {n: round(v, 4) for n, v in idle.items()},
+        "net_cpu_s": {n: round(v, 4) for n, v in net.items()},
+        "cpu_ms_per_msg_net": round(sum(net.values()) * 1000 / messages, 4),
+    }

@@ -1,0 +1,308 @@
+"""The study as a series of runs: profiles, the plan, and a resumable executor.
+
+A plan is a list of :class:`~lab.scenario.Scenario`: a warm-up run first (kafka c1, marked
+``warmup``), then every cell pipeline x N (x repeats, optionally shuffled with a recorded seed),
+then a drift probe (the first measured cell again, marked ``warmup`` with label ``drift``), as in
+the reference sweep (method.md §9.4, §10.14). The warm-up is 20 % of M as in the reference, but
+outside ``smoke`` at least 5,000 messages: at M = 5,000 a 1,000-message warm-up left the JVMs
+cold, and the first kafka cell 29 % above the drift probe.
+
+Every run of a series is stored with ``series_id`` (and its position ``series_index``) in its
+run.json. Re-running a series skips each cell that already has a successful run with the same
+scenario in that series (counting repeats), unless ``force``; so an interrupted series resumes
+where it stopped, and a failed cell is retried.
+
+Example::
+
+    plan = series.plan("quick", seed=7)
+    results = asyncio.run(series.run_series(plan, settings, series_id="quick-s7"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from lab.measure.idle import measure_idle
+from lab.results import iter_runs, read_idle, write_idle
+from lab.scenario import PIPELINE_NAMES, Scenario
+from lab.settings import Settings
+from lab.stack.proc import exclusive
+
+log = logging.getLogger(__name__)
+
+ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order (method.md §9.1)
+# The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it (issue 6).
+CONSUMERS = (1, 2, 4, 8, 12, 16)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How big a series is. ``quick`` is the default; ``full`` is the reference bench."""
+
+    name: str
+    messages: int
+    senders: int
+    consumers: tuple[int, ...]
+    cooldown_s: float
+    repeats: int
+    warmup_messages: int
+    description: str
+    idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
+    seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("smoke", 300, 20, (1, 2), 0.0, 1, 60,
+                "tests: tiny runs, numbers are noise (minutes)", idle_s=3.0),
+        Profile("quick", 5000, 200, CONSUMERS, 5.0, 1, 5000,
+                "the whole matrix, N up to 16, at 5,000 messages (about 15 min on 2 shared cores)"),
+        Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
+                "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
+                "3 repeats in shuffled order (hours)", seed=1),
+    )
+}
+
+
+def profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}") from None
+
+
+def available_pipelines() -> list[str]:
+    """The registered pipelines, in the reference order."""
+    from lab.pipelines import PIPELINES
+
+    return [p for p in ORDER if p in PIPELINES]
+
+
+def parse_pipelines(text: str | Sequence[str] | None) -> list[str] | None:
+    """``"wal,kafka"`` → ``["wal", "kafka"]``; empty → None (every registered pipeline)."""
+    names = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text or [])
+    names = [p for p in names if p]
+    for name in names:
+        if name not in PIPELINE_NAMES:
+            raise ValueError(f"unknown pipeline {name!r}: choose from {', '.join(PIPELINE_NAMES)}")
+    return names or None
+
+
+def matrix(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int],
+           repeats: int = 1, seed: int | None = None) -> list[Scenario]:
+    """Every pipeline x N (x repeats) on ``base``; shuffled when ``seed`` (recorded in each) is set.
+
+    ``seed`` None or 0 keeps the reference order, so a stored ``seed`` of 0 means "not shuffled".
+    """
+    cells = [
+        base.replace(pipeline=p, consumers=n, seed=seed or 0)
+        for _ in range(repeats) for p in pipelines for n in consumers
+    ]
+    if seed:
+        random.Random(seed).shuffle(cells)
+    return cells
+
+
+def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = None,
+         pipelines: Sequence[str] | None = None, rate: float = 0.0) -> list[Scenario]:
+    """The series for profile ``name``: warm-up, the matrix, drift probe.
+
+    ``rate > 0`` makes every measured cell (and the drift probe) open-loop at ``rate`` msg/s
+    (latency mode, :mod:`lab.measure.latency`); the warm-up stays closed-loop.
+
+    ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
+    shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
+    profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
+    ``pipelines`` defaults to every registered one, in the reference order.
+    """
+    prof = profile(name)
+    pipes = list(pipelines or available_pipelines())
+    if not pipes:
+        raise ValueError("no pipeline to run")
+    if repeats is not None and repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not seed:  # the profile's; repeats are shuffled so that drift spreads over the cells
+        seed = prof.seed or (1 if (repeats or prof.repeats) > 1 else 0)
+    base = Scenario(messages=prof.messages, senders=prof.senders, cooldown_s=prof.cooldown_s)
+    if rate < 0:
+        raise ValueError(f"rate must not be negative, got {rate}")
+    cells = matrix(base.replace(rate=float(rate)), pipelines=pipes, consumers=prof.consumers,
+                   repeats=repeats or prof.repeats, seed=seed)
+    first = "kafka" if "kafka" in pipes else pipes[0]
+    warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
+                          messages=prof.warmup_messages)
+    drift = cells[0].replace(warmup=True, label="drift")
+    return [warmup, *cells, drift]
+
+
+def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,
+                      pipelines: Sequence[str] | None = None, rate: float = 0.0) -> str:
+    """A stable id, so that running the same series again resumes it (``-rate500``: open loop)."""
+    parts = [name]
+    if repeats is not None and repeats != profile(name).repeats:
+        parts.append(f"r{repeats}")
+    if seed:
+        parts.append(f"s{seed}")
+    if pipelines and list(pipelines) != available_pipelines():
+        parts.append("+".join(pipelines))
+    if rate:
+        parts.append(f"rate{rate:g}")
+    return "-".join(parts)
+
+
+def cell_label(s: Scenario) -> str:
+    tag = f" {s.label}" if s.label else (" warmup" if s.warmup else "")
+    return f"{s.pipeline} c{s.consumers}{tag}"
+
+
+@dataclass
+class Step:
+    """A progress event of :func:`run_series`.
+
+    ``status``: ``idle`` (the idle baseline is being measured; ``index`` is -1), ``start`` (a run begins), ``phase`` (the run moved on; ``phase`` says where),
+    ``skipped`` (a successful run exists) or ``done`` (``result`` is the run.json content).
+    """
+
+    index: int
+    total: int
+    scenario: Scenario
+    status: str
+    phase: str = ""
+    result: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def cell(self) -> str:
+        return cell_label(self.scenario)
+
+
+def _existing(series_id: str, settings: Settings) -> dict[Scenario, list[dict[str, Any]]]:
+    """Successful runs of this series, per scenario, oldest first."""
+    out: dict[Scenario, list[dict[str, Any]]] = defaultdict(list)
+    names = set(Scenario.field_names())
+    for run in sorted(iter_runs(settings=settings), key=lambda r: str(r.get("started_at"))):
+        if run.get("series_id") != series_id or not run.get("success"):
+            continue
+        params = run.get("scenario") or {}
+        if not set(params) <= names:
+            continue  # stored by another version of Scenario: not the same cell
+        # a field added later takes its default (e.g. producer="web" for runs stored before it)
+        try:
+            out[Scenario(**params)].append(run)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+async def run_series(
+    plan: Sequence[Scenario], settings: Settings, *, series_id: str, force: bool = False,
+    progress: Callable[[Step], None] | None = None, idle_s: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Run every scenario of ``plan`` in order; return each one's run.json content.
+
+    Resumable: a scenario with a successful run in ``series_id`` is skipped (its stored result
+    is returned) unless ``force``. Failed runs are stored and the series goes on.
+    ``idle_s > 0``: first the idle baseline (:func:`lab.measure.idle.measure_idle`) over that many
+    seconds, stored with the series (kept when resuming, measured again with ``force``); every
+    run then carries its cost without it.
+    """
+    if idle_s < 0:
+        raise ValueError(f"idle_s must not be negative, got {idle_s}")
+    with exclusive(settings.run_lock, "the stack"):
+        return await _run_series(plan, settings, series_id=series_id, force=force, progress=progress,
+                                 idle_s=idle_s)
+
+
+async def _run_series(
+    plan: Sequence[Scenario], settings: Settings, *, series_id: str, force: bool,
+    progress: Callable[[Step], None] | None, idle_s: float,
+) -> list[dict[str, Any]]:
+    from lab.runner import run_scenario
+
+    report = progress or (lambda step: None)
+    idle = None
+    if idle_s > 0 and plan:
+        idle = None if force else read_idle(series_id, settings=settings)
+        if idle is None:
+            report(Step(-1, len(plan), plan[0], "idle"))
+            idle = await asyncio.to_thread(measure_idle, settings, seconds=idle_s,
+                                           say=lambda line: log.info("%s", line))
+            write_idle(series_id, idle, settings=settings)
+        log.info("idle baseline (cpu s/s): %s", idle["cpu_s_per_s"])
+    done = {} if force else _existing(series_id, settings)
+    seen: Counter[Scenario] = Counter()
+    results = []
+    total = len(plan)
+    for i, scenario in enumerate(plan):
+        k = seen[scenario]
+        seen[scenario] += 1
+        if k < len(done.get(scenario, ())):
+            result = done[scenario][k]
+            log.info("[%d/%d] %s: skipped, done in run %s", i + 1, total, cell_label(scenario),
+                     result["run_id"])
+            report(Step(i, total, scenario, "skipped", result=result))
+            results.append(result)
+            continue
+        report(Step(i, total, scenario, "start"))
+
+        def on_phase(phase: str, info: dict[str, Any], i: int = i, s: Scenario = scenario) -> None:
+            report(Step(i, total, s, "phase", phase=phase))
+
+        result = await run_scenario(scenario, settings, progress=on_phase, idle=idle,
+                                    meta={"series_id": series_id, "series_index": i})
+        log.info("[%d/%d] %s: %s", i + 1, total, cell_label(scenario), outcome(result))
+        report(Step(i, total, scenario, "done", result=result))
+        results.append(result)
+    return results
+
+
+def failed_cells(series_id: str, settings: Settings) -> list[str]:
+    """Cells of a series whose every run failed (a cell retried successfully is not listed)."""
+    ok: set[tuple[Any, ...]] = set()
+    bad: dict[tuple[Any, ...], str] = {}
+    for run in iter_runs(settings=settings):
+        if run.get("series_id") != series_id:
+            continue
+        s = run.get("scenario") or {}
+        key = tuple(sorted((k, str(v)) for k, v in s.items()))
+        if run.get("success"):
+            ok.add(key)
+        else:
+            bad[key] = f"{s.get('pipeline')} c{s.get('consumers')}{' ' + s['label'] if s.get('label') else ''}"
+    return sorted(label for key, label in bad.items() if key not in ok)
+
+
+def outcome(result: dict[str, Any]) -> str:
+    """One line: ``1.234 ms CPU/msg`` or ``FAILED: <error>``."""
+    if result.get("success"):
+        return f"{result['cpu_ms_per_msg']:.3f} ms CPU/msg in {result['window_s']:.1f} s"
+    return f"FAILED: {result.get('error')}"
+
+
+def plan_table(plan: Sequence[Scenario]) -> pd.DataFrame:
+    """The plan as a table: one row per run, in order."""
+    cols = ["pipeline", "consumers", "messages", "senders", "cooldown_s", "warmup", "label", "seed"]
+    return pd.DataFrame([{c: getattr(s, c) for c in cols} for s in plan])
+
+
+def outcome_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """What a series did: one row per run (run id, cell, success, ms CPU/msg, window, error)."""
+    rows = []
+    for r in results:
+        s = r.get("scenario", {})
+        rows.append({
+            "run_id": r.get("run_id"), "pipeline": s.get("pipeline"),
+            "consumers": s.get("consumers"),
+            "messages": s.get("messages"), "warmup": s.get("warmup"), "label": s.get("label"),
+            "success": r.get("success"), "cpu_ms_per_msg": r.get("cpu_ms_per_msg"),
+            "window_s": r.get("window_s"), "error": r.get("error"),
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,286 @@
+"""The closed-loop HTTP senders of a run (method.md §3): S tasks that POST exactly M messages.
+
+Run as its own measured process::
+
+    python -m lab.workload.senders --url http://127.0.0.1:28080 --messages 100000 --senders 200 \\
+        --start-file RUN/start --out RUN/senders.json
+
+Faithful to the reference: one shared keep-alive session with ``senders + 16`` connections, body
+``{"content":"helloworld"}``, 30 s timeout, **no retries** and no warm-up request (connections are
+opened by the first real sends). A 2xx response counts as sent, anything else (status or exception)
+as send_failed. The window starts at the wall-clock time of the first successful completion.
+
+Start gate: the process polls for ``--start-file`` every 20 ms (one ``stat`` per tick, nothing
+else runs before the gate) and starts sending once it exists; the runner creates the file when the
+consumers are ready. The measured process is silent: no progress output; ``--progress PATH``
+optionally rewrites a tiny JSON counter file at most once per second. The result is written once,
+atomically (temp file + rename), to ``--out``, also when every send failed or the run crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import time
+from array import array
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+BODY = b'{"content":"helloworld"}'
+HEADERS = {"Content-Type": "application/json"}
+SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")  # like .NET HttpClient's bare request
+TIMEOUT_S = 30.0
+GATE_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What one senders run did; times are epoch s (``*_at``) or CLOCK_MONOTONIC (``*_mono``)."""
+
+    url: str
+    messages: int
+    senders: int
+    sent: int
+    send_failed: int
+    rate: float = 0.0  # 0: closed loop; > 0: open loop at this many msg/s
+    gate_opened_at: float | None = None
+    first_send_at: float | None = None  # window start: first successful send completion
+    last_send_at: float | None = None
+    first_send_mono: float | None = None
+    last_send_mono: float | None = None
+    send_p50_ms: float | None = None
+    send_p95_ms: float | None = None
+    send_max_ms: float | None = None
+    cpu_s: float | None = None  # this process's CPU from the gate to the end (self-reported)
+    first_error: str | None = None
+    error: str | None = None  # set when the run itself crashed
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.send_failed == 0 and self.sent == self.messages
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def load(cls, path: Path) -> SendResult:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+class Tally:
+    """Counters of a send phase, shared by its tasks (one event loop, no locks)."""
+
+    __slots__ = ("failed", "first_error", "first_mono", "first_wall", "last_mono", "last_wall",
+                 "latency", "next_id", "remaining", "sent")
+
+    def __init__(self, messages: int) -> None:
+        self.remaining, self.next_id = messages, 0
+        self.sent = self.failed = 0
+        self.first_wall = self.last_wall = self.first_mono = self.last_mono = None
+        self.first_error: str | None = None
+        self.latency = array("d")
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000, 3)
+
+
+async def _send(post: Any, target: str, t: Tally, t0: float) -> None:
+    """One POST, never retried; latency is measured from ``t0`` (start, or due time)."""
+    clock = time.monotonic
+    try:
+        async with post(target, data=BODY) as resp:
+            await resp.read()
+            ok = 200 <= resp.status < 300
+            if not ok and t.first_error is None:
+                t.first_error = f"HTTP {resp.status}"
+    except Exception as e:  # any failure is a failed send, never retried
+        ok = False
+        if t.first_error is None:
+            t.first_error = f"{type(e).__name__}: {e}"
+    t1 = clock()
+    if ok:
+        t.sent += 1
+        t.latency.append(t1 - t0)
+        t.last_mono, t.last_wall = t1, time.time()
+        if t.first_mono is None:
+            t.first_mono, t.first_wall = t1, t.last_wall
+    else:
+        t.failed += 1
+
+
+async def _closed_loop(session: aiohttp.ClientSession, target: str, t: Tally) -> None:
+    post, clock = session.post, time.monotonic
+    while t.remaining > 0:
+        t.remaining -= 1
+        await _send(post, target, t, clock())
+
+
+async def _open_loop(session: aiohttp.ClientSession, target: str, t: Tally, rate: float) -> None:
+    """Start message i at ``start + i / rate`` whatever the responses do (latency mode).
+
+    Latency counts from the due time, so waiting for a free connection (at most
+    ``senders + 16``) is included and a slow server cannot hide behind a slower schedule.
+    """
+    post, clock, inflight = session.post, time.monotonic, set()
+    start, i = clock(), 0
+    while t.remaining > 0:
+        due = start + i / rate
+        delay = due - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t.remaining -= 1
+        i += 1
+        task = asyncio.create_task(_send(post, target, t, due))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+    await asyncio.gather(*inflight)
+
+
+async def _progress(path: Path, t: Tally) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    while True:
+        await asyncio.sleep(1.0)
+        tmp.write_bytes(b'{"sent":%d,"send_failed":%d}' % (t.sent, t.failed))
+        tmp.replace(path)
+
+
+async def run_senders(
+    url: str, messages: int, senders: int, gate: asyncio.Event | None = None,
+    *, rate: float = 0.0, progress: Path | None = None,
+) -> SendResult:
+    """POST exactly ``messages`` times to ``url``/load/messages from ``senders`` closed loops.
+
+    Waits for ``gate`` (if given) before the first request; no request is made before it.
+    ``rate > 0`` switches to open-loop sends at ``rate`` msg/s over ``senders + 16`` connections.
+    """
+    target = url.rstrip("/") + "/load/messages"
+    t = Tally(messages)
+    connector = aiohttp.TCPConnector(limit=senders + 16, limit_per_host=0, keepalive_timeout=60)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=HEADERS,
+        skip_auto_headers=SKIP_HEADERS,
+    ) as session:
+        if gate is not None:
+            await gate.wait()
+        work = (_open_loop(session, target, t, rate) if rate > 0 else
+                asyncio.gather(*(_closed_loop(session, target, t) for _ in range(senders))))
+        gate_at, cpu = await send_phase(t, progress, work)
+    return tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
+
+
+async def send_phase(t: Tally, progress: Path | None, work: Awaitable[Any]) -> tuple[float, float]:
+    """Await ``work`` (the gate is open), rewriting the ``progress`` file each second;
+    returns (epoch time the phase began, this process's CPU seconds during it)."""
+    gate_at, cpu0 = time.time(), _cpu_s()
+    ticker = asyncio.create_task(_progress(progress, t)) if progress else None
+    try:
+        await work
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+    return gate_at, _cpu_s() - cpu0
+
+
+def tally_result(t: Tally, *, url: str, messages: int, senders: int, rate: float = 0.0,
+                 gate_at: float, cpu: float) -> SendResult:
+    """The :class:`SendResult` of a finished send phase."""
+    lat = sorted(t.latency)
+    return SendResult(
+        url=url, messages=messages, senders=senders, sent=t.sent, send_failed=t.failed, rate=rate,
+        gate_opened_at=gate_at, first_send_at=t.first_wall, last_send_at=t.last_wall,
+        first_send_mono=t.first_mono, last_send_mono=t.last_mono,
+        send_p50_ms=_quantile(lat, 0.50) if lat else None,
+        send_p95_ms=_quantile(lat, 0.95) if lat else None,
+        send_max_ms=round(lat[-1] * 1000, 3) if lat else None,
+        cpu_s=round(cpu, 4), first_error=t.first_error,
+    )
+
+
+async def _wait_for_file(path: Path, gate: asyncio.Event) -> None:
+    # A 20 ms stat() poll: nothing to wait on across processes, and it ends before the window.
+    while not path.exists():  # noqa: ASYNC110, ASYNC240 - one stat() per tick
+        await asyncio.sleep(GATE_POLL_S)
+    gate.set()
+
+
+def write_result(result: SendResult, out: Path) -> None:
+    """Write ``result`` as JSON to ``out`` atomically (temp file in the same dir + rename)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result.to_json(), indent=1))
+    tmp.replace(out)
+
+
+async def gated(start_file: Path | None, work: Callable[[asyncio.Event | None], Awaitable[SendResult]],
+                failed: Callable[[str], SendResult]) -> SendResult:
+    """``work(gate)`` with a gate that opens once ``start_file`` exists (None: no gate); a crash
+    becomes ``failed(error)``, because the result file must exist whatever happened."""
+    gate = waiter = None
+    if start_file is not None:
+        gate = asyncio.Event()
+        waiter = asyncio.create_task(_wait_for_file(start_file, gate))
+    try:
+        return await work(gate)
+    except Exception as e:
+        return failed(f"{type(e).__name__}: {e}")
+    finally:
+        if waiter is not None:
+            waiter.cancel()
+
+
+def add_gate_options(p: argparse.ArgumentParser) -> None:
+    """``--start-file``, ``--out`` and ``--progress``: the protocol with the runner."""
+    p.add_argument("--start-file", type=Path, default=None, help="start once this file exists")
+    p.add_argument("--out", type=Path, required=True, help="result JSON, written atomically")
+    p.add_argument("--progress", type=Path, default=None,
+                   help="counter file, rewritten each second")
+
+
+def run_and_write(main: Callable[[], Awaitable[SendResult]], out: Path) -> int:
+    """Run ``main()`` on uvloop, write its result to ``out``; the process's exit status."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
+        result = r.run(main())
+    write_result(result, out)
+    return 0 if result.error is None else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.workload.senders", description=__doc__.split("\n")[0])
+    p.add_argument("--url", required=True, help="web service base URL, e.g. http://127.0.0.1:28080")
+    p.add_argument("--messages", type=int, required=True)
+    p.add_argument("--senders", type=int, default=200)
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="open-loop msg/s (latency mode); default 0 = closed loop")
+    add_gate_options(p)
+    a = p.parse_args(argv)
+    if a.messages < 0 or a.senders < 1 or a.rate < 0:
+        p.error("--messages and --rate must be >= 0, --senders >= 1")
+    return run_and_write(lambda: gated(
+        a.start_file,
+        lambda gate: run_senders(a.url, a.messages, a.senders, gate, rate=a.rate, progress=a.progress),
+        lambda error: SendResult(url=a.url, messages=a.messages, senders=a.senders, sent=0,
+                                 send_failed=0, rate=a.rate, error=error),
+    ), a.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Report helpers (tables of one run, HTML export, output files) and the control checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from lab.study import control, report
+from lab.results import new_report_id, report_dir
+from lab.settings import Settings
+
+RESULT = {
+    "run_id": "r1", "success": True, "error": None, "window_s": 2.0, "cpu_ms_per_msg": 4.0,
+    "scenario": {"pipeline": "wal", "consumers": 2, "messages": 1000},
+    "cpu_s": {"postgres": 2.0, "web": 1.5, "consumers": 0.5, "unattributed": 9.0},
+    "mem_mb": {"postgres": 300.0, "web": 60.0, "consumers": 120.0},
+    "counters": {"sent": 1000, "processed": 1000, "skipped": 1000, "claims_min": 400, "claims_max": 600},
+    "consumers": [{"index": 0, "processed": 600, "skipped": 400, "cpu_s": 0.3},
+                  {"index": 1, "processed": 400, "skipped": 600, "cpu_s": 0.2}],
+}
+
+
+def test_participant_table_excludes_unattributed_from_the_total() -> None:
+    t = report.participant_table(RESULT)
+    assert list(t.index) == ["postgres", "web", "consumers", "unattributed", "total"]
+    assert t.loc["total", "cpu_s"] == 4.0 and t.loc["total", "ms_per_msg"] == 4.0  # = cpu_ms_per_msg
+    assert t.loc["postgres", "share_pct"] == 50.0 and pd.isna(t.loc["unattributed", "share_pct"])
+    assert t.loc["web", "ms_per_msg"] == 1.5
+
+
+def test_run_and_consumer_tables() -> None:
+    run = report.run_table(RESULT)
+    assert run.loc["msg_per_s", "r1"] == 500.0 and run.loc["skipped", "r1"] == 1000
+    assert report.consumer_table(RESULT)["processed"].sum() == 1000
+
+
+def test_html_export_hides_code_and_keeps_outputs(tmp_path: Path) -> None:
+    cell = new_code_cell("secret_code_line = 1", outputs=[
+        new_output("display_data", data={"text/html": "<table><tr><td>headline-cell</td></tr></table>"})])
+    nb = new_notebook(cells=[new_markdown_cell("# A title"), cell])
+    nbformat.write(nb, tmp_path / "a.ipynb")
+    html = report.export_html(tmp_path / "a.ipynb", tmp_path / "a.html", title="t").read_text()
+    assert "headline-cell" in html and "A title" in html and "secret_code_line" not in html
+
+
+def test_outputs_go_to_the_report_folder_only_when_one_is_given(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.subplots().plot([1, 2], [3, 4])
+    report.save_figure(fig, tmp_path, "f")
+    report.save_table(pd.DataFrame({"a": [1]}), tmp_path, "t")
+    report.save_figure(fig, "", "nowhere")
+    report.save_table(pd.DataFrame({"a": [1]}), "", "nowhere")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "f.svg", "t.csv"]
+    rid = new_report_id("quick")
+    assert rid.endswith("Z-quick") and report_dir(rid, Settings().replace(data_dir=tmp_path)) == tmp_path / "reports" / rid
+
+
+def _control_runs(rates: dict[tuple[str, int], float]) -> pd.DataFrame:
+    return pd.DataFrame([{"pipeline": p, "consumers": n, "messages": 3000, "window_s": 3000 / r,
+                          "success": True, "work_delay_ms": 15.0} for (p, n), r in rates.items()])
+
+
+def test_control_checks_pass_on_linear_equal_transports_and_fail_otherwise() -> None:
+    good = {(p, n): n * 62.0 * f for p, f in (("kafka", 1.0), ("rabbitmq", 1.03), ("wal", 0.98)) for n in (2, 4, 8)}
+    table = control.throughput(_control_runs(good))
+    assert table.loc[0, "ideal"] == pytest.approx(2 * 1000 / 15)
+    assert control.checks(table)["ok"].all()
+    bad = dict(good) | {("wal", 8): 8 * 30.0}  # wal stops scaling at 8
+    checks = control.checks(control.throughput(_control_runs(bad)))
+    assert set(checks.loc[~checks["ok"], "subject"]) == {"wal", "N=8"}
+    assert control.figure(table, None, work_delay_ms=15.0).axes
+
+
+def test_exported_settings_reach_children_and_are_restored() -> None:
+    from lab.settings import exported
+
+    before = Settings.from_env()
+    other = before.replace(pg_port=before.pg_port + 1234, stack_dir=Path("/tmp/elsewhere"))
+    with exported(other):
+        seen = Settings.from_env()  # what a child process (the notebook kernel) would read
+        assert (seen.pg_port, seen.stack_dir) == (other.pg_port, Path("/tmp/elsewhere"))
+    assert Settings.from_env() == before

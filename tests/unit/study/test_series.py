@@ -1,0 +1,183 @@
+"""The series plan and its resume logic (no services: stored runs are written by hand)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lab.runner
+from lab.study import series
+from lab.results import read_idle, write_run
+from lab.scenario import Scenario
+from lab.settings import Settings
+
+
+def test_plan_is_warmup_then_every_cell_then_drift_probe() -> None:
+    plan = series.plan("smoke", pipelines=["kafka", "rabbitmq", "wal", "wal-sharded"])
+    warm, cells, drift = plan[0], plan[1:-1], plan[-1]
+    assert (warm.pipeline, warm.consumers, warm.messages, warm.warmup, warm.label) == ("kafka", 1, 60, True, "warmup")
+    assert [(s.pipeline, s.consumers) for s in cells] == [
+        (p, n) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for n in (1, 2)]
+    assert not any(s.warmup for s in cells) and {s.messages for s in cells} == {300}
+    assert drift == cells[0].replace(warmup=True, label="drift")
+    assert {s.cooldown_s for s in plan} == {0.0}
+    assert series.plan("full")[0].messages == 20_000  # 20 % of M, as the reference
+    assert series.plan("quick")[0].messages == 5000  # never a cold JVM for the first cell
+
+
+def test_profiles() -> None:
+    quick, full = series.profile("quick"), series.profile("full")
+    assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 2, 4, 8, 12, 16))
+    assert (full.messages, full.senders, full.cooldown_s, full.repeats) == (100_000, 200, 20.0, 3)
+    assert full.consumers == quick.consumers and max(full.consumers) == 16  # measured, not extrapolated
+    assert quick.idle_s == full.idle_s == 30.0
+    full_plan = series.plan("full", pipelines=["wal", "kafka"])
+    assert len(full_plan) == 1 + 2 * 6 * 3 + 1
+    assert {s.seed for s in full_plan} == {1}  # repeats are shuffled, with the seed recorded
+    with pytest.raises(ValueError, match="unknown profile"):
+        series.plan("huge")
+
+
+def test_seed_shuffles_reproducibly_and_is_recorded() -> None:
+    pipes = ["kafka", "rabbitmq", "wal", "wal-sharded"]
+    plain = series.plan("quick", pipelines=pipes)
+    a, b = series.plan("quick", seed=7, pipelines=pipes), series.plan("quick", seed=7, pipelines=pipes)
+    assert a == b and {s.seed for s in a} == {7} and {s.seed for s in plain} == {0}
+    cells = lambda p: [(s.pipeline, s.consumers) for s in p[1:-1]]  # noqa: E731
+    assert cells(a) != cells(plain) and Counter(cells(a)) == Counter(cells(plain))
+    assert a[-1] == a[1].replace(warmup=True, label="drift")  # the first cell as run
+
+
+def test_repeats_pipelines_and_series_ids() -> None:
+    plan = series.plan("smoke", repeats=2, pipelines=["wal"])
+    assert Counter((s.pipeline, s.consumers) for s in plan[1:-1]) == {("wal", 1): 2, ("wal", 2): 2}
+    assert {s.seed for s in plan} == {1}  # more than one repeat and no seed given: shuffled with seed 1
+    assert {s.seed for s in series.plan("smoke", pipelines=["wal"])} == {0}  # one repeat: reference order
+    assert plan[0].pipeline == "wal"  # no kafka: the warm-up runs on the first pipeline
+    assert series.default_series_id("quick") == "quick"
+    assert series.default_series_id("quick", repeats=3, seed=5, pipelines=["wal"]) == "quick-r3-s5-wal"
+    assert series.parse_pipelines(" wal, kafka ,") == ["wal", "kafka"] and series.parse_pipelines("") is None
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        series.parse_pipelines("wal,nats")
+
+
+def _stored(settings: Settings, s: Scenario, sid: str, *, ok: bool, stamp: str) -> dict[str, Any]:
+    run = {"run_id": f"{stamp}-{s.pipeline}-c{s.consumers}", "started_at": stamp, "scenario": s.as_parameters(),
+           "success": ok, "error": None if ok else "boom", "cpu_ms_per_msg": 1.0, "window_s": 1.0,
+           "series_id": sid}
+    write_run(run, settings=settings)
+    return run
+
+
+def test_run_series_skips_what_succeeded_in_this_series_and_reruns_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    cells = series.matrix(Scenario(messages=300, senders=20, cooldown_s=0.0), pipelines=["wal"],
+                          consumers=(1, 2), repeats=2)  # c1, c2, c1, c2 in this order
+    plan = [cells[0].replace(warmup=True, label="warmup"), *cells, cells[0].replace(warmup=True, label="drift")]
+    done = _stored(settings, plan[1], "s1", ok=True, stamp="2026-01-01T00")  # first wal c1
+    _stored(settings, plan[2], "s1", ok=False, stamp="2026-01-01T01")  # a failed wal c2: retried
+    _stored(settings, plan[2], "other", ok=True, stamp="2026-01-01T02")  # another series: not ours
+    ran: list[tuple[Scenario, dict[str, Any]]] = []
+
+    async def recorder(scenario: Scenario, settings: Settings, *, progress: Any = None,
+                       meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None) -> dict[str, Any]:
+        ran.append((scenario, {**(meta or {}), "idle": idle}))
+        return {"run_id": f"new-{len(ran)}", "scenario": scenario.as_parameters(), "success": True,
+                "cpu_ms_per_msg": 2.0, "window_s": 1.0, **(meta or {})}
+
+    monkeypatch.setattr(lab.runner, "run_scenario", recorder)
+    steps: list[series.Step] = []
+    results = asyncio.run(series.run_series(plan, settings, series_id="s1", progress=steps.append))
+    assert results[1]["run_id"] == done["run_id"]  # skipped: its stored result comes back
+    assert [m["series_index"] for _, m in ran] == [0, 2, 3, 4, 5]  # the second wal c1 is a repeat: runs
+    assert {m["series_id"] for _, m in ran} == {"s1"}
+    assert [s.status for s in steps if s.status != "start"] == ["done", "skipped", "done", "done", "done", "done"]
+    assert {m["idle"] for _, m in ran} == {None}  # no idle baseline asked for
+    ran.clear()
+    asyncio.run(series.run_series(plan, settings, series_id="s1", force=True))
+    assert len(ran) == len(plan)
+
+
+def test_run_series_measures_the_idle_baseline_once_and_hands_it_to_every_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    plan = series.plan("smoke", pipelines=["wal"])
+    measured: list[float] = []
+    got: list[Any] = []
+
+    def fake_idle(settings: Settings, *, seconds: float, say: Any = None) -> dict[str, Any]:
+        measured.append(seconds)
+        return {"measured_at": "t", "seconds": seconds, "cpu_s_per_s": {"postgres": 0.001}, "rss_mb": {}}
+
+    async def recorder(scenario: Scenario, settings: Settings, *, progress: Any = None,
+                       meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None) -> dict[str, Any]:
+        got.append(idle)
+        return {"run_id": f"r{len(got)}", "scenario": scenario.as_parameters(), "success": False, **(meta or {})}
+
+    monkeypatch.setattr(series, "measure_idle", fake_idle)
+    monkeypatch.setattr(lab.runner, "run_scenario", recorder)
+    steps: list[series.Step] = []
+    asyncio.run(series.run_series(plan, settings, series_id="i1", idle_s=4.0, progress=steps.append))
+    assert measured == [4.0] and steps[0].status == "idle"
+    assert read_idle("i1", settings=settings)["cpu_s_per_s"] == {"postgres": 0.001}
+    assert len(got) == len(plan) and all(g is not None and g["seconds"] == 4.0 for g in got)
+    asyncio.run(series.run_series(plan, settings, series_id="i1", idle_s=4.0))  # resumed: kept
+    assert measured == [4.0]
+    asyncio.run(series.run_series(plan, settings, series_id="i1", idle_s=4.0, force=True))  # forced: again
+    assert measured == [4.0, 4.0]
+
+
+def test_outcome_lines() -> None:
+    assert series.outcome({"success": True, "cpu_ms_per_msg": 1.23456, "window_s": 3.0}).startswith("1.235 ms")
+    assert series.outcome({"success": False, "error": "boom"}) == "FAILED: boom"
+
+
+def test_failed_cells_lists_only_cells_that_never_succeeded(tmp_path: Path) -> None:
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    base = Scenario(messages=300, senders=20, cooldown_s=0.0)
+    wal1, wal2, kafka1 = base, base.replace(consumers=2), base.replace(pipeline="kafka")
+    _stored(settings, wal1, "f", ok=False, stamp="2026-01-01T00")
+    _stored(settings, wal1, "f", ok=True, stamp="2026-01-01T01")  # retried: fine now
+    _stored(settings, wal2, "f", ok=False, stamp="2026-01-01T02")
+    _stored(settings, kafka1, "other", ok=False, stamp="2026-01-01T03")  # another series
+    assert series.failed_cells("f", settings) == ["wal c2"]
+    assert series.failed_cells("nothing", settings) == []
+
+
+def test_one_stack_serves_one_lab_process_at_a_time(tmp_path: Path) -> None:
+    """A second series (another process) on the same stack fails at once with one line."""
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from lab.study import series\n"
+        "from lab.settings import Settings\n"
+        "from lab.stack.base import StackError\n"
+        f"s = Settings().replace(data_dir=Path({str(tmp_path)!r}), stack_dir=Path({str(tmp_path / 'stack')!r}))\n"
+        "try:\n"
+        "    asyncio.run(series.run_series([], s, series_id='x'))\n"
+        "except StackError as e:\n"
+        "    print(e); sys.exit(3)\n"
+    )
+    from lab.stack.proc import exclusive
+
+    with exclusive(settings.run_lock, "the stack"):
+        with exclusive(settings.run_lock, "the stack"):  # re-entrant in this process
+            pass
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+        assert other.returncode == 3, other.stderr
+        assert f"in use by another lab process (pid {os.getpid()})" in other.stdout
+    free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert free.returncode == 0, free.stdout + free.stderr  # released: the empty series runs
+    with pytest.raises(ValueError, match="idle_s"):
+        asyncio.run(series.run_series([], settings, series_id="x", idle_s=-1))
