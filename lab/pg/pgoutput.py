@@ -87,6 +87,7 @@ def protocol_version(server_version_num: int) -> int:
 
 
 def format_lsn(lsn: int) -> str:
+    """``0x16B3748`` -> ``'0/16B3748'``, the text form of pg_lsn."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 

@@ -22,8 +22,14 @@ Example (what the runner does)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
+
+import orjson
+import psycopg
+
+from lab.workload.inbox import claim_ids
 
 
 @dataclass(slots=True)
@@ -87,3 +93,47 @@ class Pipeline(Protocol):
 
     async def teardown(self) -> None:
         """Stop the source, drop slots, delete the topic or queue; never raises."""
+
+
+# Shared by the broker pipelines (kafka, rabbitmq) -------------------------------------------
+Row = tuple[int, str, str]  # id, content, created_at
+
+
+def envelope_row(value: bytes) -> Row | None:
+    """The row of a Debezium JSON envelope (no SMT, method.md §10 item 19); None unless it is an
+    insert (``op`` ``c``): deletes, updates and heartbeats are acknowledged without work."""
+    envelope = orjson.loads(value)
+    after = envelope.get("after")
+    if after is None or envelope.get("op") != "c":
+        return None
+    return after["id"], after["content"], after["created_at"]
+
+
+def plain_row(value: bytes) -> Row:
+    """A message the broker-native producer (:mod:`lab.pipelines.producers`) wrote."""
+    m = orjson.loads(value)
+    return m["id"], m["content"], m["createdAt"]
+
+
+def row_parser(producer: str) -> Callable[[bytes], Row | None]:
+    """The parser a consumer's read loop calls, chosen once from ``scenario.producer``."""
+    return plain_row if producer == "direct" else envelope_row
+
+
+async def claim_batch(conn: psycopg.AsyncConnection[Any], batch: list[Item], me: str,
+                      lose: Callable[[Item], None]) -> list[Item]:
+    """One ``inbox`` claim of ``batch`` by message id as ``me``; returns the items won.
+
+    Every other item goes to ``lose`` (the caller acknowledges its position), including the
+    second copy of an id that appears twice in one batch (a redelivery): one claim never leads
+    to two work calls.
+    """
+    won = await claim_ids(conn, [item.id for item in batch], me)
+    mine: list[Item] = []
+    for item in batch:
+        if item.id in won:
+            won.discard(item.id)
+            mine.append(item)
+        else:
+            lose(item)
+    return mine

@@ -56,7 +56,6 @@ import time
 import uuid
 from typing import Any, ClassVar
 
-import orjson
 import psycopg
 from confluent_kafka import (
     Consumer,
@@ -68,8 +67,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from lab.workload.inbox import claim_ids
-from lab.pipelines.base import Item
+from lab.pipelines.base import Item, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
@@ -108,18 +106,6 @@ def names(scenario: Scenario) -> tuple[str, str]:
     if scenario.producer == "direct":
         return DIRECT_TOPIC, DIRECT_GROUP_PREFIX
     return TOPIC, GROUP_PREFIX
-
-
-def _envelope_row(value: bytes) -> tuple[int, str, str] | None:
-    """A Debezium envelope's row, None when it is not an insert."""
-    after = orjson.loads(value).get("after")
-    return None if after is None else (after["id"], after["content"], after["created_at"])
-
-
-def _plain_row(value: bytes) -> tuple[int, str, str]:
-    """A message the broker-native producer wrote."""
-    m = orjson.loads(value)
-    return m["id"], m["content"], m["createdAt"]
 
 
 def _admin(settings: Settings) -> AdminClient:
@@ -296,7 +282,7 @@ class KafkaSource:
         self.topic, prefix = names(scenario)
         self.me = f"{prefix}{index}"
         self._prefix = prefix
-        self._row = _plain_row if scenario.producer == "direct" else _envelope_row
+        self._row = row_parser(scenario.producer)
         self.skipped = 0
         self.db_ops = 0
         self.decoded_bytes = 0
@@ -391,17 +377,8 @@ class KafkaSource:
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._claims is not None
         self.db_ops += 1
-        won = await claim_ids(self._claims, [item.id for item in batch], self.me)
-        mine: list[Item] = []
-        for item in batch:
-            if item.id in won:
-                won.discard(item.id)  # a duplicate inside one batch is worked on once
-                mine.append(item)
-            else:
-                self.skipped += 1
-                part, offset = item.pos
-                part.marks.resolve(offset)
-                self._dirty = True
+        mine = await claim_batch(self._claims, batch, self.me, self.done)  # lost: resolved too
+        self.skipped += len(batch) - len(mine)
         return mine
 
     def done(self, item: Item) -> None:

@@ -53,12 +53,10 @@ from typing import Any, ClassVar
 
 import aio_pika
 import aiormq
-import orjson
 import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
-from lab.workload.inbox import claim_ids
-from lab.pipelines.base import Item
+from lab.pipelines.base import Item, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import StackError
@@ -92,21 +90,6 @@ def consumer_name(index: int, producer: str = "web") -> str:
 
 def queue_name(scenario: Scenario) -> str:
     return DIRECT_QUEUE if scenario.producer == "direct" else QUEUE
-
-
-def _envelope_row(body: bytes) -> tuple[int, str, str] | None:
-    """A Debezium envelope's row, None when it is not an insert."""
-    envelope = orjson.loads(body)
-    after = envelope.get("after")
-    if after is None or envelope.get("op") != "c":
-        return None
-    return after["id"], after["content"], after["created_at"]
-
-
-def _plain_row(body: bytes) -> tuple[int, str, str]:
-    """A message the broker-native producer published."""
-    m = orjson.loads(body)
-    return m["id"], m["content"], m["createdAt"]
 
 
 class RabbitPipeline:
@@ -223,7 +206,7 @@ class RabbitSource:
         self.settings = settings
         self.me = consumer_name(index, scenario.producer)
         self.queue = queue_name(scenario)
-        self._row = _plain_row if scenario.producer == "direct" else _envelope_row
+        self._row = row_parser(scenario.producer)
         self.skipped = 0
         self.db_ops = 0
         self.decoded_bytes = 0
@@ -283,15 +266,8 @@ class RabbitSource:
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._claims is not None
         self.db_ops += 1
-        won = await claim_ids(self._claims, [item.id for item in batch], self.me)
-        mine: list[Item] = []
-        for item in batch:
-            if item.id in won:
-                won.discard(item.id)
-                mine.append(item)
-            else:
-                self.skipped += 1
-                self._ack(item.pos)
+        mine = await claim_batch(self._claims, batch, self.me, self.done)  # lost: acked at once
+        self.skipped += len(batch) - len(mine)
         return mine
 
     def done(self, item: Item) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from lab.pg.pgoutput import format_lsn
+
 CLAIM_IDS = sql.SQL(
     "with claimed as ("
     "insert into inbox (id, consumer) select unnest(%(ids)s::int[]), %(me)s "
@@ -38,11 +40,6 @@ CLAIM_LSNS = sql.SQL(
 )
 
 
-def lsn_text(lsn: int) -> str:
-    """``0x16B3748`` -> ``'0/16B3748'``, the text form of pg_lsn."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
 async def claim_ids(conn: psycopg.AsyncConnection, ids: Sequence[int], me: str) -> set[int]:
     """The subset of ``ids`` this consumer owns after the claim."""
     cur = await conn.execute(CLAIM_IDS, {"ids": list(ids), "me": me}, prepare=False)
@@ -51,6 +48,6 @@ async def claim_ids(conn: psycopg.AsyncConnection, ids: Sequence[int], me: str) 
 
 async def claim_lsns(conn: psycopg.AsyncConnection, lsns: Sequence[int], me: str) -> list[int]:
     """0-based indexes into ``lsns`` of the positions this slot owns after the claim."""
-    params = {"lsns": [lsn_text(x) for x in lsns], "me": me}
+    params = {"lsns": [format_lsn(x) for x in lsns], "me": me}
     cur = await conn.execute(CLAIM_LSNS, params, prepare=False)
     return sorted(row[0] - 1 for row in await cur.fetchall())
