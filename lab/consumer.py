@@ -12,6 +12,12 @@ A non-2xx work call counts as a failure and the item is dropped (no retry, no ac
 Protocol with the runner, through files in ``--run-dir``: ``consumer-<i>.ready`` once reads
 have started; SIGTERM asks it to stop once nothing is pending; ``consumer-<i>.json`` is the
 result, written atomically, also after an error.
+
+Stopping is bounded even when the broker or the database is gone (a client's close may then
+wait for a server that never answers): closing the source may take ``CLOSE_TIMEOUT_S``, and
+``STOP_GRACE_S`` after SIGTERM the process writes its result and exits whatever it was doing;
+a second SIGTERM exits at once. The process also dies with its runner (the runner starts it
+with a parent-death signal, :mod:`lab.stack.children`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +46,8 @@ from lab.scenario import Scenario
 from lab.settings import Settings, get_settings
 
 log = logging.getLogger("lab.consumer")
+STOP_GRACE_S = 5.0  # SIGTERM -> exit, at the latest
+CLOSE_TIMEOUT_S = 3.0  # closing the source (broker and database connections)
 
 
 class Consumer:
@@ -123,18 +133,41 @@ async def _main(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     source = source_for(scenario, settings, args.index, run_dir=run_dir)
     consumer = Consumer(scenario, settings, args.index, source)
+    out = run_dir / f"consumer-{args.index}.json"
+
+    def hard_exit(why: str) -> None:  # from the timer thread or a second signal
+        with contextlib.suppress(Exception):
+            _atomic_write(out, json.dumps(consumer.result(why)).encode())
+        logging.shutdown()
+        os._exit(1)
+
+    def on_stop() -> None:
+        if consumer.stop.is_set():
+            hard_exit("stopped by a second signal")
+        consumer.stop.set()
+        timer = threading.Timer(STOP_GRACE_S, hard_exit, [f"no clean stop within {STOP_GRACE_S:.0f} s"])
+        timer.daemon = True
+        timer.start()
+
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, consumer.stop.set)
-    loop.add_signal_handler(signal.SIGINT, consumer.stop.set)
+    loop.add_signal_handler(signal.SIGTERM, on_stop)
+    loop.add_signal_handler(signal.SIGINT, on_stop)
     error = None
     try:
         await consumer.run(run_dir / f"consumer-{args.index}.ready")
     except Exception as exc:
         log.exception("consumer %d failed", args.index)
         error = f"{type(exc).__name__}: {exc}"
-    finally:
-        await source.close()
-    _atomic_write(run_dir / f"consumer-{args.index}.json", json.dumps(consumer.result(error)).encode())
+    try:
+        await asyncio.wait_for(source.close(), CLOSE_TIMEOUT_S)
+        closed = True
+    except TimeoutError:  # a worker thread may still wait for the gone broker: do not join it
+        log.warning("consumer %d: source did not close within %.0f s", args.index, CLOSE_TIMEOUT_S)
+        closed = False
+    _atomic_write(out, json.dumps(consumer.result(error)).encode())
+    if not closed:
+        logging.shutdown()
+        os._exit(0 if error is None else 1)
     return 0 if error is None else 1
 
 

@@ -33,7 +33,8 @@ import psycopg
 from psycopg import sql
 
 from lab import __version__
-from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.measure import cgroups
+from lab.measure.cgroups import attached, tree_pids
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
@@ -42,8 +43,10 @@ from lab.measure.sampler import Participant, Sampler, Snapshot
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env
 from lab.pg.slots import drop_slots
+from lab.measure.preflight import check_clean
+from lab.stack import children
 from lab.stack.native import NativeStack
-from lab.stack.proc import exclusive, tail
+from lab.stack.proc import exclusive, tail, tied
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, dict[str, Any]], None]
@@ -80,30 +83,20 @@ class Run:
         self.samples: list[dict[str, Any]] = []
         self.latency_ms: dict[str, Any] | None = None  # lab.measure.latency.summarize of this run
         self.latency_from_due_ms: dict[str, Any] | None = None  # open loop only
+        self.home_cgroup = cgroups.current()  # the runner is lent to its group, then moved back
 
     # processes -----------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
-        log_path = self.scratch / f"{name}.log"
-        with open(log_path, "ab") as out:
-            return psutil.Popen(
-                [sys.executable, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=child_env(self.settings), cwd=self.settings.root,
-            )
+        return children.spawn(self.settings, name, [sys.executable, *argv], log_path=self.scratch / f"{name}.log",
+                              env=child_env(self.settings), cwd=self.settings.root)
 
     def participants(self) -> list[Participant]:
         """Everything that does work in a run, each in its own cgroup where one can be made.
 
         The runner counts its own CPU only (its children are other participants).
         """
-        mount = cgroup2_mount()
-        scope = cgroup_scope(self.settings)
-
-        def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> CpuGroup | None:
-            if mount is None:
-                return None
-            g = CpuGroup(mount, name, scope=scope)
-            g.attach(pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
-            return g
+        def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
+            return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
 
         stack = self.stack.participants
         current = stack()
@@ -289,18 +282,15 @@ class Run:
 
     async def cleanup(self) -> None:
         """Stop our processes and the pipeline's source, drop slots; never raises."""
-        for c in self.consumers:
-            if c.poll() is None:
-                with contextlib.suppress(psutil.Error):
-                    c.kill()
+        cgroups.move_to(self.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
+        with contextlib.suppress(psutil.Error):
+            await asyncio.to_thread(children.stop, [c for c in self.consumers if c.poll() is None], timeout=0)
         with contextlib.suppress(Exception):
             await self.pipeline.teardown()
-        for name in ("senders", "web"):
-            p = self.procs.get(name)
-            if p is not None and p.poll() is None:
-                with contextlib.suppress(psutil.Error):
-                    p.terminate()
-                    await asyncio.to_thread(p.wait, 10)
+        ours = [*self.consumers, *self.procs.values()]
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(children.stop, [p for p in ours if p.poll() is None], timeout=10)
+            children.forget(self.settings, ours)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(drop_slots, self.settings.pg_dsn, "load_test_slot")
         if self._http is not None:
@@ -338,7 +328,8 @@ class Run:
             await self.start_consumers()
             self.progress("ready", {})
             await self.pipeline.wait_ready()
-            await self.pipeline.start_source()
+            with tied():  # the run's Debezium dies with this runner, like its other processes
+                await self.pipeline.start_source()
             sampler = Sampler(self.participants())
             sampler.start()
             sent = await self.drain(sampler)
@@ -510,6 +501,7 @@ async def run_scenario(
     stack = NativeStack(settings)
     with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)
+        await asyncio.to_thread(check_clean, settings, stack)
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
         result = await run.execute()
     result.update(meta or {})

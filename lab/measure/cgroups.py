@@ -9,10 +9,15 @@ its parent's ``cutime``. A cgroup counts the scheduler's exact runtime of every 
 process in it, including processes that start and exit inside the window, exactly like the
 container counters the reference read (DESIGN.md §2).
 
-Each participant gets a cgroup ``fanout-lab/<name>`` under the cgroup v2 mount; its processes
-are moved there (children inherit it). No controller is enabled: the cgroup is only a counter
-and limits nothing. Without a writable cgroup v2 mount (not root, no cgroup2), callers fall
-back to process-tree counters.
+Each participant gets a cgroup ``fanout-lab/<scope>/<name>`` under the cgroup v2 mount; its
+processes are moved there (children inherit it). No controller is enabled: the cgroup is only a
+counter and limits nothing. Without a writable cgroup v2 mount (not root, no cgroup2), callers
+fall back to process-tree counters.
+
+Only processes the lab started go into these groups, with one exception: the process that
+runs a run (``lab run``, but also pytest or a Jupyter kernel) is its own participant
+``runner``. It is lent to that group for the window and moved back to the cgroup it came from
+afterwards (:func:`current`, :func:`move_to`), so the caller never stays in the lab's groups.
 """
 
 from __future__ import annotations
@@ -79,6 +84,38 @@ class CpuGroup:
             self.path.rmdir()
 
 
+def attached(settings: Settings, name: str, pids: Iterable[int]) -> CpuGroup | None:
+    """This stack's group ``name`` with ``pids`` moved into it, or None without cgroup v2."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    group = CpuGroup(mount, name, scope=cgroup_scope(settings))
+    group.attach(pids)
+    return group
+
+
+def current(pid: int | None = None) -> Path | None:
+    """The cgroup v2 directory ``pid`` (default: this process) is in, or None."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid or 'self'}/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return mount / line[3:].lstrip("/")
+    return None
+
+
+def move_to(group: Path | None, pid: int | None = None) -> None:
+    """Move ``pid`` (default: this process) back into ``group`` (from :func:`current`)."""
+    if group is None:
+        return
+    try:
+        (group / "cgroup.procs").write_text(str(pid or os.getpid()))
+    except OSError as exc:
+        log.warning("could not move pid %s back into %s: %s", pid or os.getpid(), group, exc)
+
+
 def tree_pids(root_pid: int) -> list[int]:
     """``root_pid`` and all its live descendants, from one pass over ``/proc``."""
     children: dict[int, list[int]] = {}
@@ -103,6 +140,25 @@ def tree_pids(root_pid: int) -> list[int]:
 def cgroup_scope(settings: Settings) -> str:
     """One folder of groups per stack, so a test stack and a user's stack never mix."""
     return "stack-" + hashlib.sha1(str(settings.stack_dir).encode()).hexdigest()[:10]
+
+
+def occupant(settings: Settings, *, services: Iterable[str],
+             ignore: Iterable[int] = ()) -> tuple[str, int] | None:
+    """(group, pid) of a process in one of this stack's groups other than the services' own
+    (``postgres`` …, also as ``idle-postgres``), this process and ``ignore``; None if none."""
+    mount = cgroup2_mount()
+    base = mount / PREFIX / cgroup_scope(settings) if mount is not None else None
+    if base is None or not base.exists():
+        return None
+    keep, skip = set(services), {os.getpid(), *ignore}
+    for path in sorted(p for p in base.iterdir() if p.is_dir()):
+        if path.name.removeprefix("idle-") in keep:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            pids = [int(x) for x in (path / "cgroup.procs").read_text().split() if int(x) not in skip]
+            if pids:
+                return path.name, pids[0]
+    return None
 
 
 def remove_scope(settings: Settings) -> None:

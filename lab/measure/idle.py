@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -30,11 +29,12 @@ from typing import Any
 
 import psutil
 
-from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.measure.cgroups import attached, tree_pids
 from lab.measure.sampler import Participant, Sampler
 from lab.settings import Settings, child_env
+from lab.stack import children
 from lab.stack.native import NativeStack
-from lab.stack.proc import exclusive, port_open, require_free, wait_until
+from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -43,11 +43,7 @@ SERVICES = ("postgres", "kafka", "rabbitmq")
 
 
 def _participant(name: str, roots: list[psutil.Process], settings: Settings) -> Participant:
-    mount = cgroup2_mount()
-    group = None
-    if mount is not None:
-        group = CpuGroup(mount, f"idle-{name}", scope=cgroup_scope(settings))
-        group.attach(pid for r in roots for pid in tree_pids(r.pid))
+    group = attached(settings, f"idle-{name}", (pid for r in roots for pid in tree_pids(r.pid)))
     return Participant(name, roots, cgroup=group)
 
 
@@ -66,17 +62,20 @@ def sample_idle(settings: Settings, roots: Mapping[str, list[psutil.Process]], s
 
 def _start_web(settings: Settings) -> psutil.Popen:
     require_free(settings.web_port, "the web service", "LAB_WEB_PORT")
-    proc = psutil.Popen(
-        [sys.executable, "-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env=child_env(settings), cwd=settings.root,
-    )
+    argv = [sys.executable, "-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn]
+    proc = children.spawn(settings, "idle-web", argv, log_path=settings.stack_dir / "idle-web.log",
+                          env=child_env(settings), cwd=settings.root)
     try:
         wait_until(lambda: port_open(settings.web_port), timeout=30, what="the idle web service", proc=proc)
     except BaseException:
-        proc.kill()
+        _stop_web(settings, proc)
         raise
     return proc
+
+
+def _stop_web(settings: Settings, proc: psutil.Process) -> None:
+    children.stop([proc], timeout=10)
+    children.forget(settings, [proc])
 
 
 def measure_idle(settings: Settings, *, seconds: float = IDLE_SECONDS, debezium: bool = True,
@@ -104,16 +103,15 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
         if debezium:
             for sink, service in stack.debezium.items():
                 say(f"idle baseline: starting debezium-{sink}")
-                service.start()
                 started.append(sink)
+                with tied():  # dies with this process if it is killed
+                    service.start()
                 roots[f"debezium-{sink}"] = service.processes()
         say(f"idle baseline: sampling {', '.join(roots)} for {seconds:.0f} s")
         window = sample_idle(settings, roots, seconds, settle=min(1.0, seconds / 10))
     finally:
-        if web is not None and web.poll() is None:
-            web.terminate()
-            with contextlib.suppress(psutil.TimeoutExpired):
-                web.wait(10)
+        if web is not None:
+            _stop_web(settings, web)
         for sink in started:
             with contextlib.suppress(Exception):
                 stack.stop_debezium(sink)

@@ -12,7 +12,9 @@ import shutil
 
 import psutil
 
+from lab.pg import slots
 from lab.settings import Settings
+from lab.stack import children
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka import KafkaService
@@ -69,9 +71,16 @@ class NativeStack:
             raise
 
     def down(self, *, purge: bool = False) -> None:
-        """Stop everything this stack started (by pid); ``purge`` also deletes all state."""
+        """Stop everything this stack started (by pid), a killed run's processes first
+        (:mod:`lab.stack.children`); returns once all exited. ``purge`` also deletes all state."""
         errors: list[str] = []
+        try:
+            children.stop_all(self.settings)
+        except Exception as exc:
+            errors.append(str(exc))
         for service in [*self.debezium.values(), *reversed(self.services)]:
+            if service is self.postgres:
+                self._drop_slots(errors)
             try:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
@@ -80,6 +89,19 @@ class NativeStack:
             shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
         if errors:
             raise StackError("could not stop cleanly: " + "; ".join(errors))
+
+    def _drop_slots(self, errors: list[str]) -> None:
+        """Drop every replication slot of the stack's private cluster (a killed run's readers'
+        or Debezium's): a slot left while the stack is down would pin WAL at the next start."""
+        if not self.postgres.processes():
+            return
+        try:
+            dropped = slots.drop_slots(self.settings.pg_dsn, "")
+        except Exception as exc:
+            errors.append(f"replication slots: {exc}")
+        else:
+            if dropped:
+                log.info("dropped replication slots %s", ", ".join(dropped))
 
     def status(self) -> list[ServiceStatus]:
         return [s.status() for s in [*self.services, *self.debezium.values()]]

@@ -2,12 +2,15 @@
 
 Every process is started detached (its own session, so it survives ``lab stack up``) and
 recorded in ``<stack_dir>/<name>/pid.json`` with its create time, so that a recycled pid is
-never mistaken for ours.
+never mistaken for ours. Inside :func:`tied` (a run starting its Debezium Server) a process is
+also given a parent-death signal: it dies with the thread that started it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import ctypes
 import fcntl
 import json
 import logging
@@ -25,6 +28,38 @@ import psutil
 from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
+
+
+PR_SET_PDEATHSIG = 1
+_tied: contextvars.ContextVar[bool] = contextvars.ContextVar("lab_tied", default=False)
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when its parent thread exits (Linux
+    ``PR_SET_PDEATHSIG``), and exits at once if the parent ``parent`` is already gone."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl: nobody would stop us
+            os._exit(1)
+
+    return arm
+
+
+@contextlib.contextmanager
+def tied() -> Iterator[None]:
+    """Within the block (and in threads ``asyncio.to_thread`` starts from it) :func:`spawn`
+    ties each process to the thread that starts it; a run starts its Debezium this way.
+
+    The default executor's threads live as long as the event loop, so a process started in
+    ``to_thread`` dies when the loop is closed or the runner process dies, whichever is first.
+    """
+    token = _tied.set(True)
+    try:
+        yield
+    finally:
+        _tied.reset(token)
 
 
 def pidfile(state_dir: Path) -> Path:
@@ -59,6 +94,7 @@ def spawn(
             extra_groups=extra_groups,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=die_with_parent(os.getpid()) if _tied.get() else None,  # noqa: PLW1509
         )
     proc = psutil.Process(popen.pid)
     record = {"pid": proc.pid, "create_time": proc.create_time(), "argv": [str(a) for a in argv]}
