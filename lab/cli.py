@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings, get_settings
 from lab.stack import get_stack
 from lab.stack.base import DEBEZIUM_SINKS, StackError
+from lab.stack.proc import exclusive
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -43,7 +45,8 @@ def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
 def _stack_down(args: argparse.Namespace, settings: Settings) -> int:
     from lab.measure.cgroups import remove_scope
 
-    get_stack(settings).down(purge=args.purge)
+    with exclusive(settings.run_lock, "the stack"):
+        get_stack(settings).down(purge=args.purge)  # a killed run's processes too, by pid
     remove_scope(settings)  # the run's participant groups, empty once everything is stopped
     _say("stack down" + (" (state purged)" if args.purge else ""))
     return 0
@@ -54,15 +57,22 @@ def _stack_status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _stack_env(args: argparse.Namespace, settings: Settings) -> int:
+    for name, value in settings.connect_env().items():
+        sys.stdout.write(f"export {name}={shlex.quote(value)}\n")
+    return 0
+
+
 def _debezium(args: argparse.Namespace, settings: Settings) -> int:
     stack = get_stack(settings)
     t0 = time.monotonic()
-    if args.action == "start":
-        stack.start_debezium(args.sink)
-        _say(f"debezium-{args.sink} streaming after {time.monotonic() - t0:.1f} s")
-    else:
-        stack.stop_debezium(args.sink)
-        _say(f"debezium-{args.sink} stopped")
+    with exclusive(settings.run_lock, "the stack"):
+        if args.action == "start":
+            stack.start_debezium(args.sink)
+            _say(f"debezium-{args.sink} streaming after {time.monotonic() - t0:.1f} s")
+        else:
+            stack.stop_debezium(args.sink)
+            _say(f"debezium-{args.sink} stopped")
     return 0
 
 
@@ -224,7 +234,8 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study.bench import bench_stack
 
-    out = bench_stack(settings, idle_s=args.idle_s, say=_say)
+    with exclusive(settings.run_lock, "the stack"):
+        out = bench_stack(settings, idle_s=args.idle_s, say=_say)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 
@@ -279,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=_stack_status)
+    ssub.add_parser(
+        "env", help="shell exports to connect (PG* with PGPASSFILE, Kafka, AMQP); no secret printed"
+    ).set_defaults(handler=_stack_env)
     dbz = ssub.add_parser("debezium", help="start or stop one Debezium Server instance")
     dbz.add_argument("action", choices=["start", "stop"])
     dbz.add_argument("sink", help=f"one of: {', '.join(DEBEZIUM_SINKS)}")

@@ -3,6 +3,12 @@
 Every knob is a ``LAB_*`` variable with a default that works on a fresh machine. Ports are
 deliberately far from the services' defaults (5432, 5672, 9092, 4369) so that a system
 PostgreSQL, RabbitMQ or Kafka on the same host is never touched. Everything binds 127.0.0.1.
+
+Secrets: no password is fixed. Each stack generates its PostgreSQL and RabbitMQ passwords once,
+into ``<stack_dir>/secrets/secrets.json`` (mode 0600, directory 0700), unless
+``LAB_PG_PASSWORD`` / ``LAB_RABBITMQ_PASSWORD`` set them. :attr:`Settings.pg_dsn` carries no
+password: it names ``<stack_dir>/secrets/pgpass`` (0600) as ``passfile``, so a DSN may appear
+in a log or on a command line; the AMQP URL does carry its password and stays in memory.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
+import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +54,7 @@ class Settings:
 
     pg_port: int = 25432
     pg_user: str = "postgres"
-    pg_password: str = "lab"
+    pg_password: str | None = None  # None: generated once per stack (see the module docstring)
     pg_database: str = "lab"
     pg_os_user: str = "fanoutlab"  # PostgreSQL refuses to run as root; used only when we are root
 
@@ -58,7 +66,7 @@ class Settings:
     rabbitmq_dist_port: int = 25674
     rabbitmq_epmd_port: int = 24369
     rabbitmq_user: str = "lab"
-    rabbitmq_password: str = "lab"
+    rabbitmq_password: str | None = None  # None: generated once per stack
     rabbitmq_node: str = "fanoutlab@localhost"
 
     web_port: int = 28080
@@ -80,6 +88,8 @@ class Settings:
             backend=env.get("LAB_BACKEND", d.backend),
             pg_port=_int(env, "LAB_PG_PORT", d.pg_port),
             pg_os_user=env.get("LAB_PG_OS_USER", d.pg_os_user),
+            pg_password=env.get("LAB_PG_PASSWORD") or None,
+            rabbitmq_password=env.get("LAB_RABBITMQ_PASSWORD") or None,
             kafka_port=_int(env, "LAB_KAFKA_PORT", d.kafka_port),
             kafka_controller_port=_int(env, "LAB_KAFKA_CONTROLLER_PORT", d.kafka_controller_port),
             kafka_version=env.get("LAB_KAFKA_VERSION", d.kafka_version),
@@ -99,12 +109,38 @@ class Settings:
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
+    # Secrets ---------------------------------------------------------------------------
+    @property
+    def secrets_dir(self) -> Path:
+        return self.stack_dir / "secrets"
+
+    def secret(self, name: str) -> str:
+        """The password ``name`` (``pg`` or ``rabbitmq``): the setting if given, else this
+        stack's generated one (created on first use, never changed afterwards)."""
+        given = {"pg": self.pg_password, "rabbitmq": self.rabbitmq_password}[name]
+        return given if given is not None else _stack_secrets(self.secrets_dir)[name]
+
+    @property
+    def pg_passfile(self) -> Path:
+        """A libpq password file (0600) with this stack's PostgreSQL password, kept current."""
+        path = self.secrets_dir / "pgpass"
+        esc = self.secret("pg").replace("\\", "\\\\").replace(":", "\\:")
+        line = f"{self.host}:{self.pg_port}:*:{self.pg_user}:{esc}\n"
+        try:
+            current = path.read_text()
+        except FileNotFoundError:
+            current = None
+        if current != line:
+            write_private(path, line)
+        return path
+
     # Endpoints -------------------------------------------------------------------------
     @property
     def pg_dsn(self) -> str:
+        """libpq DSN without a password (it is read from :attr:`pg_passfile`)."""
         return (
             f"host={self.host} port={self.pg_port} dbname={self.pg_database} "
-            f"user={self.pg_user} password={self.pg_password}"
+            f"user={self.pg_user} passfile={self.pg_passfile}"
         )
 
     @property
@@ -118,11 +154,64 @@ class Settings:
 
     @property
     def amqp_url(self) -> str:
-        return f"amqp://{self.rabbitmq_user}:{self.rabbitmq_password}@{self.host}:{self.amqp_port}/"
+        return f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.host}:{self.amqp_port}/"
+
+    @property
+    def amqp_url_public(self) -> str:
+        """The AMQP URL without its password (for logs and ``lab stack env``)."""
+        return f"amqp://{self.rabbitmq_user}@{self.host}:{self.amqp_port}/"
+
+    def connect_env(self) -> dict[str, str]:
+        """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
+        ``PG*`` variables with ``PGPASSFILE``, the Kafka bootstrap servers, the AMQP URL
+        without its password and a 0600 file holding the full URL."""
+        url_file = self.secrets_dir / "amqp-url"
+        write_private(url_file, self.amqp_url + "\n")
+        return {
+            "PGHOST": self.host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
+            "PGUSER": self.pg_user, "PGPASSFILE": str(self.pg_passfile),
+            "PG_DSN": self.pg_dsn,
+            "KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
+            "AMQP_URL": self.amqp_url_public, "AMQP_URL_FILE": str(url_file),
+        }
 
     @property
     def web_url(self) -> str:
         return f"http://{self.host}:{self.web_port}"
+
+
+SECRET_NAMES = ("pg", "rabbitmq")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` atomically into ``path`` with mode 0600 (its directory 0700)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _stack_secrets(folder: Path) -> dict[str, str]:
+    """The stack's generated passwords, created once (0600); concurrent first uses agree."""
+    path = folder / "secrets.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        pass
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = folder / f".secrets.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({n: secrets.token_urlsafe(24) for n in SECRET_NAMES}, f)
+    try:
+        os.link(tmp, path)  # fails if another process created it first: theirs wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return json.loads(path.read_text())
 
 
 @functools.cache
@@ -134,6 +223,7 @@ def get_settings() -> Settings:
 _ENV_NAMES = {
     "stack_dir": "LAB_STACK_DIR", "cache_dir": "LAB_CACHE_DIR", "data_dir": "LAB_DATA_DIR",
     "backend": "LAB_BACKEND", "pg_port": "LAB_PG_PORT", "pg_os_user": "LAB_PG_OS_USER",
+    "pg_password": "LAB_PG_PASSWORD", "rabbitmq_password": "LAB_RABBITMQ_PASSWORD",
     "kafka_port": "LAB_KAFKA_PORT", "kafka_controller_port": "LAB_KAFKA_CONTROLLER_PORT",
     "kafka_version": "LAB_KAFKA_VERSION", "amqp_port": "LAB_AMQP_PORT",
     "rabbitmq_dist_port": "LAB_RABBITMQ_DIST_PORT", "rabbitmq_epmd_port": "LAB_RABBITMQ_EPMD_PORT",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.settings import Settings
+from lab.settings import Settings, child_env
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, ServiceStatus, StackError, check_sink
 
 SERVICES = ("postgres", "kafka", "rabbitmq")
@@ -102,7 +102,9 @@ class ComposeStack:
 
     def _compose(self, *args: str) -> None:
         cmd = [*compose_command(), "-f", str(self.file), "-p", PROJECT, *args]
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        s = self.settings  # the stack's secrets reach compose's ${...} through the environment
+        env = child_env(LAB_PG_PASSWORD=s.secret("pg"), LAB_RABBITMQ_PASSWORD=s.secret("rabbitmq"))
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if res.returncode != 0:
             raise StackError(f"{' '.join(cmd[-len(args):])} failed: {res.stderr.strip()[-300:]}")
 

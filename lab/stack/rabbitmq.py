@@ -225,7 +225,7 @@ class RabbitMQService:
             path.mkdir(parents=True, exist_ok=True)
         definitions = self.etc / "definitions.json"
         values = {"amqp_port": s.amqp_port, "user": s.rabbitmq_user,
-                  "password": s.rabbitmq_password, "definitions": definitions}
+                  "definitions": definitions}
         (self.etc / "rabbitmq.conf").write_text(Template(TEMPLATE.read_text()).substitute(values))
         (self.etc / "rabbitmq-env.conf").write_text("# empty: settings come from the environment\n")
         (self.etc / "enabled_plugins").write_text("[].\n")
@@ -240,7 +240,7 @@ class RabbitMQService:
         s = self.settings
         # rabbit_password_hashing_sha256: base64(salt + sha256(salt + password)), 4-byte salt
         salt = secrets.token_bytes(4)
-        digest = hashlib.sha256(salt + s.rabbitmq_password.encode()).digest()
+        digest = hashlib.sha256(salt + s.secret("rabbitmq").encode()).digest()
         return {
             "users": [{
                 "name": s.rabbitmq_user,
