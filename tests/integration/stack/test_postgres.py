@@ -176,8 +176,11 @@ def test_publication_covers_messages_only(conn: psycopg.Connection) -> None:
 def test_replication_needs_the_password(settings: Settings, pg: PostgresService) -> None:
     with psycopg.connect(settings.pg_dsn, replication="database", autocommit=True) as c:
         assert c.execute("IDENTIFY_SYSTEM").fetchone()[3] == settings.pg_database
+    assert "password=" not in settings.pg_dsn  # it comes from the 0600 passfile
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-        psycopg.connect(settings.pg_dsn.replace(f"password={settings.pg_password}", "password=x"))
+        psycopg.connect(settings.pg_dsn, password="x")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(settings.pg_dsn, password="lab")  # the old fixed password is gone
 
 
 def test_status_reports_flags_and_inactive_slots(

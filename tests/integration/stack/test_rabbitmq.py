@@ -166,7 +166,7 @@ def test_status_and_processes(rabbitmq: RabbitMQService) -> None:
     status = rabbitmq.status()
     assert status.state == "running"
     assert status.endpoint == f"amqp://{s.rabbitmq_user}@127.0.0.1:{s.amqp_port}/"
-    assert f":{s.rabbitmq_password}@" not in status.endpoint
+    assert s.secret("rabbitmq") not in status.endpoint
     assert status.version.split(".")[0] in {"3", "4"}
     assert status.rss_mb and status.rss_mb > 20
     names = [p.name() for p in _tree(rabbitmq)]
