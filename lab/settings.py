@@ -122,10 +122,13 @@ class Settings:
 
     @property
     def pg_passfile(self) -> Path:
-        """A libpq password file (0600) with this stack's PostgreSQL password, kept current."""
+        """A libpq password file (0600) with this stack's PostgreSQL password, kept current.
+
+        Any port: the file belongs to the stack, whose settings may be copied with another
+        port (a second instance in the tests) without locking the first one out."""
         path = self.secrets_dir / "pgpass"
         esc = self.secret("pg").replace("\\", "\\\\").replace(":", "\\:")
-        line = f"{self.host}:{self.pg_port}:*:{self.pg_user}:{esc}\n"
+        line = f"{self.host}:*:*:{self.pg_user}:{esc}\n"
         try:
             current = path.read_text()
         except FileNotFoundError:

@@ -10,7 +10,7 @@ guards, each enough on its own for the usual case:
   The same applies to the Debezium Server a run starts (:func:`lab.stack.proc.spawn` inside
   :func:`lab.stack.proc.tied`); the stack's services are never tied, they outlive every run.
 * **Registry.** Each child is recorded in ``<stack_dir>/children/<name>-<pid>.json`` (pid,
-  create time, owner pid) until it was stopped, so ``lab stack down`` finds any survivor by pid
+  start ticks, owner pid) until it was stopped, so ``lab stack down`` finds any survivor by pid
   (:func:`stop_all`; never by name) and a new run refuses to start next to one (:func:`require_clean`).
 * **Bounded stop.** :func:`stop` sends SIGTERM, waits, then SIGKILLs and waits again: it returns
   only when every process exited, after at most ``timeout + KILL_WAIT`` seconds.
@@ -31,7 +31,7 @@ import psutil
 
 from lab.settings import Settings
 from lab.stack.base import StackError
-from lab.stack.proc import die_with_parent, wait_gone
+from lab.stack.proc import die_with_parent, same_process, start_ticks, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def spawn(settings: Settings, name: str, argv: Sequence[str], *, log_path: Path,
         )
     folder = registry(settings)
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"name": name, "pid": child.pid, "create_time": child.create_time(),
+    record = {"name": name, "pid": child.pid, "start_ticks": start_ticks(child.pid),
               "owner": os.getpid(), "argv0": " ".join(argv[:3])}
     (folder / f"{name}-{child.pid}.json").write_text(json.dumps(record))
     return child
@@ -69,22 +69,11 @@ def _records(settings: Settings) -> list[tuple[Path, dict[str, object]]]:
     return out
 
 
-def _alive(record: Mapping[str, object]) -> psutil.Process | None:
-    """The recorded process if it still runs (same pid and create time), else None."""
-    try:
-        p = psutil.Process(int(record["pid"]))  # type: ignore[call-overload]
-        if abs(p.create_time() - float(record["create_time"])) > 0.01:  # type: ignore[arg-type]
-            return None
-        return None if p.status() == psutil.STATUS_ZOMBIE else p
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return None
-
-
 def leftovers(settings: Settings) -> list[tuple[str, psutil.Process]]:
     """Recorded children still alive, as (name, process); records of the dead are dropped."""
     out = []
     for path, record in _records(settings):
-        p = _alive(record)
+        p = same_process(dict(record))
         if p is None:
             path.unlink(missing_ok=True)
         else:

@@ -1,8 +1,11 @@
 """Start, find and stop the lab's own processes, by pid and never by name.
 
 Every process is started detached (its own session, so it survives ``lab stack up``) and
-recorded in ``<stack_dir>/<name>/pid.json`` with its create time, so that a recycled pid is
-never mistaken for ours. Inside :func:`tied` (a run starting its Debezium Server) a process is
+recorded in ``<stack_dir>/<name>/pid.json`` with its start time, so that a recycled pid is
+never mistaken for ours. The start time is the kernel's, in clock ticks since boot
+(:func:`start_ticks`), not psutil's ``create_time``: that one is boot time plus ticks in wall
+clock seconds and moves whenever the wall clock is stepped (measured on the shared VM: 82 s
+within an hour), which made running services look foreign. Inside :func:`tied` (a run starting its Debezium Server) a process is
 also given a parent-death signal: it dies with the thread that started it.
 """
 
@@ -62,6 +65,29 @@ def tied() -> Iterator[None]:
         _tied.reset(token)
 
 
+def start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat``: when ``pid`` started, in ticks since boot; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return int(raw[raw.rindex(b")") + 2:].split()[19])
+
+
+def same_process(record: dict[str, object]) -> psutil.Process | None:
+    """The live, non-zombie process a record (``pid``, ``start_ticks``) names, else None."""
+    try:
+        pid = int(record["pid"])  # type: ignore[call-overload]
+        ticks = start_ticks(pid)
+        if ticks is None or ticks != record.get("start_ticks"):
+            return None
+        p = psutil.Process(pid)
+        return None if p.status() == psutil.STATUS_ZOMBIE else p
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+
+
 def pidfile(state_dir: Path) -> Path:
     return state_dir / "pid.json"
 
@@ -97,7 +123,7 @@ def spawn(
             preexec_fn=die_with_parent(os.getpid()) if _tied.get() else None,  # noqa: PLW1509
         )
     proc = psutil.Process(popen.pid)
-    record = {"pid": proc.pid, "create_time": proc.create_time(), "argv": [str(a) for a in argv]}
+    record = {"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "argv": [str(a) for a in argv]}
     tmp = pidfile(state_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(pidfile(state_dir))
@@ -105,13 +131,21 @@ def spawn(
 
 
 def running(state_dir: Path) -> psutil.Process | None:
-    """Our recorded process if it is still alive (same pid and create time), else None."""
+    """Our recorded process if it is still alive (same pid and start time), else None."""
     path = pidfile(state_dir)
     try:
         record = json.loads(path.read_text())
-        proc = psutil.Process(record["pid"])
-        if abs(proc.create_time() - record["create_time"]) > 0.01:
-            return None
+        if "start_ticks" not in record:  # a pid file written before start ticks were recorded
+            proc = psutil.Process(record["pid"])
+            if abs(proc.create_time() - record["create_time"]) > 0.01:
+                return None
+        else:
+            found = same_process(record)
+            if found is None:
+                with contextlib.suppress(ChildProcessError, OSError):  # reap our zombie
+                    os.waitpid(record["pid"], os.WNOHANG)
+                return None
+            proc = found
         if proc.status() == psutil.STATUS_ZOMBIE:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(proc.pid, os.WNOHANG)

@@ -27,12 +27,13 @@ from lab.measure import cgroups
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.proc import same_process, start_ticks
 from tests.conftest import lab_env
 from tests.integration.checks import scalar
 
 pytestmark = pytest.mark.integration
 LAB = [sys.executable, "-m", "lab"]
-Ident = tuple[int, float]  # pid, create time: a process, even after its pid is reused
+Ident = tuple[int, int]  # pid, start ticks: a process, even after its pid is reused
 
 
 def lab(settings: Settings, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -41,22 +42,12 @@ def lab(settings: Settings, *args: str, timeout: float = 300) -> subprocess.Comp
 
 
 def _ident(p: psutil.Process) -> Ident | None:
-    try:
-        return p.pid, p.create_time()
-    except psutil.Error:
-        return None
+    ticks = start_ticks(p.pid)
+    return None if ticks is None else (p.pid, ticks)
 
 
 def _alive(idents: set[Ident]) -> set[Ident]:
-    out = set()
-    for pid, created in idents:
-        try:
-            p = psutil.Process(pid)
-            if abs(p.create_time() - created) < 0.01 and p.status() != psutil.STATUS_ZOMBIE:
-                out.add((pid, created))
-        except psutil.Error:
-            continue
-    return out
+    return {i for i in idents if same_process({"pid": i[0], "start_ticks": i[1]}) is not None}
 
 
 def _stack_processes(settings: Settings) -> list[str]:
@@ -84,10 +75,9 @@ def _group_members(settings: Settings) -> set[Ident]:
         except OSError:
             continue
         for pid in pids:
-            try:
-                members.add((pid, psutil.Process(pid).create_time()))
-            except psutil.Error:  # exited meanwhile
-                continue
+            ticks = start_ticks(pid)
+            if ticks is not None:  # else it exited meanwhile
+                members.add((pid, ticks))
     return members
 
 

@@ -28,7 +28,9 @@ def test_dsn_names_a_private_passfile(tmp_path: Path) -> None:
     assert "password" not in s.pg_dsn and s.secret("pg") not in s.pg_dsn
     passfile = Path(s.pg_dsn.split("passfile=")[1])
     assert _mode(passfile) == 0o600
-    assert passfile.read_text() == f"127.0.0.1:31234:*:postgres:{s.secret('pg')}\n"
+    assert passfile.read_text() == f"127.0.0.1:*:*:postgres:{s.secret('pg')}\n"
+    s.replace(pg_port=31235).pg_dsn  # a copy on another port leaves the file valid for both
+    assert passfile.read_text() == f"127.0.0.1:*:*:postgres:{s.secret('pg')}\n"
 
 
 def test_override_wins_and_reaches_children(tmp_path: Path) -> None:
