@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import psycopg
@@ -12,6 +13,7 @@ from lab.results import load_runs, read_samples
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.base import StackError
 
 pytestmark = pytest.mark.integration
 M = 2000
@@ -52,18 +54,17 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
     assert {"postgres", "consumers", "host"} <= set(samples["participant"])
 
 
-def test_a_run_without_its_web_service_is_stored_as_failed(stack: object, settings: Settings) -> None:
-    with socket.socket() as blocker:  # the web service cannot bind its port
+def test_a_run_whose_web_port_is_taken_does_not_start(stack: object, settings: Settings) -> None:
+    """Issue 10: a run starts only on free ports; it fails at once naming the holder's pid,
+    stores nothing and leaves no slot (it used to start and be stored as failed)."""
+    before = len(load_runs(settings=settings))
+    with socket.socket() as blocker:  # the web service could not bind its port
         blocker.bind(("127.0.0.1", 0))
         port = blocker.getsockname()[1]
         other = settings.replace(web_port=port)
         blocker.listen()
-        blocker.settimeout(0)
-        r = run(other, pipeline="wal", consumers=1, messages=100)
-    assert r["success"] is False
-    assert r["error"] and "web" in r["error"]
-    df = load_runs(settings=settings)
-    stored = df[df["run_id"] == r["run_id"]].iloc[0]
-    assert not stored["success"] and stored["error"] == r["error"]
+        with pytest.raises(StackError, match=f"port {port} for the web service is held by pid {os.getpid()}"):
+            run(other, pipeline="wal", consumers=1, messages=100)
+    assert len(load_runs(settings=settings)) == before
     with psycopg.connect(settings.pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0

@@ -25,7 +25,7 @@ from lab.pg import slots
 from lab.settings import Settings
 from lab.stack import debezium, proc
 from lab.stack.base import StackError
-from lab.stack.debezium import DebeziumService
+from lab.stack.debezium import SLOT, DebeziumService
 from tests.integration.checks import delete_group, delete_topics
 
 pytestmark = pytest.mark.integration
@@ -210,15 +210,18 @@ def test_rabbitmq_sink_delivers_the_envelope(
         asyncio.run(_delete_topology(url, exchange=not had_exchange))
 
 
-def test_stop_drops_leftover_dbz_slots(stack: object, dbz_settings: Settings) -> None:
-    with psycopg.connect(dbz_settings.pg_dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot('dbz_leftover', 'pgoutput')")
+def test_stop_drops_its_own_slot_only(stack: object, dbz_settings: Settings) -> None:
+    """Stopping one Debezium (even when it is not running) drops its slot, not the other sink's."""
+    dsn = dbz_settings.pg_dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in (SLOT["kafka"], SLOT["rabbitmq"]):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (name,))
     try:
-        assert slots.slot_exists(dbz_settings.pg_dsn, "dbz_leftover")
-        stack.stop_debezium("kafka")  # type: ignore[attr-defined]  # nothing running: still drops dbz_*
-        assert not slots.slot_exists(dbz_settings.pg_dsn, "dbz_leftover")
+        stack.stop_debezium("kafka")  # type: ignore[attr-defined]
+        assert not slots.slot_exists(dsn, SLOT["kafka"])
+        assert slots.slot_exists(dsn, SLOT["rabbitmq"])
     finally:
-        slots.drop_slots(dbz_settings.pg_dsn, "dbz_leftover")
+        slots.drop_slots(dsn, "dbz_")
 
 
 def test_start_without_postgres_names_what_to_start(dbz_settings: Settings) -> None:
