@@ -135,23 +135,21 @@ def running(state_dir: Path) -> psutil.Process | None:
     path = pidfile(state_dir)
     try:
         record = json.loads(path.read_text())
-        if "start_ticks" not in record:  # a pid file written before start ticks were recorded
-            proc = psutil.Process(record["pid"])
-            if abs(proc.create_time() - record["create_time"]) > 0.01:
+        if "start_ticks" not in record:  # a pid file written before start ticks were recorded:
+            proc = psutil.Process(record["pid"])  # same start time, or (clock stepped) same argv
+            if abs(proc.create_time() - record["create_time"]) > 0.01 and \
+                    proc.cmdline() != record.get("argv"):
                 return None
         else:
-            found = same_process(record)
-            if found is None:
-                with contextlib.suppress(ChildProcessError, OSError):  # reap our zombie
-                    os.waitpid(record["pid"], os.WNOHANG)
+            if start_ticks(record["pid"]) != record["start_ticks"]:
                 return None
-            proc = found
+            proc = psutil.Process(record["pid"])
         if proc.status() == psutil.STATUS_ZOMBIE:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(proc.pid, os.WNOHANG)
             return None
         return proc
-    except (FileNotFoundError, ValueError, KeyError, psutil.NoSuchProcess):
+    except (FileNotFoundError, ValueError, KeyError, psutil.Error):
         return None
 
 
