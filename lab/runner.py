@@ -16,15 +16,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -33,10 +30,12 @@ import psycopg
 from psycopg import sql
 
 from lab import __version__
-from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, tree_pids
+from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, choose_cpu_method, tree_pids
+from lab.measure.provenance import HostWindow, client_versions, provenance
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
+from lab.pipelines.versions import broker_client_versions
 from lab.results import new_run_id, write_run
 from lab.measure.sampler import Participant, Sampler, Snapshot
 from lab.scenario import Scenario
@@ -52,11 +51,6 @@ DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many message
 
 class RunError(RuntimeError):
     """A run that could not complete; the message is stored as the run's error."""
-
-
-def _git_sha(root: Path) -> str | None:
-    res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return res.stdout.strip() or None
 
 
 class Run:
@@ -80,6 +74,8 @@ class Run:
         self.samples: list[dict[str, Any]] = []
         self.latency_ms: dict[str, Any] | None = None  # lab.measure.latency.summarize of this run
         self.latency_from_due_ms: dict[str, Any] | None = None  # open loop only
+        self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
+        self.host_window = HostWindow()
 
     # processes -----------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
@@ -95,7 +91,7 @@ class Run:
 
         The runner counts its own CPU only (its children are other participants).
         """
-        mount = cgroup2_mount()
+        mount = cgroup2_mount() if self.cpu_method == "cgroup" else None
         scope = cgroup_scope(self.settings)
 
         def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> CpuGroup | None:
@@ -339,7 +335,9 @@ class Run:
             self.progress("ready", {})
             await self.pipeline.wait_ready()
             await self.pipeline.start_source()
-            sampler = Sampler(self.participants())
+            walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
+            sampler = Sampler(self.participants(), cpu_method=walk)
+            self.host_window.start()
             sampler.start()
             sent = await self.drain(sampler)
             consumer_results = await self.stop_consumers()
@@ -348,6 +346,7 @@ class Run:
             # a loaded machine): read once more after the consumers exited, so the window's
             # end always lies inside the sampled timeline.
             self.edges["stopped"] = sampler.snapshot()
+            self.host_window.stop()
             sampler.stop()
             self.slot_stats = await self.read_slot_stats()
             checks = await self.verify()
@@ -442,10 +441,8 @@ class Run:
             "consumers": consumers,
             "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",
                                                     "sampler_core_pct")},
-            "versions": self._versions(),
-            "host": {"hostname": socket.gethostname(), "cpus": psutil.cpu_count(), "platform": platform.platform(),
-                     "python": platform.python_version()},
-            "git_sha": _git_sha(self.settings.root),
+            **provenance(root=self.settings.root, cpu_method=self.cpu_method, services=self._versions(),
+                         clients=client_versions() | broker_client_versions(), window=self.host_window),
             "lab_version": __version__,
         }
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from lab.results import load_reference
+from lab.study import groups
 from lab.scenario import PIPELINE_NAMES
 
 METRIC = "cpu_ms_per_msg"
@@ -44,6 +45,9 @@ Anchor = Literal["ols", "first"]
 
 def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | None = "web") -> pd.DataFrame:
     """Successful, non-warm-up runs with a finite metric (of one pipeline when given).
+
+    Raises :class:`lab.study.groups.NotComparable` (one line) when they mix runs measured
+    differently (message count, rate, work delay, load topology, CPU method).
 
     ``producer``: only runs of that producer mode (``"web"``: the study; ``"direct"``: the
     broker-native stand, which is not comparable with it); None keeps both. Runs stored before
@@ -59,7 +63,9 @@ def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | N
             ok &= df[col].fillna(not want).astype(bool).to_numpy() == want
     if pipeline is not None:
         ok &= (df["pipeline"] == pipeline).to_numpy()
-    return df[ok]
+    out = df[ok]
+    groups.check(out)  # never pool runs that were not measured alike (lab.study.groups)
+    return out
 
 
 def participant_ms(df: pd.DataFrame, participant: str) -> np.ndarray:
