@@ -6,8 +6,9 @@ work is a participant of the CPU metric: the stack's services, ``web``, ``sender
 consumer, and this runner process itself (its own CPU only, never its children's).
 
 The run is a failure, stored with its error, when anything in the Success predicate of
-method.md §7.1 does not hold: no send failed, and sent = processed = distinct claimed ids =
-work calls = distinct work ids = messages.
+method.md §7.1 does not hold: no send failed, sent = processed = distinct claimed ids =
+work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
+the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from lab.measure.provenance import HostWindow, client_versions, provenance
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
+from lab.workload.inbox import id_sets, sets_equal
 from lab.pipelines.versions import broker_client_versions
 from lab.results import new_run_id, write_run
 from lab.measure.sampler import Participant, Sampler, Snapshot
@@ -276,11 +278,15 @@ class Run:
                 sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
             )
             claims = [r[0] for r in await cur.fetchall()]
-        stats = await self._web("/load/stats")
+            stats = await self._web("/load/stats")
+            sets = await id_sets(conn, (await self._web("/load/arrivals"))["ids"], self.pipeline.inbox_table)
+        if self.scenario.producer != "web" and not sets["messages_rows"]:
+            sets = {}  # the direct producers of a broker stand write no outbox row: counts only
         return {
             "inbox_rows": rows, "distinct_ids": distinct,
             "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
             "work_calls": stats["calls"], "work_distinct": stats["distinct"],
+            **sets, "ids_match": sets_equal(sets) if sets else None,
         }
 
     async def cleanup(self) -> None:
@@ -390,10 +396,12 @@ class Run:
             error is None and counters["send_failed"] == 0 and counters["sent"] == m
             and processed == m and checks.get("distinct_ids") == m
             and checks.get("work_calls") == m and checks.get("work_distinct") == m
+            and checks.get("ids_match") is not False  # the id sets, not only their sizes
         )
         if error is None and not success:
             error = "counters do not match: " + ", ".join(
-                f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls", "work_distinct")
+                f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls",
+                                                   "work_distinct", "ids_match")
             )
         t0 = sent.get("first_send_mono")
         lasts = [c["last_work_mono"] for c in consumers if c.get("last_work_mono")]
