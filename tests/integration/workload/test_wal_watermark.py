@@ -122,7 +122,17 @@ def test_a_held_row_keeps_its_slot_below_its_commit_until_its_work_is_done(
             conn.execute("INSERT INTO messages (content) VALUES (%s)", (f"later-{i}",))
         wait_for("the later rows to be worked by the other reader", lambda: calls() == 1 + LATER)
         wait_for("the other slot to pass A", lambda: confirmed()[other] >= after_a)
-        time.sleep(2.0)  # several status intervals: a reader that confirmed on read would have by now
+        mark = conn.execute("SELECT now()").fetchone()[0]
+
+        def reported() -> bool:  # the holder's walsender got a status update after ``mark``
+            row = conn.execute(
+                "SELECT r.reply_time FROM pg_stat_replication r JOIN pg_replication_slots s "
+                "ON s.active_pid = r.pid WHERE s.slot_name = %s", (holder,)).fetchone()
+            return row is not None and row[0] is not None and row[0] > mark
+
+        # the reader's periodic status (every 10 s) goes out while A's work is pending: a reader that
+        # confirmed positions as it read them would report A's commit in it
+        wait_for("the holder to report its position while A is held", reported, timeout=90)
         held = confirmed()
         assert held[holder] <= before_a < after_a <= held[other], held
         owners = dict(conn.execute("SELECT slot, count(*) FROM inbox_wal GROUP BY slot").fetchall())
