@@ -33,6 +33,7 @@ from psycopg import sql
 from lab import __version__
 from lab.measure.cgroups import CpuGroup, cgroup2_mount, cgroup_scope, choose_cpu_method, tree_pids
 from lab.measure.provenance import HostWindow, client_versions, provenance
+from lab.measure import probe
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
@@ -109,7 +110,7 @@ class Run:
             Participant(name, lambda n=name: stack()[n], cgroup=group(name, current[name]))
             for name in ("postgres", "kafka", "rabbitmq", "debezium")
         ]
-        for name in ("web", "senders"):
+        for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
         parts += [
             Participant(f"consumer-{i}", [c], group="consumers", cgroup=group(f"consumer-{i}", [c]))
@@ -297,7 +298,7 @@ class Run:
                     c.kill()
         with contextlib.suppress(Exception):
             await self.pipeline.teardown()
-        for name in ("senders", "web"):
+        for name in ("senders", "web", "probe"):
             p = self.procs.get(name)
             if p is not None and p.poll() is None:
                 with contextlib.suppress(psutil.Error):
@@ -323,6 +324,7 @@ class Run:
             if s.work_delay_ms:
                 web_args += ["--work-delay-ms", str(s.work_delay_ms)]
             self.procs["web"] = self._spawn("web", web_args)
+            self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe", "--out", str(self.scratch / "probe.json")])
             await self._wait_web()
             await self.reset()
             await self.pipeline.prepare()
@@ -425,8 +427,14 @@ class Run:
                 if w:
                     c["cpu_s"], c["rss_mb_mean"] = w["cpu_s"], w["rss_mb_mean"]
             cpu_s["unattributed"] = window["unattributed_cpu_s"]
+        probe_cpu_s = cpu_s.pop("probe", None)  # its own participant, never in the totals
+        mem_mb.pop("probe", None), mem_mb_max.pop("probe", None)
+        speed = probe.summarise(self.scratch / "probe.json", t0, t1) if t0 and t1 else None
+        if speed is not None:
+            speed["cpu_s"] = probe_cpu_s
         total = sum(v for k, v in cpu_s.items() if k != "unattributed")
         span = t1 - t0 if t0 and t1 else None
+        raw = round(total * 1000 / m, 4) if window else None
         return {
             "run_id": self.run_id,
             "started_at": started_at,
@@ -435,7 +443,9 @@ class Run:
             "success": success,
             "error": error,
             "window_s": round(span, 3) if span else None,
-            "cpu_ms_per_msg": round(total * 1000 / m, 4) if window else None,
+            "cpu_ms_per_msg": raw,
+            "cpu_ms_per_msg_norm": probe.normalise(raw, speed),  # at the probe's reference speed
+            "speed": speed,
             "cpu_s": cpu_s,
             "mem_mb": mem_mb,
             "mem_mb_max": mem_mb_max,
