@@ -61,11 +61,24 @@ def spawn(
             close_fds=True,
         )
     proc = psutil.Process(popen.pid)
-    record = {"pid": proc.pid, "create_time": proc.create_time(), "argv": [str(a) for a in argv]}
+    record = {"pid": proc.pid, "create_time": proc.create_time(), "since_boot_s": _since_boot(proc),
+              "argv": [str(a) for a in argv]}
     tmp = pidfile(state_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(pidfile(state_dir))
     return proc
+
+
+def _since_boot(proc: psutil.Process) -> float:
+    """Seconds from boot to the process's start. ``create_time()`` is boot time + this, and the boot
+    time read from ``/proc/stat`` moves when a VM's clock is adjusted (40 s seen here), which made a
+    live service look gone; this difference does not move."""
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        raise psutil.NoSuchProcess(proc.pid) from None
+    return int(raw[raw.rindex(b")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def running(state_dir: Path) -> psutil.Process | None:
@@ -74,7 +87,10 @@ def running(state_dir: Path) -> psutil.Process | None:
     try:
         record = json.loads(path.read_text())
         proc = psutil.Process(record["pid"])
-        if abs(proc.create_time() - record["create_time"]) > 0.01:
+        if "since_boot_s" in record:  # start time since boot: immune to the VM's boot-time drift
+            if abs(_since_boot(proc) - record["since_boot_s"]) > 0.05:
+                return None
+        elif abs(proc.create_time() - record["create_time"]) > 0.01:
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
             with contextlib.suppress(ChildProcessError, OSError):

@@ -71,14 +71,23 @@ def workers():
             p.wait()
 
 
+def _blocked(procs: list[subprocess.Popen]) -> None:
+    """Wait until every worker sleeps in its read (on a loaded host it may not have got there yet)."""
+    deadline = time.monotonic() + 30
+    while any(psutil.Process(p.pid).status() != psutil.STATUS_SLEEPING for p in procs):
+        assert time.monotonic() < deadline, "workers did not block in their read"
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
 def _round(procs: list[subprocess.Popen], samplers: dict[str, Sampler], before: list[float]) -> tuple:
-    time.sleep(0.05)  # every worker blocked in its read again
+    _blocked(procs)
     starts = {m: s.snapshot() for m, s in samplers.items()}
     for p in procs:
         p.stdin.write("go\n")
         p.stdin.flush()
     after = [float(p.stdout.readline()) for p in procs]
-    time.sleep(0.05)
+    _blocked(procs)
     ends = {m: s.snapshot() for m, s in samplers.items()}
     truth = sum(b - a for a, b in zip(before, after, strict=True))
     got = {m: ends[m].cpu_s["w"] - starts[m].cpu_s["w"] for m in samplers}
