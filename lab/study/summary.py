@@ -75,7 +75,7 @@ def markdown(runs: pd.DataFrame, group_name: str, *, n_boot: int = 2000, seed: i
     head = costmodel.headline(ok)
     ns = sorted(head["consumers"].unique())
     per_cell = head["n"].to_numpy()
-    cov = sorted(set(head["coverage"].round(4)))
+    cov = head.groupby("n")["coverage"].first().sort_index()
     lines = ["## The answer", "", f"Analysed: {group_name}. Consumers measured: {', '.join(map(str, ns))}; "
              f"{len(ok)} measured runs, {_span(per_cell)} per cell.", ""]
     cheap = cheapest_table(head)
@@ -84,10 +84,10 @@ def markdown(runs: pd.DataFrame, group_name: str, *, n_boot: int = 2000, seed: i
     lines += [f"- {s}" for s in crossover_sentences(runs, n_boot=n_boot, seed=seed)] + [""]
     lines.append(
         "**How far to trust the intervals.** A cell's interval is the order-statistic interval of its "
-        "median, labelled with its exact coverage: " + ", ".join(coverage_label(c) for c in cov)
-        + " here (3 runs per cell give 75 %, 6 runs are needed for 95 %; one run gives no interval, "
-          "and then only the article's 10 % rule separates noise from a difference). Crossover intervals "
-          "are 95 % bootstrap intervals of the fitted lines.")
+        "median, labelled with its exact coverage; here "
+        + ", ".join(f"{coverage_label(c)} for cells of {n} run{'s' if n > 1 else ''}" for n, c in cov.items())
+        + " (6 runs are needed for 95 %; without an interval only the article's 10 % rule separates "
+          "noise from a difference). Crossover intervals are 95 % bootstrap intervals of the fitted lines.")
     lines.append("")
     load = pd.to_numeric(ok.get("loadavg_1m", pd.Series(dtype=float)), errors="coerce")
     steal = pd.to_numeric(ok.get("steal_pct", pd.Series(dtype=float)), errors="coerce")
