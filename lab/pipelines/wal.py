@@ -16,7 +16,6 @@ one already seen; only commit LSNs are what a slot's restart point is made of.
 from __future__ import annotations
 
 import asyncio
-import collections
 from typing import Any, ClassVar
 
 import psycopg
@@ -28,7 +27,7 @@ from lab.pg.replication import ReplicationStream
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.pg.slots import drop_slots, wait_streaming
-from lab.workload.watermark import Watermark
+from lab.workload.watermark import SlotWatermark
 
 SLOT_PREFIX = "load_test_slot"
 PUBLICATION = "load_test_pub"
@@ -88,9 +87,7 @@ class WalSource:
         self._stream: ReplicationStream | None = None
         self._claims: psycopg.AsyncConnection[Any] | None = None
         self._decoder = Decoder()
-        self._marks = Watermark()  # over stream sequence numbers
-        self._commits: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end lsn)
-        self._seq = 0
+        self._marks = SlotWatermark()  # over stream sequence numbers
         self._sent_lsn = 0
 
     async def open(self) -> None:
@@ -102,6 +99,7 @@ class WalSource:
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
         assert self._stream is not None
         read, decode, marks = self._stream.read, self._decoder.decode, self._marks
+        stream = self._stream
         batch: list[Item] = []
         while len(batch) < max_items:
             x = await read(flush_wait if batch else first_wait)
@@ -109,20 +107,18 @@ class WalSource:
                 return batch
             self.decoded_bytes += len(x.payload)
             msg = decode(x.payload)
-            self._seq = seq = self._seq + 1
             if type(msg) is Insert:
                 row = msg.new
                 idx = msg.relation.index
-                marks.hold(seq)
                 batch.append(Item(
                     row[idx["id"]], row[idx["content"]], row[idx["created_at"]].isoformat(),
-                    (x.data_start, seq),
+                    (x.data_start, marks.row()),
                 ))
+            elif type(msg) is Commit:
+                if (lsn := marks.passed(msg.end_lsn)) is not None:
+                    stream.set_status(lsn)
             else:
-                marks.advance(seq)
-                if type(msg) is Commit:
-                    self._commits.append((seq, msg.end_lsn))
-                    self._confirm()
+                marks.passed()
         return batch
 
     async def claim(self, batch: list[Item]) -> list[Item]:
@@ -135,25 +131,17 @@ class WalSource:
             for i, item in enumerate(batch):
                 if i not in owned:
                     self.skipped += 1
-                    self._marks.resolve(item.pos[1])
-            self._confirm()
+                    self._report(self._marks.resolve(item.pos[1]))
         return mine
 
     def done(self, item: Item) -> None:
-        self._marks.resolve(item.pos[1])
-        self._confirm()
+        self._report(self._marks.resolve(item.pos[1]))
 
-    def _confirm(self) -> None:
+    def _report(self, lsn: int | None) -> None:
         """Move the slot's status to the newest commit with nothing unresolved before it."""
-        upto = self._marks.confirmable
-        commits = self._commits
-        if upto is None or not commits or commits[0][0] > upto:
-            return
-        lsn = 0
-        while commits and commits[0][0] <= upto:
-            lsn = commits.popleft()[1]
-        assert self._stream is not None
-        self._stream.set_status(lsn)
+        if lsn is not None:
+            assert self._stream is not None
+            self._stream.set_status(lsn)
 
     async def idle(self) -> None:
         stream = self._stream

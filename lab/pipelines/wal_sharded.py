@@ -155,7 +155,7 @@ class ShardedWalSource(WalSource):
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
         """Rebalance if due, then up to ``max_items`` claimable rows; the rest is confirmed."""
         await self.shards.refresh()
-        claimable, resolve, inner = self.shards.claimable, self._marks.resolve, super().fill
+        claimable, resolve, inner, report = self.shards.claimable, self._marks.resolve, super().fill, self._report
         out: list[Item] = []
         while (want := max_items - len(out)) > 0:
             got = await inner(want, flush_wait if out else first_wait, flush_wait)
@@ -164,10 +164,8 @@ class ShardedWalSource(WalSource):
                 if claimable[item.id % SHARDS]:
                     out.append(item)
                 else:
-                    resolve(item.pos[1])
-            if (dropped := len(got) - (len(out) - before)):
-                self.filtered += dropped
-                self._confirm()
+                    report(resolve(item.pos[1]))
+            self.filtered += len(got) - (len(out) - before)
             if len(got) < want:  # the inner read timed out
                 break
         return out

@@ -72,12 +72,21 @@ def bench_run(
     totals = [r["cpu_ms_per_msg"] for r in runs]
     names = sorted({k for r in runs for k in r["cpu_s"]})
     per = {n: statistics.median(r["cpu_s"].get(n, 0.0) * 1000 / m for r in runs) for n in names}
+    norm = [r.get("cpu_ms_per_msg_norm") for r in runs]
+    norm_ok = [v for v in norm if v is not None]
     return {
         "scenario": scenario.slug,
         "runs": [r["run_id"] for r in runs],
         "cpu_ms_per_msg": totals,
         "median_ms_per_msg": round(statistics.median(totals), 3),
         "spread_pct": round(100 * (max(totals) - min(totals)) / statistics.median(totals), 1),
+        # the speed probe (lab.measure.probe): ms per unit of fixed work, and ms/msg normalised by it
+        "probe_unit_ms": [(r.get("speed") or {}).get("unit_ms_median") for r in runs],
+        "cpu_ms_per_msg_norm": norm,
+        "spread_norm_pct": (round(100 * (max(norm_ok) - min(norm_ok)) / statistics.median(norm_ok), 1)
+                            if len(norm_ok) == len(runs) else None),
+        "steal_pct": [r.get("steal_pct") for r in runs],
+        "loadavg_1m": [r.get("loadavg_1m") for r in runs],
         "median_ms_per_msg_by_participant": {n: round(v, 3) for n, v in per.items()},
         "web_plus_senders_ms_per_msg": round(per.get("web", 0) + per.get("senders", 0), 3),
         "sampler_core_pct": [r["sampler"].get("sampler_core_pct") for r in runs],

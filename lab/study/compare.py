@@ -2,12 +2,14 @@
 than extrapolated, the idle floor and the residual, memory and WAL decode volume.
 
 Inputs are runs as :func:`lab.results.load_runs` returns them and the headline table of
-:func:`lab.study.costmodel.headline` (median, ``lo``/``hi`` = 95 % bootstrap interval of the median).
+:func:`lab.study.costmodel.headline` (median, ``lo``/``hi`` = order-statistic interval of the median
+with its exact ``coverage``: 75 % with 3 runs, never a nominal 95 %).
 
 * :func:`cell_comparisons` — every pair of pipelines at the same N: difference, ratio and whether
   it is within noise (:func:`lab.study.costmodel.within_noise`: overlapping intervals with repeats, the
   article's 10 % rule with one run per cell).
-* :func:`crossover_table` — for each direct pipeline against each broker: N* from the fit over
+* :func:`crossover_table` — for each direct pipeline against each broker (its flat level, or its
+  fitted line when its slope is distinguishable from 0: ``broker_model``): N* from the fit over
   N ≤ ``upto`` (what the reference could do: extrapolate from 1..8), N* from every measured N,
   and the crossing read off the cells themselves (the first measured N from which the direct
   median stays at or above the broker's), with a verdict in words.
@@ -108,6 +110,7 @@ def crossover_table(df: pd.DataFrame, *, upto: int = 8, n_boot: int = 2000, seed
                 row[f"n_star_{tag}"] = math.nan if c is None or c.n_star is None else c.n_star
                 row[f"lo_{tag}"], row[f"hi_{tag}"] = (math.nan, math.nan) if c is None else c.ci
             row["inside_all"] = bool(parts["all"] is not None and parts["all"].inside)
+            row["broker_model"] = parts["all"].broker_model if parts["all"] is not None else None
             cell = measured_crossing(head, d, b)
             row |= dict(first_measured_n=cell["first_n"], clear=cell["clear"], last_clearly_below=cell["last_below"],
                         verdict=_verdict(cell, parts["all"]))

@@ -18,6 +18,10 @@ point per run, so repeats weigh in.
 * ``"none"``: NaN intervals, when neither can be computed.
 
 Both are kept whenever they can be computed (``a_ci_boot``, ``a_ci_ols``, ...).
+
+Medians of a cell or of a broker's runs get a distribution-free order-statistic interval labelled
+with its exact coverage (:mod:`lab.study.intervals`; 75 % for 3 runs), not a nominal 95 %.
+Only comparable runs are ever pooled (:mod:`lab.study.groups`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 import pandas as pd
 
 from lab.results import load_reference
+from lab.study import groups
+from lab.study.intervals import median_interval
 from lab.scenario import PIPELINE_NAMES
 
 METRIC = "cpu_ms_per_msg"
@@ -44,6 +50,9 @@ Anchor = Literal["ols", "first"]
 
 def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | None = "web") -> pd.DataFrame:
     """Successful, non-warm-up runs with a finite metric (of one pipeline when given).
+
+    Raises :class:`lab.study.groups.NotComparable` (one line) when they mix runs measured
+    differently (message count, rate, work delay, load topology, CPU method).
 
     ``producer``: only runs of that producer mode (``"web"``: the study; ``"direct"``: the
     broker-native stand, which is not comparable with it); None keeps both. Runs stored before
@@ -59,7 +68,9 @@ def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | N
             ok &= df[col].fillna(not want).astype(bool).to_numpy() == want
     if pipeline is not None:
         ok &= (df["pipeline"] == pipeline).to_numpy()
-    return df[ok]
+    out = df[ok]
+    groups.check(out)  # never pool runs that were not measured alike (lab.study.groups)
+    return out
 
 
 def participant_ms(df: pd.DataFrame, participant: str) -> np.ndarray:
@@ -258,7 +269,9 @@ def fit_fanout(
 
 @dataclass(frozen=True, eq=False)
 class Level:
-    """A broker pipeline's flat cost: the median ms/msg over its runs, with a 95 % interval."""
+    """A broker pipeline's cost: the median ms/msg over its runs (order-statistic interval with its
+    exact ``coverage``, :mod:`lab.study.intervals`), and its own fitted line when that line's slope
+    is distinguishable from 0 (``line``; the crossover then uses it instead of the flat level)."""
 
     pipeline: str
     level: float
@@ -268,6 +281,12 @@ class Level:
     slope: float  # the pipeline's own b (all its runs), NaN when not fittable
     slope_ci: Interval
     slope_nonzero: bool | None  # b's shown interval excludes 0; None without an interval
+    coverage: float = 0.0  # of ``ci`` (exact, order statistics)
+    line: FanoutFit | None = field(default=None, repr=False)  # set when slope_nonzero
+
+    @property
+    def model(self) -> str:
+        return "fitted line" if self.line is not None else "flat level"
 
 
 def broker_level(
@@ -275,8 +294,10 @@ def broker_level(
 ) -> Level:
     """Flat level of a broker pipeline (median over runs; ``at=N`` keeps runs at that N only).
 
-    The interval resamples the runs with replacement (median of each resample). The level is only
-    meaningful if the pipeline's own slope is not distinguishable from 0 (``slope_nonzero``).
+    The interval is the order-statistic interval of the median with its exact coverage
+    (:func:`lab.study.intervals.median_interval`). The level is only meaningful if the pipeline's own
+    slope is not distinguishable from 0 (``slope_nonzero``); when it is, ``line`` holds the fit and
+    :func:`crossover` uses it.
     The article's "flat CDC line" is the Kafka cell at N = 8: ``broker_level(df, "kafka", at=8)``.
     """
     runs = measured(df, pipeline)
@@ -285,17 +306,16 @@ def broker_level(
     values = runs[METRIC].to_numpy(float)
     if values.size == 0:
         raise ValueError(f"{pipeline}: no successful measured runs" + (f" at N={at}" if at else ""))
-    ci = NAN_CI
-    if values.size >= 2:
-        idx = np.random.default_rng(seed).integers(0, values.size, (n_boot, values.size))
-        ci = _ci(np.median(values[idx], axis=1))
+    lo, hi, coverage = median_interval(values)
+    own = None
     try:
         own = fit_fanout(df, pipeline, n_boot=n_boot, seed=seed)
         slope, slope_ci = own.b, own.b_ci
     except ValueError:
         slope, slope_ci = math.nan, NAN_CI
     nonzero = None if math.isnan(slope_ci[0]) else not slope_ci[0] <= 0 <= slope_ci[1]
-    return Level(pipeline, float(np.median(values)), ci, values, at, slope, slope_ci, nonzero)
+    return Level(pipeline, float(np.median(values)), (lo, hi), values, at, slope, slope_ci, nonzero,
+                 coverage, own if nonzero and at is None else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -311,74 +331,79 @@ class Crossover:
     p_never: float  # share of draws with b <= 0
     n_range: tuple[int, int]  # the fit's measured N
     inside: bool  # N* within the measured range (measured) or not (extrapolated)
+    broker_model: str = "flat level"  # or "fitted line" (the broker's slope is not 0)
+
+
+def _draw_line(fit: FanoutFit, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, b) draws the way the fit's interval was made, or None without one."""
+    if fit.ci_method == "bootstrap":
+        a, b = _boot_draws(fit.n - 1.0, fit.y, fit.ys, fit.anchor, n_boot, rng).T
+        return a, b
+    if fit.ci_method == "ols-t" and fit.cov is not None:
+        z = rng.multivariate_normal(np.zeros(2), fit.cov, n_boot, method="eigh")
+        ab = np.array([fit.a, fit.b]) + z / np.sqrt(rng.chisquare(fit.dof, n_boot) / fit.dof)[:, None]
+        return ab[:, 0], ab[:, 1]
+    return None
 
 
 def crossover(fit: FanoutFit, level: Level, *, n_boot: int = 2000, seed: int = 0) -> Crossover:
-    """N* where ``fit`` reaches ``level``, with a 95 % interval from resampling both.
+    """N* where ``fit`` reaches the broker, with a 95 % interval from resampling both.
 
-    The fit is redrawn the way its interval was made: stratified bootstrap of its runs, or, with
-    one run per N, (a, b) from the OLS estimate's multivariate t (a parametric bootstrap). The level
-    is a bootstrap of its runs' median, or fixed when it has one run. N* < 1 means the direct line
-    is already above the level at N = 1.
+    The broker is its flat level, or its own fitted line when that line's slope is distinguishable
+    from 0 (``level.line``): then N* = 1 + (a_broker - a) / (b - b_broker), and there is no crossing
+    unless the direct line is the steeper one. A fit is redrawn the way its interval was made:
+    stratified bootstrap of its runs, or, with one run per N, (a, b) from the OLS estimate's
+    multivariate t (a parametric bootstrap). The flat level is a bootstrap of its runs' median, or
+    fixed when it has one run. N* < 1 means the direct line is already above the broker at N = 1.
     """
     rng = np.random.default_rng(seed)
-    n_star = None if fit.b <= 0 else 1 + (level.level - fit.a) / fit.b
-    if fit.ci_method == "bootstrap":
-        a, b = _boot_draws(fit.n - 1.0, fit.y, fit.ys, fit.anchor, n_boot, rng).T
-    elif fit.ci_method == "ols-t" and fit.cov is not None:
-        z = rng.multivariate_normal(np.zeros(2), fit.cov, n_boot, method="eigh")
-        ab = (
-            np.array([fit.a, fit.b])
-            + z / np.sqrt(rng.chisquare(fit.dof, n_boot) / fit.dof)[:, None]
-        )
-        a, b = ab[:, 0], ab[:, 1]
-    else:
-        a = b = None
+    line = level.line
+    la, lb = (level.level, 0.0) if line is None else (line.a, line.b)
+    n_star = None if fit.b <= lb else 1 + (la - fit.a) / (fit.b - lb)
+    drawn = _draw_line(fit, n_boot, rng)
     resampled = level.values.size >= 2
-    if a is None:
+    if drawn is None:
         ci, p_never = NAN_CI, math.nan
     else:
-        lvl = np.full(n_boot, level.level)
-        if resampled:
-            lvl = np.median(
-                level.values[rng.integers(0, level.values.size, (n_boot, level.values.size))],
-                axis=1,
-            )
+        a, b = drawn
+        if line is not None:
+            other = _draw_line(line, n_boot, rng)
+            lvl, lslope = other if other is not None else (np.full(n_boot, la), np.full(n_boot, lb))
+        else:
+            lslope, lvl = np.zeros(n_boot), np.full(n_boot, level.level)
+            if resampled:
+                lvl = np.median(
+                    level.values[rng.integers(0, level.values.size, (n_boot, level.values.size))], axis=1
+                )
+        rise = b - lslope
         with np.errstate(divide="ignore", invalid="ignore"):
-            draws = np.where(b > 0, 1 + (lvl - a) / b, np.inf)
-        ci, p_never = _ci(draws), float(np.mean(b <= 0))
+            draws = np.where(rise > 0, 1 + (lvl - a) / rise, np.inf)
+        ci, p_never = _ci(draws), float(np.mean(rise <= 0))
     lo, hi = fit.n_range
     inside = n_star is not None and lo <= n_star <= hi
     method = fit.ci_method if fit.ci_method != "ols-t" else "parametric-t"
     return Crossover(
-        fit.pipeline, level.pipeline, n_star, ci, method, resampled, p_never, (lo, hi), inside
+        fit.pipeline, level.pipeline, n_star, ci, method, resampled, p_never, (lo, hi), inside,
+        level.model,
     )
 
 
-def headline(df: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Pipeline x N: median ms CPU/msg, run count n, and a 95 % bootstrap interval of the median
-    (lo, hi; NaN with a single run; with 2-3 runs it is close to [min, max]). Warm-up and failed
-    runs are excluded."""
-    rng, rows = np.random.default_rng(seed), []
+def headline(df: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, metric: str = METRIC) -> pd.DataFrame:
+    """Pipeline x N: median ms CPU/msg, run count n, and the order-statistic interval of the median
+    (lo, hi) with its exact ``coverage`` (:func:`lab.study.intervals.median_interval`: 95 % or more
+    from 6 runs; [min, max] below that, e.g. 75 % with 3 runs; NaN and 0 with a single run). Warm-up
+    and failed runs are excluded. ``metric``: another per-run column (e.g. the speed-normalised one).
+    ``n_boot`` and ``seed`` are kept for callers; the interval needs no resampling."""
+    rows = []
     runs = measured(df)
     for (pipeline, n), g in runs.groupby(["pipeline", "consumers"], sort=False):
-        v = g[METRIC].to_numpy(float)
-        lo, hi = (
-            NAN_CI
-            if v.size < 2
-            else _ci(np.median(v[rng.integers(0, v.size, (n_boot, v.size))], axis=1))
-        )
-        rows.append(
-            dict(
-                pipeline=pipeline,
-                consumers=int(n),
-                median=float(np.median(v)),
-                n=v.size,
-                lo=lo,
-                hi=hi,
-            )
-        )
-    out = pd.DataFrame(rows, columns=["pipeline", "consumers", "median", "n", "lo", "hi"])
+        v = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy(float)
+        if not v.size:
+            continue
+        lo, hi, coverage = median_interval(v)
+        rows.append(dict(pipeline=pipeline, consumers=int(n), median=float(np.median(v)), n=v.size,
+                         lo=lo, hi=hi, coverage=coverage))
+    out = pd.DataFrame(rows, columns=["pipeline", "consumers", "median", "n", "lo", "hi", "coverage"])
     order = {p: i for i, p in enumerate(PIPELINE_NAMES)}
     out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
     return (

@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
+from lab.study.intervals import coverage_label
 from lab.study.costmodel import METRIC, Crossover, FanoutFit, Level, drift, headline, measured
 from lab.scenario import PIPELINE_NAMES
 
@@ -62,7 +63,8 @@ def _n_axis(ax: Any, ns: Iterable[float]) -> None:
 
 
 def headline_figure(ours: pd.DataFrame, reference: pd.DataFrame | None = None) -> Figure:
-    """ms CPU/msg against N per pipeline: ours solid with 95 % interval bars, published dashed.
+    """ms CPU/msg against N per pipeline: ours solid with interval bars (their exact coverage in the
+    title, :mod:`lab.study.intervals`), published dashed.
 
     ``ours`` is :func:`lab.study.costmodel.headline`'s table or raw runs; ``reference`` is
     ``load_reference("headline")`` (pipeline, consumers, ms_per_msg).
@@ -97,7 +99,9 @@ def headline_figure(ours: pd.DataFrame, reference: pd.DataFrame | None = None) -
             ns += g["consumers"].tolist()
     _n_axis(ax, ns)
     ax.set_ylabel("ms CPU per message")
-    ax.set_title("CPU per message vs consumers (bars: 95 % interval of the median)")
+    covs = sorted({round(float(c), 3) for c in table.get("coverage", pd.Series(dtype=float)) if c})
+    what = ("coverage " + " / ".join(coverage_label(c) for c in covs)) if covs else "none: one run per cell"
+    ax.set_title(f"CPU per message vs consumers\n(bars: interval of the median, {what})", fontsize="medium")
     ax.legend(fontsize="small", ncol=2)
     return fig
 
@@ -164,17 +168,21 @@ def fanout_figure(
         band = f.band(ns)
         if band is not None:
             ax.fill_between(ns, *band, color=c, alpha=0.15, lw=0)
-    at = {}
+    at: dict[str, Level] = {}
     for lv in levels:
         c = _color(lv.pipeline)
-        ax.axhline(lv.level, color=c, ls="--", label=f"{lv.pipeline} level {lv.level:.2f}")
-        if math.isfinite(lv.ci[0]):
-            ax.axhspan(*lv.ci, color=c, alpha=0.1, lw=0)
-        at[lv.pipeline] = lv.level
+        if lv.line is not None:  # its slope is not 0: the crossover uses its fitted line
+            ax.plot(ns, lv.line.predict(ns), color=c, ls="--", label=f"{lv.pipeline} fitted line")
+        else:
+            ax.axhline(lv.level, color=c, ls="--", label=f"{lv.pipeline} level {lv.level:.2f}")
+            if math.isfinite(lv.ci[0]):
+                ax.axhspan(*lv.ci, color=c, alpha=0.1, lw=0)
+        at[lv.pipeline] = lv
     for cx in crossovers:
         if cx.n_star is None:
             continue
-        y = at.get(cx.broker, math.nan)
+        lv = at.get(cx.broker)
+        y = math.nan if lv is None else (float(lv.line.predict(cx.n_star)) if lv.line is not None else lv.level)
         kind = "inside the measured range" if cx.inside else "extrapolated"
         ax.plot(
             [cx.n_star],
@@ -191,7 +199,8 @@ def fanout_figure(
     ax.set_xlim(0.5, right)
     ax.set_xlabel("consumers N")
     ax.set_ylabel("ms CPU per message")
-    ax.set_title("Fan-out cost model and crossover (95 % intervals)")
+    ax.set_title("Fan-out cost model and crossover\n(bands and N* bars: 95 % bootstrap; level shading: "
+                 "order-statistic interval of the median)", fontsize="medium")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 

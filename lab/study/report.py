@@ -165,17 +165,25 @@ def save_table(df: pd.DataFrame, out_dir: str | Path, name: str, *, index: bool 
         df.to_csv(Path(out_dir) / f"{name}.csv", index=index)
 
 
+# per-run measurements of the host (load, steal): in the per-run table, not in the stand's
+PER_RUN_HOST = frozenset({"span_s", "busy_cpu_s", "idle_cpu_s", "iowait_cpu_s", "steal_cpu_s", "steal_pct",
+                          "busy_pct", "loadavg_start", "loadavg_end"})
+
+
 def stand_table(runs: pd.DataFrame, *, settings: Settings | None = None) -> pd.DataFrame:
     """Where and with what ``runs`` were measured: host, CPUs, platform, Python, the version of
-    every component, lab version and git SHA (distinct values joined when runs differ)."""
+    every component and client library, the CPU method, lab version, git SHA and whether the tree
+    had uncommitted changes (distinct values joined when runs differ)."""
     from lab.results import read_run
 
     seen: dict[str, list[str]] = {}
     for run_id in runs["run_id"]:
         run = read_run(run_id, settings=settings)
-        fields = {**{f"host.{k}": v for k, v in (run.get("host") or {}).items()},
+        fields = {**{f"host.{k}": v for k, v in (run.get("host") or {}).items() if k not in PER_RUN_HOST},
                   **{f"version.{k}": v for k, v in (run.get("versions") or {}).items()},
-                  "lab_version": run.get("lab_version"), "git_sha": run.get("git_sha")}
+                  **{f"client.{k}": v for k, v in (run.get("clients") or {}).items()},
+                  "CPU measured by": run.get("cpu_method"), "lab_version": run.get("lab_version"),
+                  "git_sha": run.get("git_sha"), "uncommitted changes": run.get("git_dirty")}
         for key, value in fields.items():
             values = seen.setdefault(key, [])
             if str(value) not in values:

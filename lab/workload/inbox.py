@@ -51,3 +51,41 @@ async def claim_lsns(conn: psycopg.AsyncConnection, lsns: Sequence[int], me: str
     params = {"lsns": [format_lsn(x) for x in lsns], "me": me}
     cur = await conn.execute(CLAIM_LSNS, params, prepare=False)
     return sorted(row[0] - 1 for row in await cur.fetchall())
+
+
+ID_SETS = sql.SQL(
+    "with worked as (select distinct unnest(%(ids)s::int8[]) as id) "
+    "select (select count(*) from messages), "
+    "(select count(*) from worked w where not exists (select 1 from messages m where m.id = w.id)), "
+    "(select count(*) from messages m where not exists (select 1 from worked w where w.id = m.id))"
+)
+CLAIMED_IDS = sql.SQL(
+    "select (select count(*) from inbox i where not exists (select 1 from messages m where m.id = i.id)), "
+    "(select count(*) from messages m where not exists (select 1 from inbox i where i.id = m.id))"
+)
+
+
+async def id_sets(conn: psycopg.AsyncConnection, worked: Sequence[int], inbox_table: str) -> dict[str, int | None]:
+    """Compare this run's id sets with the ids of ``messages`` (not only their counts).
+
+    ``worked_not_in_messages`` / ``messages_not_worked``: the ids the work endpoint was called
+    with against the rows of ``messages``. For the id-keyed ``inbox`` also the claimed set
+    (``claimed_not_in_messages`` / ``messages_not_claimed``); the WAL-keyed ``inbox_wal`` holds
+    positions, not ids, so its claims are tied to ids through the work calls (one call per claim).
+    All zero: the sets are equal.
+    """
+    cur = await conn.execute(ID_SETS, {"ids": list(worked)})
+    rows, foreign, missing = await cur.fetchone()
+    out: dict[str, int | None] = {"messages_rows": rows, "worked_not_in_messages": foreign,
+                                  "messages_not_worked": missing,
+                                  "claimed_not_in_messages": None, "messages_not_claimed": None}
+    if inbox_table == "inbox":
+        cur = await conn.execute(CLAIMED_IDS)
+        out["claimed_not_in_messages"], out["messages_not_claimed"] = await cur.fetchone()
+    return out
+
+
+def sets_equal(checks: dict[str, int | None]) -> bool:
+    """True when every set difference of :func:`id_sets` is empty."""
+    return all(not checks.get(k) for k in ("worked_not_in_messages", "messages_not_worked",
+                                           "claimed_not_in_messages", "messages_not_claimed"))

@@ -18,10 +18,11 @@ Ordering rules:
 
 For a replication slot, a row's own LSN (its XLogData ``data_start``) is unique but not monotone:
 transactions are streamed in commit order, so a row of a transaction that began earlier and
-committed later arrives with a lower LSN. Use the transaction's positions instead:
-``hold(begin.final_lsn)`` at Begin, ``hold(begin.final_lsn)`` per claimed row and ``resolve`` it
-after the work, then at Commit ``resolve(begin.final_lsn)`` (the Begin's own hold, which keeps the
-position open until every row of the transaction has been held) and ``advance(commit.end_lsn)``.
+committed later arrives with a lower LSN. :class:`SlotWatermark` (what the ``wal`` readers use)
+therefore numbers the stream's messages (1, 2, 3, ...) and runs the watermark over those sequence
+numbers: ``hold`` per claimed row, ``advance`` per other message, and each Commit's ``end_lsn``
+remembered with its number. The slot may confirm the end LSN of the newest Commit whose number
+is confirmable: every row streamed before it was worked on or lost its claim.
 
 Every operation is O(1) amortised: a deque of distinct positions in stream order, a count of
 unresolved holds per position, and the front of the deque popped while it is resolved.
@@ -111,3 +112,49 @@ class Watermark:
     def __repr__(self) -> str:
         return (f"Watermark(confirmable={self._confirmed}, last={self._last}, "
                 f"in_flight={self.in_flight})")
+
+
+class SlotWatermark:
+    """The confirmable LSN of one replication slot, from stream sequence numbers (module doc).
+
+    ``row()`` numbers and holds a row that needs work and returns its number, ``resolve(seq)``
+    marks it done; ``passed(end_lsn)`` numbers any other message (``end_lsn``: a Commit's, else
+    None). Both return the LSN the slot may now report as flushed, or None when it did not move.
+    """
+
+    __slots__ = ("_commits", "_marks", "_seq")
+
+    def __init__(self) -> None:
+        self._marks = Watermark()
+        self._commits: deque[tuple[int, int]] = deque()  # (seq, end lsn), seq increasing
+        self._seq = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._marks.in_flight
+
+    def row(self) -> int:
+        self._seq = seq = self._seq + 1
+        self._marks.hold(seq)
+        return seq
+
+    def passed(self, end_lsn: int | None = None) -> int | None:
+        self._seq = seq = self._seq + 1
+        self._marks.advance(seq)
+        if end_lsn is None:
+            return None
+        self._commits.append((seq, end_lsn))
+        return self._confirm()
+
+    def resolve(self, seq: int) -> int | None:
+        self._marks.resolve(seq)
+        return self._confirm()
+
+    def _confirm(self) -> int | None:
+        upto, commits = self._marks.confirmable, self._commits
+        if upto is None or not commits or commits[0][0] > upto:
+            return None
+        lsn = 0
+        while commits and commits[0][0] <= upto:
+            lsn = commits.popleft()[1]
+        return lsn

@@ -16,6 +16,9 @@ Endpoints (method.md §3 and §5):
 * ``GET /load/arrivals`` -> ``{"ids": [...], "t": [...]}``: every work call's id and wall-clock
   arrival (``time.time()``), kept in two ``array`` columns (16 bytes and well under 1 µs a call).
 * ``POST /load/reset`` -> 204; zeroes the counters and the arrivals.
+* Test only, with ``--test-hold``: ``POST /test/hold`` ``{"id"}`` makes ``/send-email`` for that id
+  wait (after counting the call) until ``POST /test/release``; the watermark test holds one row's
+  work this way. Without the option the routes do not exist and the hot path is unchanged.
 
 Hot path (measured with 20k messages from 200 senders on 2 shared cores): uvloop, orjson, no
 access log, a fixed pool of 220 connections as in the reference (a pool of 64 cost ~50 % more
@@ -114,6 +117,36 @@ async def send_email(request: web.Request) -> web.Response:
     return web.Response(status=202)
 
 
+HOLD = web.AppKey("hold", dict)
+
+
+def holding_send_email(inner: Handler) -> Handler:
+    """``/send-email`` that waits on the held id until it is released (``--test-hold`` only)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.read()
+        hold = request.app[HOLD]
+        if orjson.loads(body)["id"] == hold.get("id"):
+            request.app[STATS].work(hold["id"])
+            await hold["released"].wait()
+            return web.Response(status=202)
+        return await inner(request)
+
+    return handler
+
+
+async def hold_id(request: web.Request) -> web.Response:
+    request.app[HOLD].update(id=orjson.loads(await request.read())["id"], released=asyncio.Event())
+    return web.Response(status=204)
+
+
+async def release_id(request: web.Request) -> web.Response:
+    hold = request.app[HOLD]
+    if "released" in hold:
+        hold["released"].set()
+    return web.Response(status=204)
+
+
 def delayed_send_email(delay_s: float) -> Handler:
     """``/send-email`` that sleeps ``delay_s`` instead of yielding (the control experiment)."""
 
@@ -149,7 +182,8 @@ async def reset(request: web.Request) -> web.Response:
 
 
 def create_app(
-    dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0, prepare: bool = False
+    dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0, prepare: bool = False,
+    test_hold: bool = False,
 ) -> web.Application:
     """The aiohttp application; the pool opens on startup and closes on cleanup.
 
@@ -172,9 +206,13 @@ def create_app(
 
     app.cleanup_ctx.append(pool_ctx)
     app.router.add_post("/load/messages", insert_message)
-    app.router.add_post(
-        "/send-email", delayed_send_email(work_delay_ms / 1000) if work_delay_ms > 0 else send_email
-    )
+    work = delayed_send_email(work_delay_ms / 1000) if work_delay_ms > 0 else send_email
+    if test_hold:  # test only: the normal handler stays as it is otherwise
+        app[HOLD] = {}
+        work = holding_send_email(work)
+        app.router.add_post("/test/hold", hold_id)
+        app.router.add_post("/test/release", release_id)
+    app.router.add_post("/send-email", work)
     app.router.add_get("/load/stats", stats)
     app.router.add_get("/load/arrivals", arrivals)
     app.router.add_post("/load/reset", reset)
@@ -183,7 +221,7 @@ def create_app(
 
 async def serve(
     host: str, port: int, dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0,
-    prepare: bool = False,
+    prepare: bool = False, test_hold: bool = False,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting, finish, and close the pool."""
     stop = asyncio.Event()
@@ -191,7 +229,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(
-        create_app(dsn, pool_size, work_delay_ms, prepare), access_log=None, handle_signals=False
+        create_app(dsn, pool_size, work_delay_ms, prepare, test_hold), access_log=None, handle_signals=False
     )
     await runner.setup()  # opens the pool: the port only listens once every connection is up
     try:
@@ -213,13 +251,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="sleep this long in /send-email instead of yielding (control experiment)")
     p.add_argument("--prepare", action=argparse.BooleanOptionalAction, default=False,
                    help="server-side prepared INSERT (default: unprepared, as the reference)")
+    p.add_argument("--test-hold", action="store_true",
+                   help="tests only: /test/hold and /test/release hold one id's work")
     a = p.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     logging.getLogger("lab").setLevel(logging.INFO)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        r.run(serve(a.host, a.port, a.dsn, a.pool, a.work_delay_ms, a.prepare))
+        r.run(serve(a.host, a.port, a.dsn, a.pool, a.work_delay_ms, a.prepare, a.test_hold))
 
 
 if __name__ == "__main__":

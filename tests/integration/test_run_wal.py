@@ -32,6 +32,12 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
     assert c["skipped"] == (n - 1) * M  # every reader sees every row
     assert c["db_ops"] >= n * M // 100  # one claim per batch of at most 100
     assert c["inbox_rows"] == c["distinct_ids"] == M
+    assert c["ids_match"] is True and c["messages_not_worked"] == c["worked_not_in_messages"] == 0
+    # how it was measured (lab.measure.provenance)
+    assert r["cpu_method"] in ("cgroup", "schedstat", "proc-ticks") and r["git_dirty"] in (True, False)
+    assert {"python", "psycopg", "libpq", "aiohttp", "uvloop", "orjson", "confluent-kafka", "librdkafka",
+            "aio-pika", "aiormq"} <= {k for k, v in r["clients"].items() if v}
+    assert r["host"]["steal_cpu_s"] is not None and r["host"]["loadavg_end"] and r["versions"]["postgres"]
     assert sum(x["processed"] for x in r["consumers"]) == M
     assert c["claims_min"] * n <= M <= c["claims_max"] * n
     # the metric: every participant measured over the window, divided by M
@@ -52,6 +58,25 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
     assert row["success"] and row["consumers"] == n
     samples = read_samples(r["run_id"], settings=settings)
     assert {"postgres", "consumers", "host"} <= set(samples["participant"])
+
+
+def test_the_id_sets_are_compared_not_only_their_sizes(stack: object, settings: Settings) -> None:
+    """A worked set of the right size with one foreign id is caught (run's rows still in messages)."""
+    from lab.workload.inbox import id_sets, sets_equal
+
+    r = run(settings, pipeline="wal", consumers=1, messages=200)
+    assert r["success"], r["error"]
+
+    async def check(ids: list[int]) -> dict:
+        async with await psycopg.AsyncConnection.connect(settings.pg_dsn) as conn:
+            return await id_sets(conn, ids, "inbox_wal")
+
+    with psycopg.connect(settings.pg_dsn) as conn:
+        ids = [row[0] for row in conn.execute("SELECT id FROM messages ORDER BY id")]
+    assert len(ids) == 200 and sets_equal(asyncio.run(check(ids)))
+    wrong = asyncio.run(check([*ids[1:], ids[-1] + 10_000]))
+    assert (wrong["worked_not_in_messages"], wrong["messages_not_worked"]) == (1, 1)
+    assert not sets_equal(wrong)
 
 
 def test_a_run_whose_web_port_is_taken_does_not_start(stack: object, settings: Settings) -> None:

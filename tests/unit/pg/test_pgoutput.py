@@ -443,6 +443,35 @@ def test_decode_errors() -> None:
         dec.decode(b"Z")
     with pytest.raises(DecodeError, match="unknown replication stream message"):
         parse_copy_data(b"x" + bytes(24))
+    with pytest.raises(DecodeError, match="truncated replication stream message"):
+        parse_copy_data(b"w" + bytes(10))
+
+
+@pytest.mark.parametrize("variant", ["v4-binary", "v1-text"])
+def test_truncated_messages_and_unknown_tuple_kinds_raise_decode_error(variant: str) -> None:
+    """Every prefix of every captured message is either decoded or refused with DecodeError."""
+    frames = [bytes.fromhex(h) for h in CAPTURE["variants"][variant]["copy_data"] if h.startswith("77")]
+    payloads = [f[25:] for f in frames]
+    dec = Decoder()
+    for payload in payloads:
+        if payload[:1] in (b"R", b"Y"):  # relations first, so that changes can be decoded
+            dec.decode(payload)
+    truncated = 0
+    for payload in payloads:
+        dec.decode(payload)  # the whole message decodes
+        for cut in range(1, len(payload)):
+            try:
+                dec.decode(payload[:cut])
+            except DecodeError:
+                truncated += 1
+            if payload[:1] == b"R":  # a cut Relation must not replace the good one
+                dec.decode(payload)
+    assert truncated > 0
+    insert = next(p for p in payloads if p[:1] == b"I")
+    broken = bytearray(insert)
+    broken[8] = ord("x")  # the first column's kind byte (after 'I', oid, 'N', column count)
+    with pytest.raises(DecodeError, match="unknown tuple value kind 'x'"):
+        dec.decode(bytes(broken))
 
 
 def test_stream_stop_resets_xid_prefix() -> None:

@@ -234,3 +234,22 @@ def test_anchored_fit_with_repeats_gets_a_bootstrap_interval() -> None:
     assert (
         cm.crossover(fit, cm.broker_level(synth(2.0, 0, pipeline="kafka"), "kafka")).inside is False
     )
+
+
+def test_crossover_uses_the_brokers_fitted_line_when_its_slope_is_not_zero() -> None:
+    direct = synth(1.0, 0.5, sd=0.02, ns=(1, 2, 4, 8, 16))
+    rising = synth(3.0, 0.25, sd=0.02, ns=(1, 2, 4, 8, 16), pipeline="kafka", seed=1)
+    df = pd.concat([direct, rising], ignore_index=True)
+    fit, level = cm.fit_fanout(df, "wal"), cm.broker_level(df, "kafka")
+    assert level.slope_nonzero and level.model == "fitted line"
+    c = cm.crossover(fit, level)
+    assert c.broker_model == "fitted line"
+    assert c.n_star == pytest.approx(1 + 2.0 / 0.25, rel=0.05)  # 9, where the two lines meet
+    assert c.ci[0] < c.n_star < c.ci[1]
+    flat = synth(3.0, 0.0, sd=0.02, ns=(1, 2, 4, 8, 16), pipeline="kafka", seed=1)
+    level = cm.broker_level(pd.concat([direct, flat], ignore_index=True), "kafka")
+    assert not level.slope_nonzero and level.model == "flat level"
+    assert cm.crossover(fit, level).n_star == pytest.approx(1 + 2.0 / 0.5, rel=0.05)
+    parallel = synth(3.0, 0.5, sd=0.02, ns=(1, 2, 4, 8, 16), pipeline="kafka", seed=1)
+    level = cm.broker_level(pd.concat([direct, parallel], ignore_index=True), "kafka")
+    assert cm.crossover(fit, level).p_never > 0.2  # equal slopes: the lines may never meet

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lab.workload.watermark import Watermark
+from lab.workload.watermark import SlotWatermark, Watermark
 
 
 def test_confirms_only_up_to_the_first_unresolved_hold():
@@ -169,15 +169,46 @@ class WatermarkMachine(RuleBasedStateMachine):
 TestWatermarkMachine = WatermarkMachine.TestCase
 
 
-def test_slot_recipe_keeps_a_transaction_open_until_its_commit():
-    w = Watermark()
-    w.hold(100)  # Begin of a transaction whose commit record is at 100
-    w.hold(100)  # first row, claimed
-    w.resolve(100)  # first row done before the second row even arrived
-    assert w.confirmable is None
-    w.hold(100)  # second row
-    w.resolve(100)  # Commit: release the Begin's hold ...
-    w.advance(130)  # ... and pass its end LSN
-    assert w.confirmable is None  # the second row is still in flight
-    w.resolve(100)
-    assert w.confirmable == 130
+def test_slot_watermark_confirms_a_commit_only_once_every_earlier_row_is_done():
+    """The scheme the wal readers use: stream sequence numbers, commits mapped to their end LSN.
+
+    Transactions arrive in commit order, so LSNs inside the stream are not monotone (the second
+    transaction's row has a lower LSN than the first's commit); the sequence numbers are.
+    """
+    s = SlotWatermark()
+    assert s.passed() is None  # Begin of T1
+    a = s.row()  # T1's row (claimed by this reader)
+    assert s.passed(0x3000) is None  # T1's Commit: its row is still in flight
+    assert s.passed() is None  # Begin of T2 (began before T1, committed after)
+    b = s.row()
+    assert s.passed(0x3100) is None
+    assert s.passed() is None  # Begin of T3
+    c = s.row()
+    assert s.passed(0x3200) is None
+    assert s.resolve(c) is None and s.resolve(b) is None  # later rows done (or lost their claim)
+    assert s.in_flight == 1
+    assert s.resolve(a) == 0x3200  # the oldest row done: every commit up to the newest
+    assert s.in_flight == 0
+
+
+def test_slot_watermark_moves_commit_by_commit():
+    s = SlotWatermark()
+    rows = []
+    for end in (100, 200, 300):
+        s.passed()
+        rows.append(s.row())
+        assert s.passed(end) is None
+    assert s.resolve(rows[0]) == 100
+    assert s.resolve(rows[2]) is None  # 200's row still open
+    assert s.resolve(rows[1]) == 300
+    s.passed()
+    assert s.passed(400) == 400  # a transaction without rows for us: confirmable at its commit
+
+
+def test_slot_watermark_keeps_a_multi_row_transaction_open_until_all_rows_are_done():
+    s = SlotWatermark()
+    s.passed()
+    first, second = s.row(), s.row()
+    assert s.passed(500) is None
+    assert s.resolve(second) is None
+    assert s.resolve(first) == 500

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from lab.study import costmodel, groups
+
+
+def runs(**over: object) -> pd.DataFrame:
+    base = dict(run_id=["r1", "r2", "r3"], pipeline="wal", consumers=[1, 2, 4], messages=5000,
+                senders=200, batch_size=100, rate=0.0, work_delay_ms=0.0, producer="web",
+                cpu_method="cgroup", cpu_ms_per_msg=[1.0, 1.5, 2.5], success=True, warmup=False,
+                series_id="s1", started_at=["2026-12-01T01", "2026-12-01T02", "2026-12-01T03"])
+    return pd.DataFrame({**base, **over})
+
+
+def test_runs_of_different_cpu_methods_are_never_pooled() -> None:
+    df = runs(cpu_method=["cgroup", "proc-ticks", "cgroup"])
+    with pytest.raises(groups.NotComparable) as err:
+        costmodel.measured(df)
+    msg = str(err.value)
+    assert "\n" not in msg and "CPU by cgroup (2 runs)" in msg and "CPU by proc-ticks (1 runs)" in msg
+    assert len(costmodel.measured(df[df["cpu_method"] == "cgroup"])) == 2
+
+
+@pytest.mark.parametrize("column,values", [("messages", [5000, 5000, 20000]), ("rate", [0.0, 0.0, 500.0]),
+                                           ("work_delay_ms", [0.0, 5.0, 0.0]), ("senders", [200, 50, 200])])
+def test_every_comparability_key_splits_groups(column: str, values: list) -> None:
+    with pytest.raises(groups.NotComparable, match="refusing to pool"):
+        costmodel.headline(runs(**{column: values}))
+
+
+def test_failed_and_warmup_runs_do_not_decide_the_group() -> None:
+    df = runs(messages=[1000, 5000, 5000], warmup=[True, False, False])
+    assert len(costmodel.measured(df)) == 2
+    picked, name = groups.select(df)
+    assert len(picked) == 3 and name == ("series s1: web producer, closed loop, no work delay, 5000 messages, "
+                                         "200 senders, batch 100, CPU by cgroup")
+
+
+def test_default_selection_is_the_newest_series_or_one_line_listing_the_groups() -> None:
+    old = runs(series_id="old", messages=20000, cpu_method=None)
+    new = runs(series_id="new", run_id=["n1", "n2", "n3"],
+               started_at=["2026-12-02T01", "2026-12-02T02", "2026-12-02T03"])
+    picked, name = groups.select(pd.concat([old, new]))
+    assert set(picked["run_id"]) == {"n1", "n2", "n3"} and name.startswith("series new:")
+    picked, name = groups.select(pd.concat([old, new]), "old")
+    assert "20000 messages" in name and "CPU by unrecorded" in name
+    mixed = pd.concat([old.assign(series_id="new"), new])
+    with pytest.raises(groups.NotComparable, match=r"20000 messages.*\(3 runs\); .*5000 messages"):
+        groups.select(mixed)
+    with pytest.raises(ValueError, match="no runs stored for series 'nope'"):
+        groups.select(new, "nope")
+
+
+def test_tables_without_the_columns_are_one_group() -> None:
+    published = costmodel.published_runs()
+    assert len(costmodel.measured(published)) == 16
