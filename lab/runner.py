@@ -317,7 +317,8 @@ class Run:
         checks: dict[str, Any] = {}
         try:
             self.progress("setup", {})
-            web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn]
+            web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn,
+                        "--reset", s.reset]
             if s.work_delay_ms:
                 web_args += ["--work-delay-ms", str(s.work_delay_ms)]
             self.procs["web"] = self._spawn("web", web_args)
@@ -328,7 +329,7 @@ class Run:
             if s.producer == "direct":  # broker-native stand: write straight into the transport
                 target = {"kafka": "kafka", "rabbitmq": "rabbitmq"}.get(s.pipeline, "pg")
                 sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
-                               "--producers", str(s.senders), *gate_out]
+                               "--producers", str(s.senders), "--reset", s.reset, *gate_out]
             else:
                 sender_args = ["-m", "lab.workload.senders", "--url", st.web_url, "--messages", str(s.messages),
                                "--senders", str(s.senders), *gate_out]
