@@ -61,20 +61,38 @@ def spawn(
             close_fds=True,
         )
     proc = psutil.Process(popen.pid)
-    record = {"pid": proc.pid, "create_time": proc.create_time(), "argv": [str(a) for a in argv]}
+    record = {"pid": proc.pid, "create_time": proc.create_time(), "start_ticks": start_ticks(proc.pid),
+              "argv": [str(a) for a in argv]}
     tmp = pidfile(state_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(pidfile(state_dir))
     return proc
 
 
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22).
+
+    Unlike psutil's ``create_time`` (boot time + ticks, where the boot time is derived from the
+    wall clock), it does not move when the clock is stepped, so a recorded process stays ours.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def running(state_dir: Path) -> psutil.Process | None:
-    """Our recorded process if it is still alive (same pid and create time), else None."""
+    """Our recorded process if it is still alive (same pid and start time), else None."""
     path = pidfile(state_dir)
     try:
         record = json.loads(path.read_text())
         proc = psutil.Process(record["pid"])
-        if abs(proc.create_time() - record["create_time"]) > 0.01:
+        ticks = record.get("start_ticks")
+        if ticks is not None:
+            if start_ticks(proc.pid) != ticks:
+                return None
+        elif abs(proc.create_time() - record["create_time"]) > 0.01:
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
             with contextlib.suppress(ChildProcessError, OSError):
