@@ -1,8 +1,15 @@
-"""One consumer process: the loop every pipeline shares (method.md §4.0).
+"""Consumers: the loop every pipeline shares (method.md §4.0), one or several per process.
 
-Run by the runner as its own OS process (one per consumer, so a fault test can kill one)::
+Run by the runner, laid out as ``Scenario.consumer_layout`` says::
 
-    python -m lab.consumer --pipeline wal --index 0 --run-dir DIR --scenario '{...}'
+    python -m lab.consumer --pipeline wal --index 0 --run-dir DIR --scenario '{...}'      # processes
+    python -m lab.consumer --pipeline wal --index 0,1,2,3 --run-dir DIR --scenario '{...}'  # tasks
+
+``processes``: one OS process per consumer (a fault test can kill one). ``tasks``: the N
+consumers are asyncio tasks of one process, as the reference ran its NBomber copies; they share
+what the reference shared (one AMQP connection with a channel each for RabbitMQ, through
+``shared``) and keep their own transport reads and claim connections. Each task still writes
+its own ready and result files, so the runner's protocol is the same for both layouts.
 
 Loop: while nothing is pending, fill a batch (up to ``batch_size``; 100 ms for the first
 message, 50 ms to top up) and claim it with one statement; then, strictly one at a time,
@@ -25,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +41,7 @@ import orjson
 import uvloop
 
 from lab.pipelines import source_for
-from lab.pipelines.base import Item, Source
+from lab.pipelines.base import Item, SharedResources, Source
 from lab.scenario import Scenario
 from lab.settings import Settings, get_settings
 
@@ -117,31 +125,49 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+async def _one(consumer: Consumer, run_dir: Path) -> bool:
+    """Run one consumer to its end; write its result file whatever happens."""
+    error = None
+    try:
+        await consumer.run(run_dir / f"consumer-{consumer.index}.ready")
+    except Exception as exc:
+        log.exception("consumer %d failed", consumer.index)
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await consumer.source.close()
+    result = consumer.result(error)
+    _atomic_write(run_dir / f"consumer-{consumer.index}.json", json.dumps(result).encode())
+    return error is None
+
+
 async def _main(args: argparse.Namespace) -> int:
     scenario = Scenario(**json.loads(args.scenario))
     settings = get_settings()
     run_dir = Path(args.run_dir)
-    source = source_for(scenario, settings, args.index, run_dir=run_dir)
-    consumer = Consumer(scenario, settings, args.index, source)
+    indexes = [int(i) for i in str(args.index).split(",")]
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, consumer.stop.set)
-    loop.add_signal_handler(signal.SIGINT, consumer.stop.set)
-    error = None
+    shared: SharedResources | None = None
+    if len(indexes) > 1:  # tasks: blocking waits (Kafka's) each need a thread of the pool
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=len(indexes) + 4))
+        shared = SharedResources()
+    consumers = [
+        Consumer(scenario, settings, i, source_for(scenario, settings, i, run_dir=run_dir, shared=shared))
+        for i in indexes
+    ]
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: [c.stop.set() for c in consumers])
     try:
-        await consumer.run(run_dir / f"consumer-{args.index}.ready")
-    except Exception as exc:
-        log.exception("consumer %d failed", args.index)
-        error = f"{type(exc).__name__}: {exc}"
+        ok = await asyncio.gather(*(_one(c, run_dir) for c in consumers))
     finally:
-        await source.close()
-    _atomic_write(run_dir / f"consumer-{args.index}.json", json.dumps(consumer.result(error)).encode())
-    return 0 if error is None else 1
+        if shared is not None:
+            await shared.close()
+    return 0 if all(ok) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.consumer")
     parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--index", required=True, help="consumer index, or indexes 0,1,... run as tasks")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--scenario", required=True, help="the Scenario as JSON")
     args = parser.parse_args(argv)

@@ -161,9 +161,11 @@ class Run:
     async def start_consumers(self) -> None:
         s = self.scenario
         payload = json.dumps(s.as_parameters())
-        for i in range(s.consumers):
-            self.consumers.append(self._spawn(f"consumer-{i}", [
-                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", str(i),
+        # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
+        layout = [[i] for i in range(s.consumers)] if s.consumer_layout == "processes" else [list(range(s.consumers))]
+        for group in layout:
+            self.consumers.append(self._spawn(f"consumer-{group[0]}", [
+                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
                 "--run-dir", str(self.scratch), "--scenario", payload,
             ]))
         deadline = time.monotonic() + s.ready_timeout_s
@@ -215,11 +217,12 @@ class Run:
             with contextlib.suppress(psutil.NoSuchProcess):
                 c.send_signal(signal.SIGTERM)
         results = []
-        for i, c in enumerate(self.consumers):
+        for c in self.consumers:
             try:
                 await asyncio.to_thread(c.wait, 30)
             except psutil.TimeoutExpired:
                 c.kill()
+        for i in range(self.scenario.consumers):  # one result file per consumer in either layout
             path = self.scratch / f"consumer-{i}.json"
             results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
         return results

@@ -22,6 +22,7 @@ from typing import Any
 PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
+CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 
 
@@ -46,6 +47,7 @@ class Scenario:
     seed: int = 0  # for anything randomised in a series
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
+    consumer_layout: str = "processes"  # processes: one OS process per consumer | tasks: N asyncio tasks, one process
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINE_NAMES:
@@ -63,6 +65,10 @@ class Scenario:
             )
         if self.reset not in RESETS:
             raise ValueError(f"unknown reset {self.reset!r}: choose one of {', '.join(RESETS)}")
+        if self.consumer_layout not in CONSUMER_LAYOUTS:
+            raise ValueError(
+                f"unknown consumer_layout {self.consumer_layout!r}: choose one of {', '.join(CONSUMER_LAYOUTS)}"
+            )
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):
