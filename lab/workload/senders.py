@@ -5,9 +5,12 @@ Run as its own measured process::
     python -m lab.workload.senders --url http://127.0.0.1:28080 --messages 100000 --senders 200 \\
         --start-file RUN/start --out RUN/senders.json
 
-Faithful to the reference: one shared keep-alive session with ``senders + 16`` connections, body
-``{"content":"helloworld"}``, 30 s timeout, **no retries** and no warm-up request (connections are
-opened by the first real sends). A 2xx response counts as sent, anything else (status or exception)
+Faithful to the reference: one shared keep-alive pool of at most ``senders + 16`` connections, body
+``{"content":"helloworld"}`` with only Host, Content-Type and Content-Length headers (like .NET
+HttpClient's bare request), 30 s timeout, **no retries** and no warm-up request (connections are
+opened by the first real sends). The client is :mod:`lab.workload.rawhttp`, a raw asyncio
+protocol that sends prebuilt request bytes and reads only the status (chosen over aiohttp's
+client on measurement: ``lab bench harness``). A 2xx response counts as sent, anything else (status or exception)
 as send_failed. The window starts at the wall-clock time of the first successful completion.
 
 Start gate: the process polls for ``--start-file`` every 20 ms (one ``stat`` per tick, nothing
@@ -33,12 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 
+from lab.workload.rawhttp import RawPost
+
 BODY = b'{"content":"helloworld"}'
-HEADERS = {"Content-Type": "application/json"}
-SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")  # like .NET HttpClient's bare request
 TIMEOUT_S = 30.0
 GATE_POLL_S = 0.02
 
@@ -100,15 +102,14 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000, 3)
 
 
-async def _send(post: Any, target: str, t: Tally, t0: float) -> None:
+async def _send(post: Callable[[], Awaitable[int]], t: Tally, t0: float) -> None:
     """One POST, never retried; latency is measured from ``t0`` (start, or due time)."""
     clock = time.monotonic
     try:
-        async with post(target, data=BODY) as resp:
-            await resp.read()
-            ok = 200 <= resp.status < 300
-            if not ok and t.first_error is None:
-                t.first_error = f"HTTP {resp.status}"
+        status = await post()
+        ok = 200 <= status < 300
+        if not ok and t.first_error is None:
+            t.first_error = f"HTTP {status}"
     except Exception as e:  # any failure is a failed send, never retried
         ok = False
         if t.first_error is None:
@@ -124,20 +125,20 @@ async def _send(post: Any, target: str, t: Tally, t0: float) -> None:
         t.failed += 1
 
 
-async def _closed_loop(session: aiohttp.ClientSession, target: str, t: Tally) -> None:
-    post, clock = session.post, time.monotonic
+async def _closed_loop(post: Callable[[], Awaitable[int]], t: Tally) -> None:
+    clock = time.monotonic
     while t.remaining > 0:
         t.remaining -= 1
-        await _send(post, target, t, clock())
+        await _send(post, t, clock())
 
 
-async def _open_loop(session: aiohttp.ClientSession, target: str, t: Tally, rate: float) -> None:
+async def _open_loop(post: Callable[[], Awaitable[int]], t: Tally, rate: float) -> None:
     """Start message i at ``start + i / rate`` whatever the responses do (latency mode).
 
     Latency counts from the due time, so waiting for a free connection (at most
     ``senders + 16``) is included and a slow server cannot hide behind a slower schedule.
     """
-    post, clock, inflight = session.post, time.monotonic, set()
+    clock, inflight = time.monotonic, set()
     start, i = clock(), 0
     while t.remaining > 0:
         due = start + i / rate
@@ -146,7 +147,7 @@ async def _open_loop(session: aiohttp.ClientSession, target: str, t: Tally, rate
             await asyncio.sleep(delay)
         t.remaining -= 1
         i += 1
-        task = asyncio.create_task(_send(post, target, t, due))
+        task = asyncio.create_task(_send(post, t, due))
         inflight.add(task)
         task.add_done_callback(inflight.discard)
     await asyncio.gather(*inflight)
@@ -171,17 +172,15 @@ async def run_senders(
     """
     target = url.rstrip("/") + "/load/messages"
     t = Tally(messages)
-    connector = aiohttp.TCPConnector(limit=senders + 16, limit_per_host=0, keepalive_timeout=60)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
-        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=HEADERS,
-        skip_auto_headers=SKIP_HEADERS,
-    ) as session:
+    client = RawPost(target, BODY, limit=senders + 16, timeout=TIMEOUT_S)
+    try:
         if gate is not None:
             await gate.wait()
-        work = (_open_loop(session, target, t, rate) if rate > 0 else
-                asyncio.gather(*(_closed_loop(session, target, t) for _ in range(senders))))
+        work = (_open_loop(client.post, t, rate) if rate > 0 else
+                asyncio.gather(*(_closed_loop(client.post, t) for _ in range(senders))))
         gate_at, cpu = await send_phase(t, progress, work)
+    finally:
+        client.close()
     return tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
 
 
