@@ -6,8 +6,9 @@ before each), each reported as web + senders CPU in ms per message:
 * ``naive``: :mod:`lab.workload.naive` (aiohttp + psycopg-pool web, aiohttp senders; inserts
   only). The senders report their own CPU over the send phase; the web's is read with psutil
   over the same phase.
-* ``real_inserts``: the lab's web (:mod:`lab.workload.web`, with its default reset) and senders
-  (:mod:`lab.workload.senders`), inserts only, measured the same way: like for like.
+* ``real_inserts`` / ``real_inserts_raw``: the lab's web (:mod:`lab.workload.web`, with its
+  default reset) and senders (:mod:`lab.workload.senders`, aiohttp or raw client), inserts only,
+  measured the same way: like for like.
 * ``real_run``: ``lab run --pipeline wal --consumers 1`` (its web also serves the work calls);
   ``web`` + ``senders`` from the run's sampled window, as the issue's figure was taken.
 
@@ -92,15 +93,19 @@ def _naive(settings: Settings, messages: int, senders: int) -> float:
     )
 
 
-def _real_inserts(settings: Settings, messages: int, senders: int) -> float:
+def _real_inserts(settings: Settings, messages: int, senders: int, client: str = "aiohttp") -> float:
     return _inserts_only(
         settings,
         ["-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
         ["-m", "lab.workload.senders", "--url", settings.web_url, "--messages", str(messages),
-         "--senders", str(senders)],
+         "--senders", str(senders), "--client", client],
         lambda _, out: float(json.loads(out.read_text())["cpu_s"]),
         messages,
     )
+
+
+def _real_inserts_raw(settings: Settings, messages: int, senders: int) -> float:
+    return _real_inserts(settings, messages, senders, client="raw")
 
 
 def _real_run(settings: Settings, messages: int, senders: int) -> float:
@@ -114,7 +119,8 @@ def _real_run(settings: Settings, messages: int, senders: int) -> float:
 def bench_harness(settings: Settings, *, messages: int = 20_000, senders: int = 200, repeats: int = 3,
                   say: Say = lambda _: None) -> dict[str, Any]:
     """``repeats`` rounds of naive, real inserts-only and a real run; medians and ratios."""
-    arms = {"naive": _naive, "real_inserts": _real_inserts, "real_run": _real_run}
+    arms = {"naive": _naive, "real_inserts": _real_inserts, "real_inserts_raw": _real_inserts_raw,
+            "real_run": _real_run}
     got: dict[str, list[float]] = {name: [] for name in arms}
     loads = []
     for i in range(repeats):
@@ -127,6 +133,7 @@ def bench_harness(settings: Settings, *, messages: int = 20_000, senders: int = 
         "messages": messages, "senders": senders, "repeats": repeats,
         "web_plus_senders_ms_per_msg": got, "median": med,
         "ratio_real_inserts_to_naive": round(med["real_inserts"] / med["naive"], 3),
+        "ratio_real_inserts_raw_to_naive": round(med["real_inserts_raw"] / med["naive"], 3),
         "ratio_real_run_to_naive": round(med["real_run"] / med["naive"], 3),
         "loadavg_1m": loads, "host_cpus": psutil.cpu_count(),
     }

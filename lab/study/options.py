@@ -46,8 +46,7 @@ def summarize(runs: Sequence[dict[str, Any]], messages: int) -> dict[str, Any]:
     names = sorted({k for r in runs for k in r["cpu_s"]})
     per = {n: round(statistics.median(r["cpu_s"].get(n, 0.0) * 1000 / messages for r in runs), 3)
            for n in names}
-    consumers = [sum(v for k, v in r["cpu_s"].items() if k.startswith("consumer")) * 1000 / messages
-                 for r in runs]
+    consumers = [r["cpu_s"].get("consumers", 0.0) * 1000 / messages for r in runs]
     totals = [r["cpu_ms_per_msg"] for r in runs]
     return {
         "runs": [r["run_id"] for r in runs],
@@ -67,15 +66,20 @@ def bench_options(
     """Run ``base`` with each value of ``field``, alternating, ``repeats`` rounds."""
     runs: dict[str, list[dict[str, Any]]] = {str(v): [] for v in values}
     loads: list[float] = []
+    failed: list[dict[str, str]] = []
     for i in range(repeats):
         for v in values:
             scenario = base.replace(**{field: v})
             say(f"round {i + 1}/{repeats}: {field}={v} ({scenario.slug})")
             result = asyncio.run(run_scenario(scenario, settings))
-            if not result["success"]:
-                raise RuntimeError(f"run {result['run_id']} ({field}={v}) failed: {result['error']}")
-            runs[str(v)].append(result)
             loads.append(os.getloadavg()[0])
+            if not result["success"]:  # kept out of the medians, listed in the output
+                say(f"run {result['run_id']} ({field}={v}) failed: {result['error']}")
+                failed.append({"run_id": result["run_id"], field: str(v), "error": result["error"]})
+                continue
+            runs[str(v)].append(result)
+    if any(not r for r in runs.values()):
+        raise RuntimeError(f"no successful run for some value of {field}: {failed}")
     out = {str(v): summarize(runs[str(v)], base.messages) for v in values}
     first = out[str(values[0])]
     for s in out.values():
@@ -87,5 +91,5 @@ def bench_options(
         }
     return {
         "scenario": base.slug, "field": field, "values": [str(v) for v in values], "repeats": repeats,
-        "results": out, "loadavg_1m": [round(x, 2) for x in loads], "host_cpus": psutil.cpu_count(),
+        "results": out, "failed": failed, "loadavg_1m": [round(x, 2) for x in loads], "host_cpus": psutil.cpu_count(),
     }
