@@ -83,6 +83,8 @@ class RabbitMQService:
         release = RELEASES[settings.rabbitmq_version]
         #: the Debian root the node runs from (None: the host's own package)
         self.root = None if release is None else rootfs.root_path(settings, *release)
+        #: one database per release: a 4.0 database cannot be opened by 3.10 (no schema downgrade)
+        self.mnesia = self.dir / ("mnesia" if release is None else f"mnesia-{settings.rabbitmq_version}")
 
     def _installed(self) -> bool:
         if self.root is None:
@@ -243,7 +245,7 @@ class RabbitMQService:
             RABBITMQ_CONFIG_FILES=str(self.etc / "conf.d"),
             RABBITMQ_ADVANCED_CONFIG_FILE=str(self.etc / "advanced.config"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(self.etc / "enabled_plugins"),
-            RABBITMQ_MNESIA_BASE=str(d / "mnesia"),
+            RABBITMQ_MNESIA_BASE=str(self.mnesia),
             RABBITMQ_LOG_BASE=str(self.logs),
             RABBITMQ_LOGS=str(self.logs / "rabbit.log"),
             RABBITMQ_PID_FILE=str(d / "beam.pid"),
@@ -260,7 +262,7 @@ class RabbitMQService:
 
     def _write_config(self) -> None:
         s = self.settings
-        for path in (self.etc / "conf.d", self.home, self.logs, self.dir / "mnesia"):
+        for path in (self.etc / "conf.d", self.home, self.logs, self.mnesia):
             path.mkdir(parents=True, exist_ok=True)
         definitions = self.etc / "definitions.json"
         values = {"amqp_port": s.amqp_port, "user": s.rabbitmq_user,
@@ -329,7 +331,7 @@ class RabbitMQService:
         """The VM named in RabbitMQ's own pid file, if it is alive and runs our node."""
         try:
             p = psutil.Process(int((self.dir / "beam.pid").read_text().strip()))
-            ours = p.environ().get("RABBITMQ_MNESIA_BASE") == str(self.dir / "mnesia")
+            ours = p.environ().get("RABBITMQ_MNESIA_BASE", "").startswith(str(self.dir / "mnesia"))
         except (OSError, ValueError, psutil.Error):
             return None
         return p if ours else None

@@ -213,7 +213,7 @@ def test_stop_leaves_no_process_of_ours(own_rabbitmq: RabbitMQService) -> None:
     s = rabbitmq.settings
     for port in (s.amqp_port, s.rabbitmq_dist_port, s.rabbitmq_epmd_port):
         assert not proc.port_open(port)
-    assert Path(rabbitmq.dir / "mnesia").exists()  # stop without purge keeps the data
+    assert rabbitmq.mnesia.exists()  # stop without purge keeps the data
 
 
 def test_default_node_is_debian_13s_4_0_from_the_lab_root(rabbitmq: RabbitMQService) -> None:

@@ -62,7 +62,9 @@ def test_rabbitmq_release_setting(tmp_path: Path) -> None:
     assert s.rabbitmq_version == "4.0"
     new = RabbitMQService(s)
     assert new.root == rootfs.root_path(s, "trixie", ["rabbitmq-server"])
-    assert RabbitMQService(s.replace(rabbitmq_version="3.10")).root is None
+    old = RabbitMQService(s.replace(rabbitmq_version="3.10"))
+    assert old.root is None
+    assert new.mnesia != old.mnesia and new.mnesia.parent == old.mnesia.parent  # no shared database
     with pytest.raises(StackError, match="unknown LAB_RABBITMQ_VERSION '3.13': choose one of 4.0, 3.10"):
         RabbitMQService(s.replace(rabbitmq_version="3.13"))
     assert Settings.from_env({"LAB_RABBITMQ_VERSION": "3.10"}).rabbitmq_version == "3.10"
