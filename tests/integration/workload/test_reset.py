@@ -124,3 +124,11 @@ def test_pg_producer_writes_exactly_m_rows(db: psycopg.Connection, settings: Set
     r = asyncio.run(run_producers("pg", settings, 300, 8, reset=reset))
     assert (r.sent, r.send_failed, r.error) == (300, 0, None)
     assert db.execute("SELECT count(*), count(DISTINCT id) FROM messages").fetchone() == (300, 300)
+
+
+def test_harness_baseline_and_lab_inserts_only(db: psycopg.Connection, settings: Settings) -> None:
+    """lab bench harness's inserts-only arms: each writes exactly M rows (checked inside)."""
+    from lab.study.harness import _naive, _real_inserts_raw
+
+    assert _naive(settings, 300, 10) > 0
+    assert _real_inserts_raw(settings, 300, 10) > 0
