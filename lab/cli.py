@@ -249,6 +249,24 @@ def _bench_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _bench_options(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.study.options import bench_options, parse_vary
+
+    fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
+    field, values = parse_vary(args.vary)  # one clear line on a bad spec
+    out = bench_options(Scenario(**fields), field, values, settings, repeats=args.repeats, say=_say)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _bench_harness(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.study.harness import bench_harness
+
+    out = bench_harness(settings, messages=args.messages, senders=args.senders, repeats=args.repeats, say=_say)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
 def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
     rows = [s.__dict__ for s in statuses]
     if as_json:
@@ -318,6 +336,17 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_options(brun)
     brun.add_argument("--repeats", type=int, default=3)
     brun.set_defaults(handler=_bench_run)
+    bopt = bsub.add_parser("options", help="one Scenario option's values side by side, runs alternating")
+    _scenario_options(bopt)
+    bopt.add_argument("--vary", required=True, metavar="FIELD=V1,V2",
+                      help="e.g. reset=discard,none or consumer_layout=processes,tasks (first = baseline)")
+    bopt.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
+    bopt.set_defaults(handler=_bench_options)
+    bh = bsub.add_parser("harness", help="web + senders ms/msg: the lab's against a naive aiohttp/psycopg-pool one")
+    bh.add_argument("--messages", type=int, default=20_000)
+    bh.add_argument("--senders", type=int, default=200)
+    bh.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
+    bh.set_defaults(handler=_bench_harness)
     return parser
 
 

@@ -1,8 +1,15 @@
-"""One consumer process: the loop every pipeline shares (method.md §4.0).
+"""Consumers: the loop every pipeline shares (method.md §4.0), one or several per process.
 
-Run by the runner as its own OS process (one per consumer, so a fault test can kill one)::
+Run by the runner, laid out as ``Scenario.consumer_layout`` says::
 
-    python -m lab.consumer --pipeline wal --index 0 --run-dir DIR --scenario '{...}'
+    python -m lab.consumer --pipeline wal --index 0 --run-dir DIR --scenario '{...}'      # processes
+    python -m lab.consumer --pipeline wal --index 0,1,2,3 --run-dir DIR --scenario '{...}'  # tasks
+
+``processes``: one OS process per consumer (a fault test can kill one). ``tasks``: the N
+consumers are asyncio tasks of one process, as the reference ran its NBomber copies; they share
+what the reference shared (one AMQP connection with a channel each for RabbitMQ, through
+``shared``) and keep their own transport reads and claim connections. Each task still writes
+its own ready and result files, so the runner's protocol is the same for both layouts.
 
 Loop: while nothing is pending, fill a batch (up to ``batch_size``; 100 ms for the first
 message, 50 ms to top up) and claim it with one statement; then, strictly one at a time,
@@ -33,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +49,7 @@ import orjson
 import uvloop
 
 from lab.pipelines import source_for
-from lab.pipelines.base import Item, Source
+from lab.pipelines.base import Item, SharedResources, Source
 from lab.scenario import Scenario
 from lab.settings import Settings, get_settings
 
@@ -127,54 +135,76 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+async def _one(consumer: Consumer, run_dir: Path) -> tuple[bool, bool]:
+    """Run one consumer to its end and write its result file whatever happens.
+
+    Returns (succeeded, closed): closing the source is bounded by ``CLOSE_TIMEOUT_S``.
+    """
+    error = None
+    try:
+        await consumer.run(run_dir / f"consumer-{consumer.index}.ready")
+    except Exception as exc:
+        log.exception("consumer %d failed", consumer.index)
+        error = f"{type(exc).__name__}: {exc}"
+    try:
+        await asyncio.wait_for(consumer.source.close(), CLOSE_TIMEOUT_S)
+        closed = True
+    except TimeoutError:  # a worker thread may still wait for the gone broker: do not join it
+        log.warning("consumer %d: source did not close within %.0f s", consumer.index, CLOSE_TIMEOUT_S)
+        closed = False
+    _atomic_write(run_dir / f"consumer-{consumer.index}.json", json.dumps(consumer.result(error)).encode())
+    return error is None, closed
+
+
 async def _main(args: argparse.Namespace) -> int:
     scenario = Scenario(**json.loads(args.scenario))
     settings = get_settings()
     run_dir = Path(args.run_dir)
-    source = source_for(scenario, settings, args.index, run_dir=run_dir)
-    consumer = Consumer(scenario, settings, args.index, source)
-    out = run_dir / f"consumer-{args.index}.json"
+    indexes = [int(i) for i in str(args.index).split(",")]
+    loop = asyncio.get_running_loop()
+    shared: SharedResources | None = None
+    if len(indexes) > 1:  # tasks: blocking waits (Kafka's) each need a thread of the pool
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=len(indexes) + 4))
+        shared = SharedResources()
+    consumers = [
+        Consumer(scenario, settings, i, source_for(scenario, settings, i, run_dir=run_dir, shared=shared))
+        for i in indexes
+    ]
 
     def hard_exit(why: str) -> None:  # from the timer thread or a second signal
-        with contextlib.suppress(Exception):
-            _atomic_write(out, json.dumps(consumer.result(why)).encode())
+        for c in consumers:
+            with contextlib.suppress(Exception):
+                _atomic_write(run_dir / f"consumer-{c.index}.json", json.dumps(c.result(why)).encode())
         logging.shutdown()
         os._exit(1)
 
     def on_stop() -> None:
-        if consumer.stop.is_set():
+        if all(c.stop.is_set() for c in consumers):
             hard_exit("stopped by a second signal")
-        consumer.stop.set()
+        for c in consumers:
+            c.stop.set()
         timer = threading.Timer(STOP_GRACE_S, hard_exit, [f"no clean stop within {STOP_GRACE_S:.0f} s"])
         timer.daemon = True
         timer.start()
 
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, on_stop)
-    loop.add_signal_handler(signal.SIGINT, on_stop)
-    error = None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop)
     try:
-        await consumer.run(run_dir / f"consumer-{args.index}.ready")
-    except Exception as exc:
-        log.exception("consumer %d failed", args.index)
-        error = f"{type(exc).__name__}: {exc}"
-    try:
-        await asyncio.wait_for(source.close(), CLOSE_TIMEOUT_S)
-        closed = True
-    except TimeoutError:  # a worker thread may still wait for the gone broker: do not join it
-        log.warning("consumer %d: source did not close within %.0f s", args.index, CLOSE_TIMEOUT_S)
-        closed = False
-    _atomic_write(out, json.dumps(consumer.result(error)).encode())
-    if not closed:
+        results = await asyncio.gather(*(_one(c, run_dir) for c in consumers))
+    finally:
+        if shared is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(shared.close(), CLOSE_TIMEOUT_S)
+    if not all(closed for _, closed in results):  # a worker thread may still wait for a gone broker
         logging.shutdown()
-        os._exit(0 if error is None else 1)
-    return 0 if error is None else 1
+        os._exit(0 if all(ok for ok, _ in results) else 1)
+    return 0 if all(ok for ok, _ in results) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.consumer")
     parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--index", required=True, help="consumer index, or indexes 0,1,... run as tasks")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--scenario", required=True, help="the Scenario as JSON")
     args = parser.parse_args(argv)

@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -154,9 +153,11 @@ class Run:
     async def start_consumers(self) -> None:
         s = self.scenario
         payload = json.dumps(s.as_parameters())
-        for i in range(s.consumers):
-            self.consumers.append(self._spawn(f"consumer-{i}", [
-                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", str(i),
+        # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
+        layout = [[i] for i in range(s.consumers)] if s.consumer_layout == "processes" else [list(range(s.consumers))]
+        for group in layout:
+            self.consumers.append(self._spawn(f"consumer-{group[0]}", [
+                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
                 "--run-dir", str(self.scratch), "--scenario", payload,
             ]))
         deadline = time.monotonic() + s.ready_timeout_s
@@ -208,11 +209,12 @@ class Run:
             with contextlib.suppress(psutil.NoSuchProcess):
                 c.send_signal(signal.SIGTERM)
         results = []
-        for i, c in enumerate(self.consumers):
+        for c in self.consumers:
             try:
                 await asyncio.to_thread(c.wait, 30)
             except psutil.TimeoutExpired:
                 c.kill()
+        for i in range(self.scenario.consumers):  # one result file per consumer in either layout
             path = self.scratch / f"consumer-{i}.json"
             results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
         return results
@@ -311,7 +313,8 @@ class Run:
         checks: dict[str, Any] = {}
         try:
             self.progress("setup", {})
-            web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn]
+            web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn,
+                        "--reset", s.reset]
             if s.work_delay_ms:
                 web_args += ["--work-delay-ms", str(s.work_delay_ms)]
             self.procs["web"] = self._spawn("web", web_args)
@@ -323,7 +326,7 @@ class Run:
             if s.producer == "direct":  # broker-native stand: write straight into the transport
                 target = {"kafka": "kafka", "rabbitmq": "rabbitmq"}.get(s.pipeline, "pg")
                 sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
-                               "--producers", str(s.senders), *gate_out]
+                               "--producers", str(s.senders), "--reset", s.reset, *gate_out]
             else:
                 sender_args = ["-m", "lab.workload.senders", "--url", st.web_url, "--messages", str(s.messages),
                                "--senders", str(s.senders), *gate_out]

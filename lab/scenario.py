@@ -8,6 +8,9 @@ batch's first message and 50 ms to top it up, a 600 s drain deadline, ``CHECKPOI
 ``producer`` picks where messages enter: ``web`` (the study: HTTP senders -> web service ->
 outbox row, Debezium for ``kafka``/``rabbitmq``) or ``direct`` (the broker-native stand of
 method.md §9.5: ``senders`` producer tasks write straight into the topic, the queue or the table).
+
+``reset`` is what a reused pooled PostgreSQL connection gets before the INSERT: ``discard``
+(``DISCARD ALL`` in the same round trip, as Npgsql's pool does; method.md §3) or ``none``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any
 
 PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 PRODUCERS = ("web", "direct")
+RESETS = ("discard", "none")
+CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 
 
@@ -41,6 +46,8 @@ class Scenario:
     label: str = ""  # free text (e.g. "drift"), stored with the result
     seed: int = 0  # for anything randomised in a series
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
+    reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
+    consumer_layout: str = "processes"  # processes: one OS process per consumer | tasks: N asyncio tasks, one process
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINE_NAMES:
@@ -55,6 +62,12 @@ class Scenario:
         if self.producer not in PRODUCERS:
             raise ValueError(
                 f"unknown producer {self.producer!r}: choose one of {', '.join(PRODUCERS)}"
+            )
+        if self.reset not in RESETS:
+            raise ValueError(f"unknown reset {self.reset!r}: choose one of {', '.join(RESETS)}")
+        if self.consumer_layout not in CONSUMER_LAYOUTS:
+            raise ValueError(
+                f"unknown consumer_layout {self.consumer_layout!r}: choose one of {', '.join(CONSUMER_LAYOUTS)}"
             )
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")

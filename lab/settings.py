@@ -68,6 +68,7 @@ class Settings:
     rabbitmq_user: str = "lab"
     rabbitmq_password: str | None = None  # None: generated once per stack
     rabbitmq_node: str = "fanoutlab@localhost"
+    rabbitmq_version: str = "4.0"  # 4.0: Debian 13's, from a lab-built root | 3.10: the host's Debian 12 package
 
     web_port: int = 28080
     debezium_kafka_http_port: int = 28083
@@ -98,6 +99,7 @@ class Settings:
             rabbitmq_dist_port=_int(env, "LAB_RABBITMQ_DIST_PORT", d.rabbitmq_dist_port),
             rabbitmq_epmd_port=_int(env, "LAB_RABBITMQ_EPMD_PORT", d.rabbitmq_epmd_port),
             rabbitmq_node=env.get("LAB_RABBITMQ_NODE", d.rabbitmq_node),
+            rabbitmq_version=env.get("LAB_RABBITMQ_VERSION", d.rabbitmq_version),
             web_port=_int(env, "LAB_WEB_PORT", d.web_port),
             debezium_kafka_http_port=_int(env, "LAB_DEBEZIUM_KAFKA_HTTP_PORT", d.debezium_kafka_http_port),
             debezium_rabbitmq_http_port=_int(
@@ -232,7 +234,8 @@ _ENV_NAMES = {
     "kafka_port": "LAB_KAFKA_PORT", "kafka_controller_port": "LAB_KAFKA_CONTROLLER_PORT",
     "kafka_version": "LAB_KAFKA_VERSION", "amqp_port": "LAB_AMQP_PORT",
     "rabbitmq_dist_port": "LAB_RABBITMQ_DIST_PORT", "rabbitmq_epmd_port": "LAB_RABBITMQ_EPMD_PORT",
-    "rabbitmq_node": "LAB_RABBITMQ_NODE", "web_port": "LAB_WEB_PORT",
+    "rabbitmq_node": "LAB_RABBITMQ_NODE", "rabbitmq_version": "LAB_RABBITMQ_VERSION",
+    "web_port": "LAB_WEB_PORT",
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",

@@ -646,6 +646,11 @@ class Decoder:
         return LogicalMessage(bool(flags & 1), lsn, prefix, buf[off + 4 : off + 4 + size], xid)
 
 
+def commit_end_lsn(payload: bytes) -> int:
+    """The end LSN of a Commit (``C``) message, without building a :class:`Commit`."""
+    return _COMMIT.unpack_from(payload, 1)[2]
+
+
 def _tuple(buf: bytes, off: int, rel: Relation) -> tuple[Row, int]:
     """TupleData at ``off``: the decoded row and the offset after it."""
     decoders = rel.decoders

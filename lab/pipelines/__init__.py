@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from lab.pipelines.base import Pipeline, Source
+from lab.pipelines.base import Pipeline, SharedResources, Source
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.pipelines.wal import WalPipeline, WalSource
@@ -29,16 +29,22 @@ SOURCES: dict[str, type[Any]] = {
 
 
 def source_for(
-    scenario: Scenario, settings: Settings, index: int, *, run_dir: Path | None = None
+    scenario: Scenario, settings: Settings, index: int, *, run_dir: Path | None = None,
+    shared: SharedResources | None = None,
 ) -> Source:
     """The consumer-side half of ``scenario.pipeline`` for consumer ``index``.
 
-    ``run_dir`` (the run's scratch directory) goes to sources that take a ``run_dir`` keyword.
+    ``run_dir`` (the run's scratch directory) and ``shared`` (what the consumers of one process
+    share, ``tasks`` layout) go to sources that take that keyword.
     """
     cls = SOURCES[scenario.pipeline]
-    if run_dir is not None and "run_dir" in inspect.signature(cls).parameters:
-        return cls(scenario, settings, index, run_dir=run_dir)
-    return cls(scenario, settings, index)
+    params = inspect.signature(cls).parameters
+    kwargs: dict[str, Any] = {}
+    if run_dir is not None and "run_dir" in params:
+        kwargs["run_dir"] = run_dir
+    if shared is not None and "shared" in params:
+        kwargs["shared"] = shared
+    return cls(scenario, settings, index, **kwargs)
 
 
 __all__ = ["PIPELINES", "SOURCES", "Pipeline", "Source", "source_for"]

@@ -22,7 +22,9 @@ Example (what the runner does)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -40,6 +42,30 @@ class Item:
     content: str
     created_at: str  # ISO-8601, as the work call sends it
     pos: Any  # LSN (int), Kafka message, AMQP delivery tag
+
+
+class SharedResources:
+    """What the consumers of one process share in the ``tasks`` layout (e.g. one AMQP connection).
+
+    ``get(key, factory)`` opens a resource once (the first caller's ``factory``; concurrent
+    callers await the same opening), and ``close`` closes every opened one; never raises.
+    """
+
+    def __init__(self) -> None:
+        self._opened: dict[str, asyncio.Task[Any]] = {}
+
+    async def get(self, key: str, factory: Callable[[], Awaitable[Any]]) -> Any:
+        task = self._opened.get(key)
+        if task is None:
+            task = self._opened[key] = asyncio.ensure_future(factory())
+        return await task
+
+    async def close(self) -> None:
+        for task in self._opened.values():
+            with contextlib.suppress(Exception):
+                resource = await task
+                await resource.close()
+        self._opened.clear()
 
 
 class Source(Protocol):

@@ -31,8 +31,13 @@ Targets, each faithful to the reference stand (``LoadTest/*Scenarios.cs`` on bra
   (psycopg serializes them on the connection). 100 is the reference stand's pool size (Npgsql's
   default ``Max Pool Size``), and it has to be below 200 here anyway: the web service, which
   still serves ``/send-email``, keeps its 220 sessions and ``max_connections`` is 400. No pool
-  object: a fixed assignment is the leanest closed loop. Each write is one prepared
-  ``INSERT INTO messages (content, created_at) VALUES (%s, now())`` (id from the identity).
+  object: a fixed assignment is the leanest closed loop. Each write is one
+  ``INSERT INTO messages (content, created_at) VALUES (%s, now())`` (id from the identity). With
+  ``--reset discard`` (the default) it is sent as the reference's ``NpgsqlDataSource`` command
+  was: unprepared, after ``DISCARD ALL`` in the same round trip (every command takes a pooled
+  connection and hands it back, so every write after a connection's first is a reuse); the two
+  tasks of a connection then take turns under a lock, as a pipeline cannot be shared.
+  ``--reset none`` is the earlier path: a prepared INSERT, no reset.
 
 Messages to the brokers carry ids 1..M (the inbox is truncated every run) and the JSON body
 ``{"id", "content": "helloworld", "createdAt"}`` (UTC, ISO-8601), serialized with orjson.
@@ -69,6 +74,8 @@ from lab.settings import Settings, get_settings
 TARGETS = ("kafka", "rabbitmq", "pg")
 CONTENT = "helloworld"
 INSERT = b"INSERT INTO messages (content, created_at) VALUES (%s, now())"
+DISCARD = b"DISCARD ALL"
+RESETS = ("discard", "none")
 KAFKA_CONFIG = {"acks": "all", "linger.ms": 10}
 PG_CONNECTIONS = 100
 POLL_S = 0.1  # delivery-report thread: poll() returns at once when reports are queued
@@ -185,10 +192,13 @@ class _Rabbit:
 
 
 class _Pg:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, reset: str = "discard") -> None:
         self._dsn = settings.pg_dsn
         self.url = f"postgresql://{settings.host}:{settings.pg_port}/{settings.pg_database}/messages"
         self._conns: list[Any] = []
+        self._locks: list[asyncio.Lock] = []
+        self._used: list[bool] = []
+        self._reset = reset == "discard"
 
     async def open(self, producers: int) -> None:
         import psycopg
@@ -198,12 +208,29 @@ class _Pg:
             *(connect(self._dsn, autocommit=True) for _ in range(min(producers, PG_CONNECTIONS)))))
 
     def sender(self, k: int) -> Send:
-        cursor = self._conns[k % len(self._conns)].cursor()
+        conn = self._conns[k % len(self._conns)]
+        cursor = conn.cursor()
         params = (CONTENT,)
+        if not self._reset:
+            async def send(i: int) -> None:
+                await cursor.execute(INSERT, params, prepare=True)
+            return send
+        if len(self._locks) < len(self._conns):
+            self._locks = [asyncio.Lock() for _ in self._conns]
+            self._used = [False] * len(self._conns)
+        c = k % len(self._conns)
+        lock, used = self._locks[c], self._used
 
-        async def send(i: int) -> None:
-            await cursor.execute(INSERT, params, prepare=True)
-        return send
+        async def send_reset(i: int) -> None:
+            async with lock:
+                if not used[c]:  # a connection's first command is no reuse
+                    used[c] = True
+                    await cursor.execute(INSERT, params, prepare=False)
+                    return
+                async with conn.pipeline():
+                    await cursor.execute(DISCARD, prepare=False)
+                    await cursor.execute(INSERT, params, prepare=False)
+        return send_reset
 
     async def close(self) -> None:
         for conn in self._conns:
@@ -216,13 +243,14 @@ _CLIENTS: dict[str, Callable[[Settings], Any]] = {"kafka": _Kafka, "rabbitmq": _
 
 async def run_producers(
     target: str, settings: Settings, messages: int, producers: int,
-    gate: asyncio.Event | None = None, *, progress: Path | None = None,
+    gate: asyncio.Event | None = None, *, progress: Path | None = None, reset: str = "discard",
 ) -> SendResult:
     """Write exactly ``messages`` into ``target`` from ``producers`` closed loops.
 
     Connections are opened before ``gate`` (if given) is awaited; nothing is written before it.
+    ``reset`` applies to ``pg`` only (see the module docstring).
     """
-    client = _CLIENTS[target](settings)
+    client = _Pg(settings, reset) if target == "pg" else _CLIENTS[target](settings)
     t = Tally(messages)
     try:
         await client.open(producers)
@@ -241,6 +269,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", required=True, choices=TARGETS, help="where messages are written")
     p.add_argument("--messages", type=int, required=True, help="M, exactly this many writes")
     p.add_argument("--producers", type=int, default=200, help="S concurrent closed loops")
+    p.add_argument("--reset", choices=RESETS, default="discard",
+                   help="pg: DISCARD ALL + unprepared INSERT per write (default) or a prepared INSERT")
     add_gate_options(p)
     a = p.parse_args(argv)
     if a.messages < 1 or a.producers < 1:
@@ -254,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_and_write(lambda: gated(
         a.start_file,
         lambda gate: run_producers(a.target, get_settings(), a.messages, a.producers, gate,
-                                   progress=a.progress),
+                                   progress=a.progress, reset=a.reset),
         lambda error: SendResult(url=a.target, messages=a.messages, senders=a.producers, sent=0,
                                  send_failed=0, error=error),
     ), a.out)

@@ -7,7 +7,8 @@ three exist before Debezium starts, because its sink publishes without ``mandato
 unroutable record would vanish (method.md §10 item 8). The gate is the queue's consumer count
 reaching N; then Debezium starts and the runner waits for ``dbz_quorum_slot`` to stream.
 
-Consumer side: one AMQP connection and one channel per consumer process, prefetch 1000, and a
+Consumer side: one channel per consumer, on its own AMQP connection (``processes`` layout) or on
+one connection shared by the process's consumers (``tasks``, as the reference), prefetch 1000, and a
 delivery callback that only appends ``(body, delivery tag)`` to an in-memory buffer (push turned
 into pull); ``fill`` pulls from it, parses the full JSON envelope (no SMT, method.md §10 item 19),
 and the batch is claimed by message id in ``inbox`` as ``dbz-quorum-<i>``. Lost claims and
@@ -56,7 +57,7 @@ import aiormq
 import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
-from lab.pipelines.base import Item, claim_batch, row_parser
+from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import StackError
@@ -202,8 +203,12 @@ def _release(waiter: asyncio.Future[None]) -> None:
 class RabbitSource:
     """Consumer side: deliveries buffered by the callback, pulled in batches by ``fill``."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
+    def __init__(
+        self, scenario: Scenario, settings: Settings, index: int,
+        shared: SharedResources | None = None,
+    ) -> None:
         self.settings = settings
+        self._shared = shared  # tasks layout: one AMQP connection for all, a channel each
         self.me = consumer_name(index, scenario.producer)
         self.queue = queue_name(scenario)
         self._row = row_parser(scenario.producer)
@@ -221,8 +226,13 @@ class RabbitSource:
 
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
-        self._conn = await aiormq.connect(self.settings.amqp_url)
-        self._channel = channel = await self._conn.channel()
+        if self._shared is None:
+            self._conn = await aiormq.connect(self.settings.amqp_url)
+            conn = self._conn
+        else:
+            url = self.settings.amqp_url
+            conn = await self._shared.get("amqp", lambda: aiormq.connect(url))
+        self._channel = channel = await conn.channel()
         self._write, self._number = channel.write_queue.put_nowait, channel.number
         await channel.basic_qos(prefetch_count=PREFETCH)
         await channel.basic_consume(self.queue, self._on_delivery, no_ack=False)

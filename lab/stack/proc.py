@@ -123,7 +123,8 @@ def spawn(
             preexec_fn=die_with_parent(os.getpid()) if _tied.get() else None,  # noqa: PLW1509
         )
     proc = psutil.Process(popen.pid)
-    record = {"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "argv": [str(a) for a in argv]}
+    record = {"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "create_time": proc.create_time(),
+              "argv": [str(a) for a in argv]}  # create_time: for readers of older records only
     tmp = pidfile(state_dir).with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(pidfile(state_dir))

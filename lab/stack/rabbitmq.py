@@ -1,5 +1,12 @@
 """A private RabbitMQ node from Debian's ``rabbitmq-server`` package (DESIGN.md §1).
 
+Which package: ``LAB_RABBITMQ_VERSION`` (``Settings.rabbitmq_version``). ``4.0`` (the default,
+closest to the reference's 4.3) is Debian 13's 4.0.x on Erlang 27, which needs a newer C library
+than Debian 12 has, so it runs from a minimal Debian 13 root the lab builds in its cache
+(:mod:`lab.stack.rootfs`) and enters by ``chroot`` in a private mount namespace, with the node's
+state directory bind-mounted at its own path. ``3.10`` is the host's Debian 12 package, as before.
+Both share the host's network and pids, so ports, pid files and stop work the same.
+
 The node shares nothing with a system node that the package may have started: its own node
 name, AMQP/distribution/epmd ports, ``HOME`` (hence its own ``.erlang.cookie``), config, data,
 log and plugin files, all under ``<stack_dir>/rabbitmq``; every listener binds 127.0.0.1.
@@ -38,7 +45,7 @@ from typing import ClassVar
 import psutil
 
 from lab.settings import Settings, child_env, is_root
-from lab.stack import proc
+from lab.stack import proc, rootfs
 from lab.stack.base import ServiceStatus, StackError
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,11 @@ SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 TEMPLATE = Path(__file__).parent / "templates" / "rabbitmq.conf"
 START_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
+#: LAB_RABBITMQ_VERSION -> (Debian suite, packages) of the root it runs from; None: the host's.
+RELEASES: dict[str, tuple[str, tuple[str, ...]] | None] = {
+    "4.0": ("trixie", ("rabbitmq-server",)),
+    "3.10": None,
+}
 
 
 class RabbitMQService:
@@ -63,11 +75,36 @@ class RabbitMQService:
         self.logs = self.dir / "log"
         self.console_log = self.logs / "console.log"
         self.last_start_seconds: float | None = None
+        if settings.rabbitmq_version not in RELEASES:
+            raise StackError(
+                f"unknown LAB_RABBITMQ_VERSION {settings.rabbitmq_version!r}: "
+                f"choose one of {', '.join(RELEASES)}"
+            )
+        release = RELEASES[settings.rabbitmq_version]
+        #: the Debian root the node runs from (None: the host's own package)
+        self.root = None if release is None else rootfs.root_path(settings, *release)
+        #: one database per release: a 4.0 database cannot be opened by 3.10 (no schema downgrade)
+        self.mnesia = self.dir / ("mnesia" if release is None else f"mnesia-{settings.rabbitmq_version}")
+
+    def _installed(self) -> bool:
+        if self.root is None:
+            return (SCRIPTS / "rabbitmq-server").exists()
+        return rootfs.is_built(self.root)
+
+    def _argv(self, *argv: str | Path) -> list[str]:
+        """``argv`` as run on the host, or inside the Debian root with our state dir mounted."""
+        if self.root is None:
+            return [str(a) for a in argv]
+        return rootfs.chroot_argv(self.root, argv, binds=[self.dir])
 
     # NativeService -------------------------------------------------------------------
     def provision(self) -> None:
-        """Install Debian's ``rabbitmq-server`` when it is missing (root only); starts nothing."""
-        if (SCRIPTS / "rabbitmq-server").exists():
+        """Build the Debian root (4.0) or install the host's package (3.10); starts nothing."""
+        if self._installed():
+            return
+        release = RELEASES[self.settings.rabbitmq_version]
+        if release is not None:
+            rootfs.debian_root(self.settings, *release)
             return
         if not is_root():
             raise StackError(
@@ -89,7 +126,7 @@ class RabbitMQService:
         if proc.running(self.dir) is not None:
             return
         s = self.settings
-        if not (SCRIPTS / "rabbitmq-server").exists():
+        if not self._installed():
             self.provision()
         if self._orphan_beam() is not None:  # a VM of ours that lost its script
             self._kill()
@@ -100,7 +137,7 @@ class RabbitMQService:
         try:
             self._start_epmd()
             node = proc.spawn(
-                [SCRIPTS / "rabbitmq-server"], state_dir=self.dir, log_path=self.console_log,
+                self._argv(SCRIPTS / "rabbitmq-server"), state_dir=self.dir, log_path=self.console_log,
                 env=self._env(), cwd=self.dir,
             )
             proc.wait_until(
@@ -162,6 +199,7 @@ class RabbitMQService:
                 "state_dir": str(self.dir),
                 "log": str(self.logs / "rabbit.log"),
                 "last_start_seconds": self.last_start_seconds,
+                "root": str(self.root) if self.root is not None else None,
             },
         )
 
@@ -176,7 +214,7 @@ class RabbitMQService:
     # Helpers -------------------------------------------------------------------------
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``rabbitmqctl`` against our node (same env, cookie and epmd); return stdout."""
-        argv = [str(SCRIPTS / "rabbitmqctl"), "-n", self.settings.rabbitmq_node, "-q", *args]
+        argv = self._argv(SCRIPTS / "rabbitmqctl", "-n", self.settings.rabbitmq_node, "-q", *args)
         try:
             res = subprocess.run(
                 argv, env=self._env(), capture_output=True, text=True, timeout=timeout, check=False
@@ -190,9 +228,12 @@ class RabbitMQService:
 
     def version(self) -> str:
         """The packaged RabbitMQ version, read from the install path (no VM start)."""
-        real = (SCRIPTS / "rabbitmq-server").resolve()
-        m = re.search(r"rabbitmq_server-([\w.+-]+)", str(real))
-        return m.group(1) if m else ""
+        lib = Path("/usr/lib/rabbitmq/lib") if self.root is None else self.root / "usr/lib/rabbitmq/lib"
+        for d in sorted(lib.glob("rabbitmq_server-*")):
+            m = re.search(r"rabbitmq_server-([\w.+-]+)", d.name)
+            if m:
+                return m.group(1)
+        return ""
 
     def _env(self) -> dict[str, str]:
         s, d = self.settings, self.dir
@@ -204,7 +245,7 @@ class RabbitMQService:
             RABBITMQ_CONFIG_FILES=str(self.etc / "conf.d"),
             RABBITMQ_ADVANCED_CONFIG_FILE=str(self.etc / "advanced.config"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(self.etc / "enabled_plugins"),
-            RABBITMQ_MNESIA_BASE=str(d / "mnesia"),
+            RABBITMQ_MNESIA_BASE=str(self.mnesia),
             RABBITMQ_LOG_BASE=str(self.logs),
             RABBITMQ_LOGS=str(self.logs / "rabbit.log"),
             RABBITMQ_PID_FILE=str(d / "beam.pid"),
@@ -221,7 +262,7 @@ class RabbitMQService:
 
     def _write_config(self) -> None:
         s = self.settings
-        for path in (self.etc / "conf.d", self.home, self.logs, self.dir / "mnesia"):
+        for path in (self.etc / "conf.d", self.home, self.logs, self.mnesia):
             path.mkdir(parents=True, exist_ok=True)
         definitions = self.etc / "definitions.json"
         values = {"amqp_port": s.amqp_port, "user": s.rabbitmq_user,
@@ -258,9 +299,9 @@ class RabbitMQService:
         if proc.running(self.epmd_dir) is not None:
             return
         proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
-        epmd = shutil.which("epmd") or "/usr/bin/epmd"
+        epmd = "/usr/bin/epmd" if self.root is not None else shutil.which("epmd") or "/usr/bin/epmd"
         p = proc.spawn(
-            [epmd, "-port", str(s.rabbitmq_epmd_port), "-address", "127.0.0.1"],
+            self._argv(epmd, "-port", str(s.rabbitmq_epmd_port), "-address", "127.0.0.1"),
             state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(),
         )
         proc.wait_until(
@@ -290,7 +331,7 @@ class RabbitMQService:
         """The VM named in RabbitMQ's own pid file, if it is alive and runs our node."""
         try:
             p = psutil.Process(int((self.dir / "beam.pid").read_text().strip()))
-            ours = p.environ().get("RABBITMQ_MNESIA_BASE") == str(self.dir / "mnesia")
+            ours = p.environ().get("RABBITMQ_MNESIA_BASE", "").startswith(str(self.dir / "mnesia"))
         except (OSError, ValueError, psutil.Error):
             return None
         return p if ours else None

@@ -5,9 +5,13 @@ Run as its own measured process::
     python -m lab.workload.senders --url http://127.0.0.1:28080 --messages 100000 --senders 200 \\
         --start-file RUN/start --out RUN/senders.json
 
-Faithful to the reference: one shared keep-alive session with ``senders + 16`` connections, body
-``{"content":"helloworld"}``, 30 s timeout, **no retries** and no warm-up request (connections are
-opened by the first real sends). A 2xx response counts as sent, anything else (status or exception)
+Faithful to the reference: one shared keep-alive pool of at most ``senders + 16`` connections, body
+``{"content":"helloworld"}`` with only Host, Content-Type and Content-Length headers (like .NET
+HttpClient's bare request), 30 s timeout, **no retries** and no warm-up request (connections are
+opened by the first real sends). ``--client aiohttp`` (the default) is one aiohttp session;
+``--client raw`` is :mod:`lab.workload.rawhttp`, a raw asyncio protocol that sends prebuilt request
+bytes and reads only the status: cheaper (``lab bench harness``), but on a heavily loaded machine
+it keeps the web's queue fuller, and the runner's 10 s stats timeout tripped, so it is opt-in. A 2xx response counts as sent, anything else (status or exception)
 as send_failed. The window starts at the wall-clock time of the first successful completion.
 
 Start gate: the process polls for ``--start-file`` every 20 ms (one ``stat`` per tick, nothing
@@ -36,9 +40,9 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from lab.workload.rawhttp import RawPost
+
 BODY = b'{"content":"helloworld"}'
-HEADERS = {"Content-Type": "application/json"}
-SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")  # like .NET HttpClient's bare request
 TIMEOUT_S = 30.0
 GATE_POLL_S = 0.02
 
@@ -100,15 +104,14 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] * 1000, 3)
 
 
-async def _send(post: Any, target: str, t: Tally, t0: float) -> None:
+async def _send(post: Callable[[], Awaitable[int]], t: Tally, t0: float) -> None:
     """One POST, never retried; latency is measured from ``t0`` (start, or due time)."""
     clock = time.monotonic
     try:
-        async with post(target, data=BODY) as resp:
-            await resp.read()
-            ok = 200 <= resp.status < 300
-            if not ok and t.first_error is None:
-                t.first_error = f"HTTP {resp.status}"
+        status = await post()
+        ok = 200 <= status < 300
+        if not ok and t.first_error is None:
+            t.first_error = f"HTTP {status}"
     except Exception as e:  # any failure is a failed send, never retried
         ok = False
         if t.first_error is None:
@@ -124,20 +127,20 @@ async def _send(post: Any, target: str, t: Tally, t0: float) -> None:
         t.failed += 1
 
 
-async def _closed_loop(session: aiohttp.ClientSession, target: str, t: Tally) -> None:
-    post, clock = session.post, time.monotonic
+async def _closed_loop(post: Callable[[], Awaitable[int]], t: Tally) -> None:
+    clock = time.monotonic
     while t.remaining > 0:
         t.remaining -= 1
-        await _send(post, target, t, clock())
+        await _send(post, t, clock())
 
 
-async def _open_loop(session: aiohttp.ClientSession, target: str, t: Tally, rate: float) -> None:
+async def _open_loop(post: Callable[[], Awaitable[int]], t: Tally, rate: float) -> None:
     """Start message i at ``start + i / rate`` whatever the responses do (latency mode).
 
     Latency counts from the due time, so waiting for a free connection (at most
     ``senders + 16``) is included and a slow server cannot hide behind a slower schedule.
     """
-    post, clock, inflight = session.post, time.monotonic, set()
+    clock, inflight = time.monotonic, set()
     start, i = clock(), 0
     while t.remaining > 0:
         due = start + i / rate
@@ -146,7 +149,7 @@ async def _open_loop(session: aiohttp.ClientSession, target: str, t: Tally, rate
             await asyncio.sleep(delay)
         t.remaining -= 1
         i += 1
-        task = asyncio.create_task(_send(post, target, t, due))
+        task = asyncio.create_task(_send(post, t, due))
         inflight.add(task)
         task.add_done_callback(inflight.discard)
     await asyncio.gather(*inflight)
@@ -160,9 +163,34 @@ async def _progress(path: Path, t: Tally) -> None:
         tmp.replace(path)
 
 
+CLIENTS = ("aiohttp", "raw")
+HEADERS = {"Content-Type": "application/json"}
+SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")  # like .NET HttpClient's bare request
+
+
+class _AiohttpPost:
+    """``await post()`` -> status, over one aiohttp session (the default client)."""
+
+    def __init__(self, target: str, limit: int) -> None:
+        self.target = target
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False, headers=HEADERS, skip_auto_headers=SKIP_HEADERS,
+        )
+
+    async def post(self) -> int:
+        async with self.session.post(self.target, data=BODY) as resp:
+            await resp.read()
+            return resp.status
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
 async def run_senders(
     url: str, messages: int, senders: int, gate: asyncio.Event | None = None,
-    *, rate: float = 0.0, progress: Path | None = None,
+    *, rate: float = 0.0, progress: Path | None = None, client: str = "aiohttp",
 ) -> SendResult:
     """POST exactly ``messages`` times to ``url``/load/messages from ``senders`` closed loops.
 
@@ -171,17 +199,19 @@ async def run_senders(
     """
     target = url.rstrip("/") + "/load/messages"
     t = Tally(messages)
-    connector = aiohttp.TCPConnector(limit=senders + 16, limit_per_host=0, keepalive_timeout=60)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
-        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=HEADERS,
-        skip_auto_headers=SKIP_HEADERS,
-    ) as session:
+    c: RawPost | _AiohttpPost = (RawPost(target, BODY, limit=senders + 16, timeout=TIMEOUT_S)
+                                 if client == "raw" else _AiohttpPost(target, senders + 16))
+    try:
         if gate is not None:
             await gate.wait()
-        work = (_open_loop(session, target, t, rate) if rate > 0 else
-                asyncio.gather(*(_closed_loop(session, target, t) for _ in range(senders))))
+        work = (_open_loop(c.post, t, rate) if rate > 0 else
+                asyncio.gather(*(_closed_loop(c.post, t) for _ in range(senders))))
         gate_at, cpu = await send_phase(t, progress, work)
+    finally:
+        if isinstance(c, RawPost):
+            c.close()
+        else:
+            await c.aclose()
     return tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
 
 
@@ -270,13 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--senders", type=int, default=200)
     p.add_argument("--rate", type=float, default=0.0,
                    help="open-loop msg/s (latency mode); default 0 = closed loop")
+    p.add_argument("--client", choices=CLIENTS, default="aiohttp",
+                   help="HTTP client: aiohttp (default) or raw (lab.workload.rawhttp, leaner)")
     add_gate_options(p)
     a = p.parse_args(argv)
     if a.messages < 0 or a.senders < 1 or a.rate < 0:
         p.error("--messages and --rate must be >= 0, --senders >= 1")
     return run_and_write(lambda: gated(
         a.start_file,
-        lambda gate: run_senders(a.url, a.messages, a.senders, gate, rate=a.rate, progress=a.progress),
+        lambda gate: run_senders(a.url, a.messages, a.senders, gate, rate=a.rate, progress=a.progress,
+                                 client=a.client),
         lambda error: SendResult(url=a.url, messages=a.messages, senders=a.senders, sent=0,
                                  send_failed=0, rate=a.rate, error=error),
     ), a.out)

@@ -8,7 +8,10 @@ Endpoints (method.md §3 and §5):
 
 * ``POST /load/messages`` ``{"content": ...}`` -> one autocommit
   ``INSERT INTO messages (content) VALUES (%s) RETURNING id, created_at`` -> 201
-  ``{"id", "createdAt"}``.
+  ``{"id", "createdAt"}``. With ``--reset discard`` (the default) a reused pooled connection
+  first gets ``DISCARD ALL``, pipelined with the INSERT in one round trip (one Sync, no wait in
+  between), as Npgsql does when a pooled connection is reused without ``No Reset On Close``
+  (method.md §3); ``--reset none`` sends the INSERT alone.
 * ``POST /send-email`` ``{"id", "content", "createdAt"}`` -> counts calls and distinct ids, yields
   once to the loop (the reference's ``Task.Yield()``; ``--work-delay-ms`` sleeps instead, for the
   control experiment) -> 202.
@@ -27,6 +30,8 @@ of the pool's context manager and a cursor per request (~25 % less web CPU). The
 unprepared by default, as the reference's EF Core + Npgsql did, because PostgreSQL is a measured
 participant: ``--prepare`` saves the web ~3 % but PostgreSQL ~35 % per insert (no parse/plan),
 which would shrink the postgres column against the published one. Binary vs text: a wash.
+``--prepare`` needs ``--reset none``: ``DISCARD ALL`` deallocates the prepared statements that
+psycopg believes exist.
 SIGTERM/SIGINT stop the server gracefully and close the pool.
 """
 
@@ -40,6 +45,7 @@ import signal
 import time
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 from weakref import WeakKeyDictionary
 
 import orjson
@@ -52,6 +58,8 @@ from psycopg_pool import AsyncConnectionPool
 log = logging.getLogger("lab.workload.web")  # not __name__: that is "__main__" under -m
 
 INSERT = b"INSERT INTO messages (content) VALUES (%s) RETURNING id, created_at"
+DISCARD = b"DISCARD ALL"
+RESETS = ("discard", "none")  # what a reused pooled connection gets before the INSERT
 DEFAULT_POOL = 220
 APPLICATION_NAME = "lab-web"  # how its connections show in pg_stat_activity
 _JSON = "application/json"
@@ -83,17 +91,23 @@ class WorkStats:
 POOL = web.AppKey("pool", AsyncConnectionPool)
 STATS = web.AppKey("stats", WorkStats)
 PREPARE = web.AppKey("prepare", bool)
+RESET = web.AppKey("reset", bool)
 
 
 _cursors: WeakKeyDictionary[AsyncConnection, AsyncCursor] = WeakKeyDictionary()
 
 
-def _cursor(conn: AsyncConnection) -> AsyncCursor:
-    """One binary cursor per pooled connection, reused across requests (saves its setup)."""
-    cur = _cursors.get(conn)
-    if cur is None:
-        cur = _cursors[conn] = conn.cursor(binary=True)
-    return cur
+async def insert_row(
+    conn: AsyncConnection, cur: AsyncCursor, content: str, *, reset: bool, prepare: bool = False
+) -> tuple[Any, ...] | None:
+    """The INSERT; with ``reset``, ``DISCARD ALL`` first, both sent before either is read."""
+    if reset:
+        async with conn.pipeline():  # one Sync at the exit: a single round trip
+            await cur.execute(DISCARD, prepare=False)
+            await cur.execute(INSERT, (content,), prepare=False)
+    else:
+        await cur.execute(INSERT, (content,), prepare=prepare)  # False: never auto-prepared either
+    return await cur.fetchone()
 
 
 async def insert_message(request: web.Request) -> web.Response:
@@ -101,9 +115,14 @@ async def insert_message(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     conn = await pool.getconn()  # getconn/putconn: cheaper than the connection() context
     try:
-        cur = _cursor(conn)
-        await cur.execute(INSERT, (content,), prepare=request.app[PREPARE])  # False: never auto-prepared either
-        row = await cur.fetchone()
+        # One binary cursor per pooled connection, reused across requests (saves its setup);
+        # a connection seen before is a reuse, and only a reuse gets the reset (as in Npgsql).
+        cur = _cursors.get(conn)
+        reused = cur is not None
+        if cur is None:
+            cur = _cursors[conn] = conn.cursor(binary=True)
+        row = await insert_row(conn, cur, content, reset=reused and request.app[RESET],
+                               prepare=request.app[PREPARE])
     finally:
         await pool.putconn(conn)  # a broken connection is discarded and replaced by the pool
     assert row is not None
@@ -176,23 +195,29 @@ async def arrivals(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type=_JSON)
 
 
-async def reset(request: web.Request) -> web.Response:
+async def reset_stats(request: web.Request) -> web.Response:
     request.app[STATS].reset()
     return web.Response(status=204)
 
 
 def create_app(
     dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0, prepare: bool = False,
-    test_hold: bool = False,
+    test_hold: bool = False, reset: str = "discard",
 ) -> web.Application:
     """The aiohttp application; the pool opens on startup and closes on cleanup.
 
     ``prepare=False`` sends the INSERT unprepared every time (parse and plan per request in
     PostgreSQL, like the reference's Npgsql defaults); psycopg's automatic preparation is off too.
+    ``reset`` is ``discard`` (``DISCARD ALL`` on every reuse of a pooled connection) or ``none``.
     """
+    if reset not in RESETS:
+        raise ValueError(f"unknown reset {reset!r}: choose one of {', '.join(RESETS)}")
+    if prepare and reset == "discard":
+        raise ValueError("--prepare needs --reset none: DISCARD ALL drops the prepared statement")
     app = web.Application()
     app[STATS] = WorkStats()
     app[PREPARE] = prepare
+    app[RESET] = reset == "discard"
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         pool = AsyncConnectionPool(
@@ -215,13 +240,13 @@ def create_app(
     app.router.add_post("/send-email", work)
     app.router.add_get("/load/stats", stats)
     app.router.add_get("/load/arrivals", arrivals)
-    app.router.add_post("/load/reset", reset)
+    app.router.add_post("/load/reset", reset_stats)
     return app
 
 
 async def serve(
     host: str, port: int, dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0,
-    prepare: bool = False, test_hold: bool = False,
+    prepare: bool = False, test_hold: bool = False, reset: str = "discard",
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting, finish, and close the pool."""
     stop = asyncio.Event()
@@ -229,12 +254,12 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(
-        create_app(dsn, pool_size, work_delay_ms, prepare, test_hold), access_log=None, handle_signals=False
+        create_app(dsn, pool_size, work_delay_ms, prepare, test_hold, reset), access_log=None, handle_signals=False
     )
     await runner.setup()  # opens the pool: the port only listens once every connection is up
     try:
         await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True).start()
-        log.info("web listening on %s:%d (pool %d)", host, port, pool_size)
+        log.info("web listening on %s:%d (pool %d, reset %s)", host, port, pool_size, reset)
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -253,13 +278,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="server-side prepared INSERT (default: unprepared, as the reference)")
     p.add_argument("--test-hold", action="store_true",
                    help="tests only: /test/hold and /test/release hold one id's work")
+    p.add_argument("--reset", choices=RESETS, default="discard",
+                   help="on reuse of a pooled connection: DISCARD ALL pipelined with the INSERT "
+                        "(default, as Npgsql) or none")
     a = p.parse_args(argv)
+    if a.prepare and a.reset == "discard":
+        p.error("--prepare needs --reset none: DISCARD ALL drops the prepared statement")
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     logging.getLogger("lab").setLevel(logging.INFO)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        r.run(serve(a.host, a.port, a.dsn, a.pool, a.work_delay_ms, a.prepare, a.test_hold))
+        r.run(serve(a.host, a.port, a.dsn, a.pool, a.work_delay_ms, a.prepare, a.test_hold, a.reset))
 
 
 if __name__ == "__main__":

@@ -213,4 +213,35 @@ def test_stop_leaves_no_process_of_ours(own_rabbitmq: RabbitMQService) -> None:
     s = rabbitmq.settings
     for port in (s.amqp_port, s.rabbitmq_dist_port, s.rabbitmq_epmd_port):
         assert not proc.port_open(port)
-    assert Path(rabbitmq.dir / "mnesia").exists()  # stop without purge keeps the data
+    assert rabbitmq.mnesia.exists()  # stop without purge keeps the data
+
+
+def test_default_node_is_debian_13s_4_0_from_the_lab_root(rabbitmq: RabbitMQService) -> None:
+    """RabbitMQ 4.0 runs from the cache's Debian 13 root; its mounts never reach the host."""
+    assert rabbitmq.settings.rabbitmq_version == "4.0"
+    assert rabbitmq.root is not None and rabbitmq.root.is_relative_to(rabbitmq.settings.cache_dir)
+    assert rabbitmq.status().version.startswith("4.0.")
+    beam = next(p for p in _tree(rabbitmq) if p.name() == "beam.smp")
+    assert Path(f"/proc/{beam.pid}/root").resolve() == rabbitmq.root.resolve()
+    assert str(rabbitmq.root) not in Path("/proc/self/mounts").read_text()
+
+
+def test_debian_12s_3_10_stays_selectable(stack: object, settings: Settings) -> None:
+    service = RabbitMQService(settings.replace(
+        stack_dir=settings.stack_dir / "rabbitmq-3.10",
+        amqp_port=settings.amqp_port + OWN_OFFSET + 10,
+        rabbitmq_dist_port=settings.rabbitmq_dist_port + OWN_OFFSET + 10,
+        rabbitmq_epmd_port=settings.rabbitmq_epmd_port + OWN_OFFSET + 10,
+        rabbitmq_node="old-" + settings.rabbitmq_node,
+        rabbitmq_version="3.10",
+    ))
+    try:
+        service.start()
+        assert service.root is None and service.status().version.startswith("3.10.")
+        assert Path(f"/proc/{service.processes()[0].pid}/root").resolve() == Path("/")
+        known = _tree(service)
+        service.stop()
+        assert _ours_alive(service, known) == []
+    finally:
+        service.stop(purge=True)
+        shutil.rmtree(service.settings.stack_dir, ignore_errors=True)

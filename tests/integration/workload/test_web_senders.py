@@ -225,3 +225,10 @@ def test_sigterm_stops_web_gracefully(pg_settings: Settings, workdir: Path) -> N
             web.kill()
             web.wait()
     assert "Traceback" not in (workdir / "web-sigterm.log").read_text()
+
+
+def test_raw_client_sends_exactly_m_rows(web_url: str, db: psycopg.Connection) -> None:
+    r = asyncio.run(run_senders(web_url, 500, 20, client="raw"))
+    assert (r.sent, r.send_failed, r.error, r.first_error) == (500, 0, None, None)
+    assert 0 < r.send_p50_ms <= r.send_p95_ms
+    assert db.execute("SELECT count(*), count(DISTINCT id) FROM messages").fetchone() == (500, 500)

@@ -21,6 +21,7 @@ import pytest
 
 from lab.pg.pgoutput import (
     UNCHANGED,
+    commit_end_lsn,
     Begin,
     BeginPrepare,
     Commit,

@@ -63,3 +63,24 @@ def test_consumers_parse_what_their_producer_wrote() -> None:
     assert rabbitmq.RabbitSource(Scenario(pipeline="rabbitmq"), Settings(), 0)._row(update) is None
     direct_kafka = kafka.KafkaSource(Scenario(pipeline="kafka", producer="direct"), Settings(), 0)
     assert direct_kafka.topic == "messages"
+
+
+def test_reset_is_a_scenario_field_and_a_producer_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert Scenario().reset == "discard"  # the reference's Npgsql pool behaviour is the default
+    assert Scenario(reset="none").reset == "none"
+    with pytest.raises(ValueError, match="unknown reset 'all': choose one of discard, none"):
+        Scenario(reset="all")
+    assert parse_args(["--target", "pg", "--messages", "5", "--out", "x"]).reset == "discard"
+    with pytest.raises(SystemExit):
+        parse_args(["--target", "pg", "--messages", "5", "--out", "x", "--reset", "all"])
+    assert "invalid choice: 'all'" in capsys.readouterr().err
+
+
+def test_web_refuses_a_prepared_insert_with_discard(capsys: pytest.CaptureFixture[str]) -> None:
+    from lab.workload.web import create_app, main
+
+    with pytest.raises(ValueError, match="--prepare needs --reset none"):
+        create_app("host=unused", prepare=True)
+    with pytest.raises(SystemExit) as exc:
+        main(["--port", "1", "--dsn", "x", "--prepare"])
+    assert exc.value.code == 2 and "--prepare needs --reset none" in capsys.readouterr().err

@@ -1,0 +1,139 @@
+"""``lab bench harness``: the lab's web + senders against a naive baseline, in one sitting.
+
+Three measurements per round, alternating, on the same PostgreSQL (``messages`` truncated
+before each), each reported as web + senders CPU in ms per message:
+
+* ``naive``: :mod:`lab.workload.naive` (aiohttp + psycopg-pool web, aiohttp senders; inserts
+  only). The senders report their own CPU over the send phase; the web's is read with psutil
+  over the same phase.
+* ``real_inserts`` / ``real_inserts_raw``: the lab's web (:mod:`lab.workload.web`, with its
+  default reset) and senders (:mod:`lab.workload.senders`, aiohttp or raw client), inserts only,
+  measured the same way: like for like.
+* ``real_run``: ``lab run --pipeline wal --consumers 1`` (its web also serves the work calls);
+  ``web`` + ``senders`` from the run's sampled window, as the issue's figure was taken.
+
+The result is each figure's median, and the real ones as ratios of the naive one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings, child_env
+from lab.stack import proc
+
+Say = Callable[[str], None]
+
+
+def _truncate(settings: Settings) -> None:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE messages")
+
+
+def _inserts_only(settings: Settings, web_argv: list[str], senders_argv: list[str],
+                  senders_cpu: Callable[[str, Path], float], messages: int) -> float:
+    """One web + senders pair: (web CPU over the send phase + senders' own CPU) per message."""
+    _truncate(settings)
+    env = child_env(settings)
+    with tempfile.TemporaryDirectory(prefix="lab-harness-") as tmp:
+        out = Path(tmp) / "senders.json"
+        with open(Path(tmp) / "web.log", "ab") as log:
+            web = subprocess.Popen([sys.executable, *web_argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            watched = psutil.Process(web.pid)
+            proc.wait_until(lambda: proc.port_open(settings.web_port), timeout=60, what="web",
+                            proc=watched, log_path=Path(tmp) / "web.log")
+            time.sleep(1.0)  # the pool finishes opening
+            cpu0 = sum(watched.cpu_times()[:2])
+            extra = ["--out", str(out)] if "lab.workload.senders" in senders_argv else []
+            run = subprocess.run([sys.executable, *senders_argv, *extra], capture_output=True,
+                                 text=True, env=env, timeout=1800, check=False)
+            web_cpu = sum(watched.cpu_times()[:2]) - cpu0
+        finally:
+            web.send_signal(signal.SIGTERM)
+            try:
+                web.wait(30)
+            except subprocess.TimeoutExpired:
+                web.kill()
+                web.wait()
+        if run.returncode != 0:
+            raise RuntimeError(f"senders failed ({run.returncode}): {run.stderr.strip()[-300:]}")
+        with psycopg.connect(settings.pg_dsn) as conn:
+            rows = conn.execute("SELECT count(*) FROM messages").fetchone()
+        if rows != (messages,):
+            raise RuntimeError(f"expected {messages} rows, found {rows}")
+        # both senders report their CPU over the send phase only (not their start-up)
+        return (web_cpu + senders_cpu(run.stdout, out)) * 1000 / messages
+
+
+def _naive(settings: Settings, messages: int, senders: int) -> float:
+    return _inserts_only(
+        settings,
+        ["-m", "lab.workload.naive", "web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
+        ["-m", "lab.workload.naive", "senders", "--url", settings.web_url, "--messages", str(messages),
+         "--senders", str(senders)],
+        lambda stdout, _: float(json.loads(stdout.strip().splitlines()[-1])["cpu_s"]),
+        messages,
+    )
+
+
+def _real_inserts(settings: Settings, messages: int, senders: int, client: str = "aiohttp") -> float:
+    return _inserts_only(
+        settings,
+        ["-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
+        ["-m", "lab.workload.senders", "--url", settings.web_url, "--messages", str(messages),
+         "--senders", str(senders), "--client", client],
+        lambda _, out: float(json.loads(out.read_text())["cpu_s"]),
+        messages,
+    )
+
+
+def _real_inserts_raw(settings: Settings, messages: int, senders: int) -> float:
+    return _real_inserts(settings, messages, senders, client="raw")
+
+
+def _real_run(settings: Settings, messages: int, senders: int) -> float:
+    scenario = Scenario(pipeline="wal", consumers=1, messages=messages, senders=senders, cooldown_s=5)
+    r = asyncio.run(run_scenario(scenario, settings))
+    if not r["success"]:
+        raise RuntimeError(f"run {r['run_id']} failed: {r['error']}")
+    return (r["cpu_s"]["web"] + r["cpu_s"]["senders"]) * 1000 / messages
+
+
+def bench_harness(settings: Settings, *, messages: int = 20_000, senders: int = 200, repeats: int = 3,
+                  say: Say = lambda _: None) -> dict[str, Any]:
+    """``repeats`` rounds of naive, real inserts-only and a real run; medians and ratios."""
+    arms = {"naive": _naive, "real_inserts": _real_inserts, "real_inserts_raw": _real_inserts_raw,
+            "real_run": _real_run}
+    got: dict[str, list[float]] = {name: [] for name in arms}
+    loads = []
+    for i in range(repeats):
+        for name, arm in arms.items():
+            say(f"round {i + 1}/{repeats}: {name}")
+            got[name].append(round(arm(settings, messages, senders), 4))
+            loads.append(round(os.getloadavg()[0], 2))
+    med = {name: round(statistics.median(v), 4) for name, v in got.items()}
+    return {
+        "messages": messages, "senders": senders, "repeats": repeats,
+        "web_plus_senders_ms_per_msg": got, "median": med,
+        "ratio_real_inserts_to_naive": round(med["real_inserts"] / med["naive"], 3),
+        "ratio_real_inserts_raw_to_naive": round(med["real_inserts_raw"] / med["naive"], 3),
+        "ratio_real_run_to_naive": round(med["real_run"] / med["naive"], 3),
+        "loadavg_1m": loads, "host_cpus": psutil.cpu_count(),
+    }

@@ -1,0 +1,95 @@
+"""``lab bench options``: one option's values side by side, in one sitting, runs alternating.
+
+Every value of one Scenario field (``--vary reset=discard,none``) is run ``repeats`` times in
+rounds (A B A B ...), so a slow drift of a shared machine lands on every value alike. The
+figures are medians of ms CPU per message in total and per participant, plus each value's
+median as a ratio of the first value's (the default goes first), and the machine's load: the
+median ``unattributed`` CPU (other work on the host during the window, in ms per message) and
+the 1-minute load average when each run ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psutil
+
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
+
+Say = Callable[[str], None]
+
+
+def parse_vary(spec: str) -> tuple[str, list[Any]]:
+    """``field=v1,v2,...`` -> (field, typed values); one clear line when it is wrong."""
+    name, sep, values = spec.partition("=")
+    name = name.strip().replace("-", "_")
+    default = getattr(Scenario(), name, None)
+    if not sep or name not in Scenario.field_names():
+        raise ValueError(f"--vary wants FIELD=V1,V2 with a Scenario field, got {spec!r}")
+    kind = type(default)
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if len(items) < 2:
+        raise ValueError(f"--vary {name} needs at least two values, got {values!r}")
+    if kind is bool:
+        return name, [v.lower() in ("1", "true", "yes") for v in items]
+    return name, [kind(v) for v in items]
+
+
+def summarize(runs: Sequence[dict[str, Any]], messages: int) -> dict[str, Any]:
+    """Medians over the runs of one value (ms CPU per message)."""
+    names = sorted({k for r in runs for k in r["cpu_s"]})
+    per = {n: round(statistics.median(r["cpu_s"].get(n, 0.0) * 1000 / messages for r in runs), 3)
+           for n in names}
+    consumers = [r["cpu_s"].get("consumers", 0.0) * 1000 / messages for r in runs]
+    totals = [r["cpu_ms_per_msg"] for r in runs]
+    return {
+        "runs": [r["run_id"] for r in runs],
+        "cpu_ms_per_msg": totals,
+        "median_ms_per_msg": round(statistics.median(totals), 3),
+        "by_participant": per,
+        "consumers_ms_per_msg": round(statistics.median(consumers), 3),
+        "web_plus_senders_ms_per_msg": round(per.get("web", 0.0) + per.get("senders", 0.0), 3),
+        "window_s": [r["window_s"] for r in runs],
+    }
+
+
+def bench_options(
+    base: Scenario, field: str, values: Sequence[Any], settings: Settings, *, repeats: int = 3,
+    say: Say = lambda _: None,
+) -> dict[str, Any]:
+    """Run ``base`` with each value of ``field``, alternating, ``repeats`` rounds."""
+    runs: dict[str, list[dict[str, Any]]] = {str(v): [] for v in values}
+    loads: list[float] = []
+    failed: list[dict[str, str]] = []
+    for i in range(repeats):
+        for v in values:
+            scenario = base.replace(**{field: v})
+            say(f"round {i + 1}/{repeats}: {field}={v} ({scenario.slug})")
+            result = asyncio.run(run_scenario(scenario, settings))
+            loads.append(os.getloadavg()[0])
+            if not result["success"]:  # kept out of the medians, listed in the output
+                say(f"run {result['run_id']} ({field}={v}) failed: {result['error']}")
+                failed.append({"run_id": result["run_id"], field: str(v), "error": result["error"]})
+                continue
+            runs[str(v)].append(result)
+    if any(not r for r in runs.values()):
+        raise RuntimeError(f"no successful run for some value of {field}: {failed}")
+    out = {str(v): summarize(runs[str(v)], base.messages) for v in values}
+    first = out[str(values[0])]
+    for s in out.values():
+        s["ratio_to_first"] = round(s["median_ms_per_msg"] / first["median_ms_per_msg"], 3)
+        s["participant_ratio_to_first"] = {
+            n: round(ms / first["by_participant"][n], 3)
+            for n, ms in s["by_participant"].items()
+            if first["by_participant"].get(n) and n != "unattributed"
+        }
+    return {
+        "scenario": base.slug, "field": field, "values": [str(v) for v in values], "repeats": repeats,
+        "results": out, "failed": failed, "loadavg_1m": [round(x, 2) for x in loads], "host_cpus": psutil.cpu_count(),
+    }

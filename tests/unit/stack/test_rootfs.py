@@ -1,0 +1,70 @@
+"""The Debian roots of lab/stack/rootfs.py and the RabbitMQ release setting that uses them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab.settings import Settings
+from lab.stack import rootfs
+from lab.stack.base import StackError
+from lab.stack.rabbitmq import RabbitMQService
+
+
+def test_root_path_depends_on_suite_and_package_set_not_order(tmp_path: Path) -> None:
+    s = Settings(cache_dir=tmp_path)
+    a = rootfs.root_path(s, "trixie", ["rabbitmq-server", "curl"])
+    assert a == rootfs.root_path(s, "trixie", ["curl", "rabbitmq-server"])
+    assert a.parent == tmp_path / "rootfs" and a.name.startswith("trixie-")
+    assert a != rootfs.root_path(s, "bookworm", ["rabbitmq-server", "curl"])
+    assert a != rootfs.root_path(s, "trixie", ["rabbitmq-server"])
+
+
+def test_a_built_root_is_returned_without_building_again(tmp_path: Path) -> None:
+    s = Settings(cache_dir=tmp_path)
+    root = rootfs.root_path(s, "trixie", ["rabbitmq-server"])
+    root.mkdir(parents=True)
+    assert not rootfs.is_built(root)
+    (root / rootfs.STAMP).write_text("rabbitmq-server\n")
+    assert rootfs.debian_root(s, "trixie", ["rabbitmq-server"]) == root  # no debootstrap call
+
+
+def test_package_version_reads_the_roots_dpkg_status(tmp_path: Path) -> None:
+    status = tmp_path / "var" / "lib" / "dpkg" / "status"
+    status.parent.mkdir(parents=True)
+    status.write_text(
+        "Package: erlang-base\nStatus: install ok installed\nVersion: 1:27.3.4-1\n\n"
+        "Package: rabbitmq-server\nStatus: install ok installed\nVersion: 4.0.5-6\n"
+    )
+    assert rootfs.package_version(tmp_path, "rabbitmq-server") == "4.0.5-6"
+    assert rootfs.package_version(tmp_path, "erlang-base") == "1:27.3.4-1"
+    assert rootfs.package_version(tmp_path, "missing") == ""
+    assert rootfs.package_version(tmp_path / "nowhere", "rabbitmq-server") == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and chroot need root")
+def test_chroot_argv_runs_inside_with_binds_and_leaves_no_mount(tmp_path: Path) -> None:
+    # "/" as the root: the wrapper's own behaviour (private namespace, proc, binds) is what runs
+    (tmp_path / "marker").write_text("seen")
+    argv = rootfs.chroot_argv(Path("/"), ["sh", "-c", f"cat {tmp_path}/marker; cat /proc/self/mounts"],
+                              binds=[tmp_path])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+    assert out.startswith("seen")
+    assert f" {tmp_path} " in out  # the bind exists inside the namespace ...
+    assert f" {tmp_path} " not in Path("/proc/self/mounts").read_text()  # ... and only there
+
+
+def test_rabbitmq_release_setting(tmp_path: Path) -> None:
+    s = Settings(cache_dir=tmp_path, stack_dir=tmp_path / "stack")
+    assert s.rabbitmq_version == "4.0"
+    new = RabbitMQService(s)
+    assert new.root == rootfs.root_path(s, "trixie", ["rabbitmq-server"])
+    old = RabbitMQService(s.replace(rabbitmq_version="3.10"))
+    assert old.root is None
+    assert new.mnesia != old.mnesia and new.mnesia.parent == old.mnesia.parent  # no shared database
+    with pytest.raises(StackError, match="unknown LAB_RABBITMQ_VERSION '3.13': choose one of 4.0, 3.10"):
+        RabbitMQService(s.replace(rabbitmq_version="3.13"))
+    assert Settings.from_env({"LAB_RABBITMQ_VERSION": "3.10"}).rabbitmq_version == "3.10"
