@@ -42,7 +42,8 @@ from lab.measure.sampler import Participant, Sampler, Snapshot
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env
 from lab.pg.slots import drop_slots
-from lab.stack.native import NativeStack
+from lab.measure.services import service_participants, stack_record
+from lab.stack import get_stack
 from lab.stack.proc import exclusive, tail
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def _git_sha(root: Path) -> str | None:
 class Run:
     """State of one run. Use :func:`run_scenario`."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: NativeStack, progress: Progress,
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Any, progress: Progress,
                  idle: dict[str, Any] | None = None) -> None:
         self.scenario = scenario
         self.idle = idle  # the series' idle baseline (lab.measure.idle), if one was measured
@@ -105,12 +106,7 @@ class Run:
             g.attach(pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
             return g
 
-        stack = self.stack.participants
-        current = stack()
-        parts = [
-            Participant(name, lambda n=name: stack()[n], cgroup=group(name, current[name]))
-            for name in ("postgres", "kafka", "rabbitmq", "debezium")
-        ]
+        parts = service_participants(self.stack, ("postgres", "kafka", "rabbitmq", "debezium"), group)
         for name in ("web", "senders"):
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
         parts += [
@@ -443,6 +439,7 @@ class Run:
             "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",
                                                     "sampler_core_pct")},
             "versions": self._versions(),
+            **stack_record(self.stack),
             "host": {"hostname": socket.gethostname(), "cpus": psutil.cpu_count(), "platform": platform.platform(),
                      "python": platform.python_version()},
             "git_sha": _git_sha(self.settings.root),
@@ -501,13 +498,13 @@ async def run_scenario(
     scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
     meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Execute one run on the native stack, store it under data/runs/, return run.json's content.
+    """Execute one run on the configured stack (``LAB_BACKEND``), store it under data/runs/, return run.json's content.
 
     ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
     ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
     without it (``idle``).
     """
-    stack = NativeStack(settings)
+    stack = get_stack(settings)
     with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)

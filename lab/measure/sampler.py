@@ -155,6 +155,9 @@ class Participant:
     group: str | None = None
     recursive: bool = True
     cgroup: CpuGroup | None = None  # exact CPU and the member pids; no tree walk
+    #: A reader of (cumulative CPU s, current memory MB) for what has no local process tree:
+    #: a container (``lab.stack.compose``, possibly on another host). No walk, no cgroup.
+    counter: Callable[[], tuple[float, float]] | None = None
 
     def current_roots(self) -> list[psutil.Process]:
         return list(self.roots() if callable(self.roots) else self.roots)
@@ -208,7 +211,7 @@ class Sampler:
         self._ppid: dict[int, int] = {}
         self._members: set[int] = set()
         self._last: dict[str, dict[tuple[int, int], float]] = {n: {} for n in names}
-        self._walked = [p for p in self.participants if p.cgroup is None]  # the fallback path
+        self._walked = [p for p in self.participants if p.cgroup is None and p.counter is None]
         self._rss: dict[str, float] = {}  # cgroup participants: last RSS read
         self._background = 0  # background readings so far
         self._outside: set[tuple[str, int]] = set()  # (participant, root pid) already logged
@@ -285,7 +288,9 @@ class Sampler:
             if not full:
                 self._background += 1
             for part in self.participants:
-                if part.cgroup is not None:
+                if part.counter is not None:
+                    cpu[part.name], rss[part.name] = part.counter()
+                elif part.cgroup is not None:
                     cpu[part.name] = part.cgroup.usage_s()
                     if rss_due or part.name not in self._rss:
                         pids = set(part.cgroup.pids())

@@ -5,10 +5,9 @@ the project's containers, networks and volumes (``up --no-start``); starting, st
 polling, copying configs in and reading counters go through the Docker SDK, so v1 and v2 behave
 the same and nothing is bind-mounted (the engine can be another machine: ``LAB_DOCKER_HOST``).
 
-CPU of a container is its cumulative ``cpu_stats.cpu_usage.total_usage`` (nanoseconds, the
-cgroup's counter), read at the window edges like the native backend's cgroup counters
-(DESIGN.md §2): :meth:`ComposeStack.counters`. Memory is the container's usage without its
-inactive page cache (what ``docker stats`` shows).
+CPU of a container is its cumulative ``cpu_stats.cpu_usage.total_usage`` (the cgroup's
+counter), read at the window edges like the native backend's cgroup counters (DESIGN.md §2):
+:meth:`ComposeStack.counters`, :mod:`lab.stack.containers`.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from psycopg.conninfo import make_conninfo
 from lab.pg import slots
 from lab.settings import Settings
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, ServiceStatus, StackError, check_sink
+from lab.stack.containers import ContainerCounter, StatsBoard
 from lab.stack.debezium import SLOT, render_properties
 from lab.stack.engine import compose_command, compose_env, docker_client
 from lab.stack.images import missing_images
@@ -39,45 +39,6 @@ DEBEZIUM = {sink: f"debezium-{sink}" for sink in DEBEZIUM_SINKS}
 HEALTH_TIMEOUT = 240.0
 DEBEZIUM_TIMEOUT = 180.0
 Counter = Callable[[], tuple[float, float]]
-
-
-def container_usage(stats: dict[str, Any]) -> tuple[float, float]:
-    """(CPU seconds since the container started, memory MB) from one Docker stats reading."""
-    cpu = stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0) / 1e9
-    mem = stats.get("memory_stats", {})
-    inner = mem.get("stats", {})
-    cache = inner.get("inactive_file", inner.get("total_inactive_file", 0))
-    return cpu, max(0, mem.get("usage", 0) - cache) / 2**20
-
-
-class ContainerCounter:
-    """Cumulative CPU and current memory of the containers of one or more compose services.
-
-    Read through the engine API (one ``one_shot`` stats call per container, no averaging);
-    a container not (yet) created reads 0 and is looked up again next time.
-    """
-
-    def __init__(self, stack: ComposeStack, services: tuple[str, ...]) -> None:
-        self.stack, self.services = stack, services
-        self._ids: dict[str, str] = {}
-
-    def __call__(self) -> tuple[float, float]:
-        cpu = mem = 0.0
-        for service in self.services:
-            cid = self._ids.get(service)
-            if cid is None:
-                c = self.stack.container(service)
-                if c is None:
-                    continue
-                cid = self._ids[service] = c.id
-            try:
-                stats = self.stack.client.api.stats(cid, stream=False, one_shot=True)
-            except Exception:  # removed and recreated: look it up again next time
-                self._ids.pop(service, None)
-                continue
-            c_cpu, c_mem = container_usage(stats)
-            cpu, mem = cpu + c_cpu, mem + c_mem
-        return cpu, round(mem, 1)
 
 
 class ComposeStack:
@@ -93,6 +54,7 @@ class ComposeStack:
         self.project = settings.compose_project
         self.debezium = dict(DEBEZIUM)  # sink -> service, as NativeStack.debezium is keyed
         self._client: Any = None
+        self._board: StatsBoard | None = None
 
     @property
     def client(self) -> Any:
@@ -221,6 +183,7 @@ class ComposeStack:
             c.stop(timeout=30)
 
     def status(self) -> list[ServiceStatus]:
+        usage = StatsBoard(self.client, self.container, (*SERVICES, *DEBEZIUM.values())).fetch()
         out = []
         for service in [*SERVICES, *DEBEZIUM.values()]:
             c = self.container(service)
@@ -232,13 +195,20 @@ class ComposeStack:
             out.append(ServiceStatus(
                 name=service, state="running" if running else "stopped",
                 endpoint=self._endpoint(service), version=c.attrs["Config"]["Image"] if c else "",
-                rss_mb=ContainerCounter(self, (service,))()[1] if running else None, detail=detail))
+                rss_mb=round(usage[service][1], 1) if running and service in usage else None, detail=detail))
         return out
 
     def _endpoint(self, service: str) -> str:
         s = self.settings
         return {"postgres": f"{s.service_host}:{s.pg_port}", "kafka": s.kafka_bootstrap,
                 "rabbitmq": f"{s.service_host}:{s.amqp_port}"}.get(service, "")
+
+    def record(self) -> dict[str, Any]:
+        """What a run stores about this stack: images by content digest, engine, how CPU was read."""
+        from lab.stack.engine import engine_version
+
+        return {"images": self.image_digests(), "engine": engine_version(self.client),
+                "container_cpu": dict(self._board.modes) if self._board else {}}
 
     def image_digests(self) -> dict[str, str]:
         """Service -> image id (sha256 content digest) of every container of this project."""
@@ -252,8 +222,9 @@ class ComposeStack:
     def counters(self) -> dict[str, Counter]:
         """Participant -> reader of (cumulative CPU s, memory MB): the services, both Debezium
         instances together (``debezium``, a run uses one) and each one (idle baseline)."""
-        out: dict[str, Counter] = {s: ContainerCounter(self, (s,)) for s in SERVICES}
-        out["debezium"] = ContainerCounter(self, tuple(DEBEZIUM.values()))
+        board = self._board = StatsBoard(self.client, self.container, (*SERVICES, *DEBEZIUM.values()))
+        out: dict[str, Counter] = {s: ContainerCounter(board, (s,)) for s in SERVICES}
+        out["debezium"] = ContainerCounter(board, tuple(DEBEZIUM.values()))
         for service in DEBEZIUM.values():
-            out[service] = ContainerCounter(self, (service,))
+            out[service] = ContainerCounter(board, (service,))
         return out

@@ -11,7 +11,8 @@ import yaml
 
 from lab.settings import ROOT, Settings
 from lab.stack import debezium, kafka
-from lab.stack.compose import ComposeStack, container_usage
+from lab.stack.compose import ComposeStack
+from lab.stack.containers import container_usage
 from lab.stack.engine import compose_command, compose_env
 from lab.stack.images import LOCAL_IMAGES
 from lab.stack.postgres import SERVER_FLAGS
