@@ -82,11 +82,11 @@ class ComposeStack:
         return Endpoints(pg_dsn=s.pg_dsn, kafka_bootstrap=s.kafka_bootstrap, amqp_url=s.amqp_url)
 
     def provision(self) -> None:
-        """Check the engine and the images (pull the official ones; local ones must be built)."""
+        """Check the engine; build the local images (cached) or pull the official ones."""
         if self.settings.compose_images == "local":
-            missing = missing_images(self.client)
-            if missing:
-                raise StackError(f"local images missing ({', '.join(missing)}): run `lab stack images build`")
+            from lab.stack.images import build_images
+
+            build_images(self.settings, say=log.info)
         else:
             self.client  # noqa: B018 - the engine check
             self._compose("pull", "--quiet")
@@ -94,7 +94,9 @@ class ComposeStack:
     def up(self) -> None:
         """Create and start PostgreSQL, Kafka and RabbitMQ, wait until healthy, apply the schema."""
         if self.settings.compose_images == "local":
-            self.provision()
+            missing = missing_images(self.client)
+            if missing:
+                raise StackError(f"local images missing ({', '.join(missing)}): run `lab stack images build`")
         self._compose("up", "--no-start", *SERVICES)
         for service in SERVICES:
             c = self.container(service)
