@@ -89,7 +89,11 @@ class ComposeStack:
             build_images(self.settings, say=log.info)
         else:
             self.client  # noqa: B018 - the engine check
-            self._compose("pull", "--quiet")
+            try:
+                self._compose("pull", "--quiet")
+            except StackError as exc:
+                raise StackError(f"{exc}; without a registry, build the images locally: "
+                                 "LAB_COMPOSE_IMAGES=local lab stack images build") from None
 
     def up(self) -> None:
         """Create and start PostgreSQL, Kafka and RabbitMQ, wait until healthy, apply the schema."""
