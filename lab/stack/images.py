@@ -135,13 +135,25 @@ def _inputs(settings: Settings) -> dict[str, dict[str, Any]]:
     }
 
 
+def _tree_digest(src: Path) -> str:
+    """Content identity of a file (its bytes) or a tree (every file's relative path and size):
+    the same wheel or jars in another checkout or venv give the same digest."""
+    h = hashlib.sha256()
+    if src.is_file():
+        h.update(src.read_bytes())
+        return h.hexdigest()
+    for path in sorted(src.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            h.update(f"{path.relative_to(src)}:{path.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
 def _digest(base_id: str, name: str, dockerfile: str, entry: str, spec: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for part in (base_id, name, dockerfile, entry, repr(sorted(spec["values"].items()))):
         h.update(part.encode())
     for key, src in sorted(spec["files"].items()):
-        st = src.stat()
-        h.update(f"{key}:{src}:{st.st_mtime_ns}".encode())
+        h.update(f"{key}:{_tree_digest(src)}".encode())
     return h.hexdigest()[:16]
 
 
