@@ -122,6 +122,8 @@ class StatsBoard:
                 local = self._local.get(service) or LocalCgroup.find(cid)  # exists once started
                 self._local[service] = local
                 if local is None:
+                    if "cgroup" in self.modes.values():  # a local engine: not running, reads 0
+                        continue  # (an API call would cost ~1 ms of this process per reading)
                     remote[service] = cid
                     continue
                 try:
