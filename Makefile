@@ -30,14 +30,14 @@ setup: system-deps $(STAMP) $(KERNEL)  ## idempotent: system packages, venv, pac
 system-deps:
 	bash scripts/system-deps.sh
 
-test: setup  ## unit tests, then integration and notebook tests against the real native stack
-	$(BIN)/pytest tests/unit tests/integration tests/notebooks
+test: setup  ## unit tests, then integration and notebook tests against the real native stack (and a Docker engine)
+	BIN=$(BIN) bash scripts/with-docker.sh $(BIN)/pytest tests/unit tests/integration tests/notebooks
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
 test-integration: setup
-	$(BIN)/pytest tests/integration
+	BIN=$(BIN) bash scripts/with-docker.sh $(BIN)/pytest tests/integration
 
 test-notebooks: setup  ## every notebook executed with papermill on the smoke profile
 	$(BIN)/pytest tests/notebooks

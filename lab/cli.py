@@ -76,6 +76,17 @@ def _debezium(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _stack_images(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.stack.images import build_images
+
+    t0 = time.monotonic()
+    built = build_images(settings, say=_say)
+    for tag, image_id in built.items():
+        sys.stdout.write(f"{tag}\t{image_id}\n")
+    _say(f"local images ready in {time.monotonic() - t0:.1f} s (use them: LAB_COMPOSE_IMAGES=local)")
+    return 0
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
@@ -315,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     dbz.add_argument("action", choices=["start", "stop"])
     dbz.add_argument("sink", help=f"one of: {', '.join(DEBEZIUM_SINKS)}")
     dbz.set_defaults(handler=_debezium)
+    images = ssub.add_parser("images", help="the compose backend's local images (no registry needed)")
+    images.add_argument("action", choices=["build"], help="build: debootstrap + the four service images (cached)")
+    images.set_defaults(handler=_stack_images)
     run = sub.add_parser("run", help="one measured run of a pipeline")
     _scenario_options(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")

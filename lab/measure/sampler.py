@@ -103,8 +103,27 @@ def _ticks(raw: bytes) -> float:
     return v + 0.5 if v else 0.0
 
 
+#: Linux: readings parse /proc. Elsewhere (macOS, where only the compose backend runs) the same
+#: fields come from psutil (no reaped-children times on macOS: a short-lived child's CPU is lost).
+_PROC = os.path.isdir("/proc/self")
+
+
+def _psutil_stat(pid: int) -> _Stat | None:
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            t = p.cpu_times()
+            return _Stat(p.ppid(), p.status() == psutil.STATUS_ZOMBIE, int(p.create_time() * CLK_TCK),
+                         (t.user + t.system) * CLK_TCK, (t.children_user + t.children_system) * CLK_TCK,
+                         int(p.memory_info().rss / (PAGE_MB * 2**20)))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 def _read_stat(pid: int) -> _Stat | None:
     """One ``/proc/<pid>/stat`` read; None when the process is gone."""
+    if not _PROC:
+        return _psutil_stat(pid)
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -139,6 +158,8 @@ def _memory(pid: int, rss_pages: int) -> tuple[int, int]:
     map the same shared buffers, and summing their RSS would count those once per backend
     (4 GB for 220 backends where the server really holds ~0.5 GB).
     """
+    if not _PROC:
+        return rss_pages, 0
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             fields = f.read().split()
@@ -160,7 +181,7 @@ def _group_rss_mb(pids: Iterable[int]) -> float:
 def host_busy_s() -> float:
     """Busy CPU-seconds of the whole host since boot (see the module docstring)."""
     t = psutil.cpu_times()
-    return t.user + t.nice + t.system + t.irq + t.softirq
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 @dataclass(frozen=True)
@@ -179,6 +200,9 @@ class Participant:
     group: str | None = None
     recursive: bool = True
     cgroup: CpuGroup | None = None  # exact CPU and the member pids; no tree walk
+    #: A reader of (cumulative CPU s, current memory MB) for what has no local process tree:
+    #: a container (``lab.stack.compose``, possibly on another host). No walk, no cgroup.
+    counter: Callable[[], tuple[float, float]] | None = None
 
     def current_roots(self) -> list[psutil.Process]:
         return list(self.roots() if callable(self.roots) else self.roots)
@@ -235,7 +259,7 @@ class Sampler:
         self._ppid: dict[int, int] = {}
         self._members: set[int] = set()
         self._last: dict[str, dict[tuple[int, int], float]] = {n: {} for n in names}
-        self._walked = [p for p in self.participants if p.cgroup is None]  # the fallback path
+        self._walked = [p for p in self.participants if p.cgroup is None and p.counter is None]
         self._rss: dict[str, float] = {}  # cgroup participants: last RSS read
         self._background = 0  # background readings so far
         self._outside: set[tuple[str, int]] = set()  # (participant, root pid) already logged
@@ -312,7 +336,9 @@ class Sampler:
             if not full:
                 self._background += 1
             for part in self.participants:
-                if part.cgroup is not None:
+                if part.counter is not None:
+                    cpu[part.name], rss[part.name] = part.counter()
+                elif part.cgroup is not None:
                     cpu[part.name] = part.cgroup.usage_s()
                     if rss_due or part.name not in self._rss:
                         pids = set(part.cgroup.pids())
@@ -344,7 +370,7 @@ class Sampler:
         Participants with a cgroup are not walked; their roots still bound the others' walks.
         """
         rnd = _Round()
-        pids = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+        pids = {int(n) for n in os.listdir("/proc") if n.isdigit()} if _PROC else set(psutil.pids())
         self._ppid = {pid: pp for pid, pp in self._ppid.items() if pid in pids}
         for pid in pids if full else (pids - self._ppid.keys()) | (self._members & pids):
             if (st := rnd.get_stat(pid)) is not None:

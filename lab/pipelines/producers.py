@@ -164,7 +164,7 @@ def _settle(batch: list[tuple[asyncio.Future[Any], Any]]) -> None:
 class _Rabbit:
     def __init__(self, settings: Settings) -> None:
         self._url = settings.amqp_url
-        self.url = f"amqp://{settings.host}:{settings.amqp_port}/{QUEUE}"
+        self.url = f"amqp://{settings.service_host}:{settings.amqp_port}/{QUEUE}"
         self._conn: Any = None
 
     async def open(self, producers: int) -> None:
@@ -194,7 +194,7 @@ class _Rabbit:
 class _Pg:
     def __init__(self, settings: Settings, reset: str = "discard") -> None:
         self._dsn = settings.pg_dsn
-        self.url = f"postgresql://{settings.host}:{settings.pg_port}/{settings.pg_database}/messages"
+        self.url = f"postgresql://{settings.service_host}:{settings.pg_port}/{settings.pg_database}/messages"
         self._conns: list[Any] = []
         self._locks: list[asyncio.Lock] = []
         self._used: list[bool] = []

@@ -1,83 +1,44 @@
-"""The compose backend: the same services as containers, for hosts with a Docker engine.
+"""The compose backend: the same services as containers, on a local or a remote Docker engine.
 
-Lifecycle goes through the ``docker compose`` CLI on ``docker-compose.yml`` (the Docker SDK
-has no compose API); state, CPU and memory are read through the Docker SDK. CPU of a
-container is its cumulative ``cpu_stats.cpu_usage.total_usage`` (nanoseconds), read at the
-window edges like the native backend's process counters (DESIGN.md §2).
+Lifecycle: ``docker compose`` (v2) or ``docker-compose`` (v1.29, no ``--wait``) only *creates*
+the project's containers, networks and volumes (``up --no-start``); starting, stopping, health
+polling, copying configs in and reading counters go through the Docker SDK, so v1 and v2 behave
+the same and nothing is bind-mounted (the engine can be another machine: ``LAB_DOCKER_HOST``).
+
+CPU of a container is its cumulative ``cpu_stats.cpu_usage.total_usage`` (the cgroup's
+counter), read at the window edges like the native backend's cgroup counters (DESIGN.md §2):
+:meth:`ComposeStack.counters`, :mod:`lab.stack.containers`.
 """
 
 from __future__ import annotations
 
-import shutil
+import io
+import logging
 import subprocess
-from dataclasses import dataclass
-from pathlib import Path
+import tarfile
+import time
+from collections.abc import Callable
 from typing import Any
 
-from lab.settings import Settings, child_env
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from lab.pg import slots
+from lab.settings import Settings
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, ServiceStatus, StackError, check_sink
+from lab.stack.containers import ContainerCounter, StatsBoard
+from lab.stack.debezium import SLOT, render_properties
+from lab.stack.engine import compose_command, compose_env, docker_client
+from lab.stack.images import missing_images
+
+log = logging.getLogger(__name__)
 
 SERVICES = ("postgres", "kafka", "rabbitmq")
-PROJECT = "fanout-lab"
-
-
-def compose_command() -> list[str]:
-    """``docker compose`` (v2 plugin) if present, else the standalone ``docker-compose``."""
-    docker = shutil.which("docker")
-    if docker and subprocess.run(
-        [docker, "compose", "version"], capture_output=True, check=False
-    ).returncode == 0:
-        return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    if legacy:
-        return [legacy]
-    raise StackError(
-        "neither `docker compose` nor `docker-compose` is installed; install Docker Compose "
-        "or use the native backend (LAB_BACKEND=native, the default)"
-    )
-
-
-@dataclass(frozen=True)
-class ContainerCpu:
-    """Cumulative CPU and current memory of one compose service's container."""
-
-    service: str
-    client: Any
-
-    def read(self) -> tuple[float, float]:
-        """(cpu seconds since container start, memory MB)."""
-        container = _container(self.client, self.service)
-        if container is None:
-            return 0.0, 0.0
-        stats = container.stats(stream=False)
-        cpu = stats["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9
-        mem = stats.get("memory_stats", {}).get("usage", 0) / 2**20
-        return cpu, mem
-
-
-def _container(client: Any, service: str) -> Any | None:
-    found = client.containers.list(
-        filters={"label": [f"com.docker.compose.project={PROJECT}",
-                           f"com.docker.compose.service={service}"]}
-    )
-    return found[0] if found else None
-
-
-def compose_properties_path(settings: Settings, sink: str) -> Path:
-    return settings.root / "docker" / f"debezium-{sink}.properties"
-
-
-def write_compose_properties(settings: Settings) -> list[Path]:
-    """Render the Debezium configs docker-compose.yml mounts, from the native templates."""
-    from lab.stack.debezium import render_properties
-
-    paths = []
-    for sink in DEBEZIUM_SINKS:
-        path = compose_properties_path(settings, sink)
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(render_properties(settings, sink, compose=True))
-        paths.append(path)
-    return paths
+DEBEZIUM = {sink: f"debezium-{sink}" for sink in DEBEZIUM_SINKS}
+HEALTH_TIMEOUT = 240.0
+DEBEZIUM_TIMEOUT = 180.0
+Counter = Callable[[], tuple[float, float]]
 
 
 class ComposeStack:
@@ -85,67 +46,191 @@ class ComposeStack:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.file = settings.root / "docker-compose.yml"
+        self.files = [settings.root / "docker-compose.yml"]
+        if settings.compose_images == "local":
+            self.files.append(settings.root / "docker-compose.local.yml")
+        elif settings.compose_images != "official":
+            raise StackError(f"LAB_COMPOSE_IMAGES={settings.compose_images!r}: choose official or local")
+        self.project = settings.compose_project
+        self.debezium = dict(DEBEZIUM)  # sink -> service, as NativeStack.debezium is keyed
+        self._client: Any = None
+        self._board: StatsBoard | None = None
 
-    def _client(self) -> Any:
-        import docker
-
-        try:
-            client = docker.from_env()
-            client.ping()
-        except Exception as exc:
-            raise StackError(
-                f"no Docker engine reachable ({type(exc).__name__}); start Docker or use the "
-                "native backend (LAB_BACKEND=native, the default)"
-            ) from None
-        return client
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = docker_client(self.settings)
+        return self._client
 
     def _compose(self, *args: str) -> None:
-        cmd = [*compose_command(), "-f", str(self.file), "-p", PROJECT, *args]
-        s = self.settings  # the stack's secrets reach compose's ${...} through the environment
-        env = child_env(LAB_PG_PASSWORD=s.secret("pg"), LAB_RABBITMQ_PASSWORD=s.secret("rabbitmq"))
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+        files = [a for f in self.files for a in ("-f", str(f))]
+        profiles = [a for sink in DEBEZIUM_SINKS for a in ("--profile", sink)]
+        cmd = [*compose_command(), *files, "-p", self.project, *profiles, *args]
+        log.info("%s", " ".join(cmd))
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                             env=compose_env(self.settings), cwd=self.settings.root)
         if res.returncode != 0:
-            raise StackError(f"{' '.join(cmd[-len(args):])} failed: {res.stderr.strip()[-300:]}")
+            raise StackError(f"compose {' '.join(args)} failed: {res.stderr.strip()[-400:]}")
+
+    def container(self, service: str) -> Any | None:
+        found = self.client.containers.list(all=True, filters={"label": [
+            f"com.docker.compose.project={self.project}", f"com.docker.compose.service={service}"]})
+        return found[0] if found else None
 
     def endpoints(self) -> Endpoints:
         s = self.settings
         return Endpoints(pg_dsn=s.pg_dsn, kafka_bootstrap=s.kafka_bootstrap, amqp_url=s.amqp_url)
 
     def provision(self) -> None:
-        self._client()
-        write_compose_properties(self.settings)
-        self._compose("pull", "--quiet")
+        """Check the engine; build the local images (cached) or pull the official ones."""
+        if self.settings.compose_images == "local":
+            from lab.stack.images import build_images
+
+            build_images(self.settings, say=log.info)
+        else:
+            self.client  # noqa: B018 - the engine check
+            try:
+                self._compose("pull", "--quiet")
+            except StackError as exc:
+                raise StackError(f"{exc}; without a registry, build the images locally: "
+                                 "LAB_COMPOSE_IMAGES=local lab stack images build") from None
 
     def up(self) -> None:
-        self._client()
-        self._compose("up", "-d", "--wait", *SERVICES)
+        """Create and start PostgreSQL, Kafka and RabbitMQ, wait until healthy, apply the schema."""
+        if self.settings.compose_images == "local":
+            missing = missing_images(self.client)
+            if missing:
+                raise StackError(f"local images missing ({', '.join(missing)}): run `lab stack images build`")
+        self._compose("up", "--no-start", *SERVICES)
+        for service in SERVICES:
+            c = self.container(service)
+            if c is None:
+                raise StackError(f"compose created no {service} container")
+            if c.status != "running":
+                c.start()
+        for service in SERVICES:
+            self._wait_healthy(service)
+        self._prepare_database()
+
+    def _wait_healthy(self, service: str, timeout: float = HEALTH_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            c = self.container(service)
+            state = c.attrs["State"] if c is not None else {}
+            health = state.get("Health", {}).get("Status", "none")
+            if health == "healthy":
+                return
+            if c is None or state.get("Status") in ("exited", "dead"):
+                tail = c.logs(tail=5).decode(errors="replace").strip() if c is not None else ""
+                raise StackError(f"{service} container exited: {tail[-300:]}")
+            if time.monotonic() > deadline:
+                raise StackError(f"{service} not healthy after {timeout:.0f} s (health: {health})")
+            time.sleep(0.5)
+
+    def _prepare_database(self) -> None:
+        """The lab database and schema.sql (idempotent), as the native PostgresService does."""
+        from lab.stack.postgres import TEMPLATES
+
+        s = self.settings
+        admin = make_conninfo(s.pg_dsn, dbname="postgres")
+        deadline = time.monotonic() + 60
+        while True:  # healthy means accepting connections; the entrypoint may still restart once
+            try:
+                with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+                    if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [s.pg_database]).fetchone() is None:
+                        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(s.pg_database)))
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        with psycopg.connect(s.pg_dsn) as conn, conn.transaction():
+            conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
 
     def down(self, *, purge: bool = False) -> None:
-        self._compose("--profile", "kafka", "--profile", "rabbitmq", "down", *(["-v"] if purge else []))
+        """Remove the project's containers and network (``purge``: its volumes too)."""
+        self._compose("down", "-t", "30", *(["-v"] if purge else []))
 
     def start_debezium(self, sink: str) -> None:
-        check_sink(sink)
-        self._compose("--profile", sink, "up", "-d", f"debezium-{sink}")
+        """Create the instance, copy its rendered application.properties in, start it, and wait
+        until its replication slot streams (as the native DebeziumService.start)."""
+        service = DEBEZIUM[check_sink(sink)]
+        self._compose("up", "--no-start", "--no-deps", service)
+        c = self.container(service)
+        if c is None:
+            raise StackError(f"compose created no {service} container")
+        if c.status == "running":
+            return
+        text = render_properties(self.settings, sink, compose=True).encode()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("application.properties")
+            info.size, info.mode = len(text), 0o644
+            tar.addfile(info, io.BytesIO(text))
+        if not c.put_archive("/debezium/config", buf.getvalue()):
+            raise StackError(f"could not copy application.properties into {service}")
+        c.start()
+
+        def watch() -> None:
+            c.reload()
+            if c.status != "running":
+                raise StackError(f"{service} exited during start-up: "
+                                 f"{c.logs(tail=5).decode(errors='replace').strip()[-300:]}")
+
+        try:
+            slots.wait_streaming(self.settings.pg_dsn, SLOT[sink], timeout=DEBEZIUM_TIMEOUT, watch=watch)
+        except TimeoutError as exc:
+            c.stop(timeout=30)
+            raise StackError(f"{service}: {exc}") from None
 
     def stop_debezium(self, sink: str) -> None:
-        check_sink(sink)
-        self._compose("--profile", sink, "stop", "-t", "30", f"debezium-{sink}")
+        c = self.container(DEBEZIUM[check_sink(sink)])
+        if c is not None and c.status == "running":
+            c.stop(timeout=30)
 
     def status(self) -> list[ServiceStatus]:
-        client = self._client()
+        usage = StatsBoard(self.client, self.container, (*SERVICES, *DEBEZIUM.values())).fetch()
         out = []
-        for service in [*SERVICES, "debezium-kafka", "debezium-rabbitmq"]:
-            c = _container(client, service)
-            state = "running" if c is not None and c.status == "running" else "stopped"
-            out.append(ServiceStatus(name=service, state=state, version=(c.image.tags or [""])[0] if c else ""))
+        for service in [*SERVICES, *DEBEZIUM.values()]:
+            c = self.container(service)
+            running = c is not None and c.status == "running"
+            detail: dict[str, object] = {}
+            if c is not None:
+                detail = {"container": c.name, "image_id": c.image.id,
+                          "health": c.attrs["State"].get("Health", {}).get("Status", "none")}
+            out.append(ServiceStatus(
+                name=service, state="running" if running else "stopped",
+                endpoint=self._endpoint(service), version=c.attrs["Config"]["Image"] if c else "",
+                rss_mb=round(usage[service][1], 1) if running and service in usage else None, detail=detail))
         return out
 
-    def participants(self) -> dict[str, list[ContainerCpu]]:
-        client = self._client()
-        return {
-            "postgres": [ContainerCpu("postgres", client)],
-            "kafka": [ContainerCpu("kafka", client)],
-            "rabbitmq": [ContainerCpu("rabbitmq", client)],
-            "debezium": [ContainerCpu("debezium-kafka", client), ContainerCpu("debezium-rabbitmq", client)],
-        }
+    def _endpoint(self, service: str) -> str:
+        s = self.settings
+        return {"postgres": f"{s.service_host}:{s.pg_port}", "kafka": s.kafka_bootstrap,
+                "rabbitmq": f"{s.service_host}:{s.amqp_port}"}.get(service, "")
+
+    def record(self) -> dict[str, Any]:
+        """What a run stores about this stack: images by content digest, engine, how CPU was read."""
+        from lab.stack.engine import engine_version
+
+        return {"images": self.image_digests(), "engine": engine_version(self.client),
+                "container_cpu": dict(self._board.modes) if self._board else {}}
+
+    def image_digests(self) -> dict[str, str]:
+        """Service -> image id (sha256 content digest) of every container of this project."""
+        out = {}
+        for service in [*SERVICES, *DEBEZIUM.values()]:
+            c = self.container(service)
+            if c is not None:
+                out[service] = c.image.id
+        return out
+
+    def counters(self) -> dict[str, Counter]:
+        """Participant -> reader of (cumulative CPU s, memory MB): the services, both Debezium
+        instances together (``debezium``, a run uses one) and each one (idle baseline)."""
+        board = self._board = StatsBoard(self.client, self.container, (*SERVICES, *DEBEZIUM.values()))
+        out: dict[str, Counter] = {s: ContainerCounter(board, (s,)) for s in SERVICES}
+        out["debezium"] = ContainerCounter(board, tuple(DEBEZIUM.values()))
+        for service in DEBEZIUM.values():
+            out[service] = ContainerCounter(board, (service,))
+        return out

@@ -96,12 +96,11 @@ def _escape(value: object) -> str:
     return "\\" + text if text[:1].isspace() else text
 
 
-# Inside docker-compose.yml's network the services are reached by name on their own ports; the
-# passwords stay out of the committed file: Quarkus expands ${...} from the container's env.
+# Inside docker-compose.yml's network the services are reached by name on their own ports. The
+# rendered file (secrets included) is copied into the container through the engine, never written
+# into the checkout.
 COMPOSE_ENDPOINTS = {"pg_host": "postgres", "pg_port": 5432, "kafka_bootstrap": "kafka:19092",
-                     "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080,
-                     "pg_password": "${LAB_PG_PASSWORD}",
-                     "amqp_password": "${LAB_RABBITMQ_PASSWORD}"}
+                     "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080}
 
 
 def render_properties(settings: Settings, sink: str, *, compose: bool = False) -> str:
@@ -119,10 +118,9 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False) -
         "amqp_host": s.host, "amqp_port": s.amqp_port, "amqp_user": s.rabbitmq_user,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
     }
+    values.update(pg_password=s.secret("pg"), amqp_password=s.secret("rabbitmq"))
     if compose:
         values.update(COMPOSE_ENDPOINTS)
-    else:
-        values.update(pg_password=s.secret("pg"), amqp_password=s.secret("rabbitmq"))
     text = (resources.files("lab.stack") / "templates" / f"debezium-{sink}.properties").read_text()
     return string.Template(text).substitute({k: _escape(v) for k, v in values.items()})
 

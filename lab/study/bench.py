@@ -18,14 +18,15 @@ from lab.measure.idle import sample_idle
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.stack.native import NativeStack
+from lab.measure.services import Source, service_sources
+from lab.stack import get_stack
 
 Say = Callable[[str], None]
 
 
 def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _: None) -> dict[str, Any]:
     """Warm ``up`` time, idle CPU % and RSS per service, Debezium start-to-streaming per sink."""
-    stack = NativeStack(settings)
+    stack = get_stack(settings)
     stack.provision()
     say("stopping the stack for a warm start")
     stack.down()
@@ -33,21 +34,22 @@ def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _
     stack.up()
     out: dict[str, Any] = {"warm_up_s": round(time.monotonic() - t0, 1)}
     say(f"warm up: {out['warm_up_s']} s; measuring idle services for {idle_s:.0f} s")
-    out["idle"] = _idle(settings, stack.participants(), ("postgres", "kafka", "rabbitmq"), idle_s)
+    services = ("postgres", "kafka", "rabbitmq")
+    out["idle"] = _idle(settings, service_sources(stack, services), services, idle_s)
     out["debezium_start_s"] = {}
-    for sink, service in stack.debezium.items():
+    for sink in list(stack.debezium):
         say(f"starting debezium-{sink}, then measuring it idle for {idle_s:.0f} s")
         t0 = time.monotonic()
-        service.start()
+        stack.start_debezium(sink)
         out["debezium_start_s"][sink] = round(time.monotonic() - t0, 1)
-        idle = _idle(settings, {f"debezium-{sink}": service.processes()}, (f"debezium-{sink}",), idle_s)
-        out["idle"].update(idle)
-        service.stop()
+        name = f"debezium-{sink}"
+        out["idle"].update(_idle(settings, service_sources(stack, (name,)), (name,), idle_s))
+        stack.stop_debezium(sink)
     return out
 
 
 def _idle(
-    settings: Settings, roots: dict[str, list[psutil.Process]], names: tuple[str, ...], idle_s: float
+    settings: Settings, roots: dict[str, Source], names: tuple[str, ...], idle_s: float
 ) -> dict[str, dict[str, float]]:
     """CPU % of one core and mean RSS of each named participant over ``idle_s`` of idling."""
     window = sample_idle(settings, {n: roots[n] for n in names}, idle_s)

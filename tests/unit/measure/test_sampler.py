@@ -111,7 +111,11 @@ def _start(script: Path, report: Path, role: str, seconds: float, **kw) -> subpr
     return subprocess.Popen([sys.executable, str(script), role, str(report), str(seconds)], **kw)
 
 
-def test_tree_with_short_lived_children_and_grandchildren_is_measured_within_2_percent(burner):
+@pytest.mark.parametrize("source", ["proc", "psutil"])
+def test_tree_with_short_lived_children_and_grandchildren_is_measured_within_2_percent(
+        burner, source, monkeypatch):
+    """``psutil``: the readings a host without /proc (macOS, compose backend) takes, forced here."""
+    monkeypatch.setattr(lab.measure.sampler, "_PROC", source == "proc")
     script, report = burner
     root = _start(script, report, "root", 0.5, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     outside_report = report.with_name("outside.txt")

@@ -1,50 +1,108 @@
-"""docker-compose.yml mirrors the native stack (no Docker engine here: the file is validated)."""
+"""docker-compose.yml mirrors the native stack: the same flags, read from the native modules."""
 
 from __future__ import annotations
 
+import re
+import string
 import subprocess
 
 import pytest
 import yaml
 
 from lab.settings import ROOT, Settings
-from lab.stack.compose import compose_command, compose_properties_path
-from lab.stack.debezium import render_properties
+from lab.stack import debezium, kafka
+from lab.stack.compose import ComposeStack
+from lab.stack.containers import container_usage
+from lab.stack.engine import compose_command, compose_env
+from lab.stack.images import LOCAL_IMAGES
 from lab.stack.postgres import SERVER_FLAGS
 
 COMPOSE = ROOT / "docker-compose.yml"
+LOCAL = ROOT / "docker-compose.local.yml"
 
 
-def test_compose_config_is_valid() -> None:
+def _services(path=COMPOSE) -> dict:
+    return yaml.safe_load(path.read_text())["services"]
+
+
+@pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, LOCAL]])
+def test_compose_config_is_valid(files) -> None:
     try:
         cmd = compose_command()
     except Exception as exc:
         pytest.skip(f"no docker compose client: {exc}")
-    res = subprocess.run([*cmd, "-f", str(COMPOSE), "config"], capture_output=True, text=True, check=False)
+    args = [a for f in files for a in ("-f", str(f))]
+    res = subprocess.run([*cmd, *args, "config"], capture_output=True, text=True, check=False,
+                         env=compose_env(Settings(pg_port=41234)))
     assert res.returncode == 0, res.stderr
+    assert "127.0.0.1:41234" in res.stdout or "41234" in res.stdout  # the lab's port, interpolated
 
 
 def test_same_postgres_flags_as_native() -> None:
-    spec = yaml.safe_load(COMPOSE.read_text())
-    command = spec["services"]["postgres"]["command"]
+    command = _services()["postgres"]["command"]
     flags = dict(arg.split("=", 1) for arg in command if "=" in arg)
     assert flags == SERVER_FLAGS
-    assert spec["services"]["postgres"]["image"] == "postgres:18"
+    assert _services()["postgres"]["image"] == "postgres:18"
 
 
-def test_debezium_instances_are_behind_profiles() -> None:
-    services = yaml.safe_load(COMPOSE.read_text())["services"]
-    assert services["debezium-kafka"]["profiles"] == ["kafka"]
-    assert services["debezium-rabbitmq"]["profiles"] == ["rabbitmq"]
-    for name in ("postgres", "kafka", "rabbitmq"):
-        assert "profiles" not in services[name]
-        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])
+def test_same_kafka_jvm_and_broker_settings_as_native() -> None:
+    env = _services()["kafka"]["environment"]
+    assert env["KAFKA_HEAP_OPTS"].split() == list(kafka.HEAP_OPTS)
+    assert env["KAFKA_JVM_PERFORMANCE_OPTS"].split() == list(kafka.JVM_OPTS)
+    assert _services()["kafka"]["image"] == f"apache/kafka:{Settings().kafka_version}"
+    native = (ROOT / "lab/stack/templates/kafka-server.properties").read_text()
+    props = dict(ln.split("=", 1) for ln in native.splitlines() if re.match(r"^[a-z.]+=\d+$", ln))
+    assert props  # the replication factors, ISR and group delay
+    for name, value in props.items():
+        if name == "node.id":
+            continue
+        assert env["KAFKA_" + name.upper().replace(".", "_")] == value, name
 
 
-@pytest.mark.parametrize("sink", ["kafka", "rabbitmq"])
-def test_compose_debezium_config_matches_the_native_template(sink: str) -> None:
-    committed = compose_properties_path(Settings(), sink).read_text()
-    assert committed == render_properties(Settings(), sink, compose=True), (
-        "docker/ is stale: run python -c 'from lab.settings import Settings; "
-        "from lab.stack.compose import write_compose_properties; write_compose_properties(Settings())'"
-    )
+def test_same_debezium_jvm_and_version_as_native() -> None:
+    for sink in ("kafka", "rabbitmq"):
+        service = _services()[f"debezium-{sink}"]
+        assert service["environment"]["JAVA_OPTS"].split() == list(debezium.JAVA_OPTS)
+        assert service["image"].endswith(":" + Settings().debezium_version)
+        assert service["profiles"] == [sink]
+
+
+def test_ports_bind_loopback_unless_told_and_nothing_is_bind_mounted() -> None:
+    for name, service in _services().items():
+        for port in service.get("ports", []):
+            assert port.startswith("${LAB_COMPOSE_BIND:-127.0.0.1}:"), name
+        for volume in service.get("volumes", []):
+            assert not volume.startswith((".", "/")), f"{name}: a bind mount breaks a remote engine"
+    assert compose_env(Settings())["LAB_COMPOSE_BIND"] == "127.0.0.1"
+    assert compose_env(Settings(services_host="192.0.2.7"))["LAB_COMPOSE_BIND"] == "0.0.0.0"
+
+
+def test_local_override_only_swaps_images() -> None:
+    local = _services(LOCAL)
+    assert set(local) == set(_services())
+    for name, service in local.items():
+        assert set(service) == {"image"}
+        assert service["image"] == LOCAL_IMAGES["debezium" if name.startswith("debezium") else name]
+
+
+def test_image_templates_substitute_cleanly() -> None:
+    for name in LOCAL_IMAGES:
+        text = (ROOT / "lab/stack/templates/images" / f"{name}.Dockerfile").read_text()
+        ids = set(string.Template(text).get_identifiers())
+        assert "base" in ids, name
+
+
+def test_compose_images_setting_is_checked() -> None:
+    with pytest.raises(Exception, match="LAB_COMPOSE_IMAGES"):
+        ComposeStack(Settings(compose_images="mine"))
+    assert ComposeStack(Settings(compose_images="local")).files[-1] == LOCAL
+
+
+def test_container_usage_reads_cumulative_counters() -> None:
+    v1 = {"cpu_stats": {"cpu_usage": {"total_usage": 2_500_000_000}},
+          "memory_stats": {"usage": 300 * 2**20, "stats": {"total_inactive_file": 100 * 2**20}}}
+    assert container_usage(v1) == (2.5, 200.0)
+    v2 = {"cpu_stats": {"cpu_usage": {"total_usage": 10**9}},
+          "memory_stats": {"usage": 50 * 2**20, "stats": {"inactive_file": 0}}}
+    assert container_usage(v2) == (1.0, 50.0)
+    assert container_usage({}) == (0.0, 0.0)  # a stopped container

