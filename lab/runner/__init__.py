@@ -1,0 +1,136 @@
+"""One measured run, phase by phase (DESIGN.md §3, method.md §4.0 and §7).
+
+reset → web service → consumers → readiness gates → CDC source → senders (gate) → window →
+drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
+work is a participant of the CPU metric: the stack's services, ``web``, ``senders``, each
+consumer, and this runner process itself (its own CPU only, never its children's).
+
+The run is a failure, stored with its error, when anything in the Success predicate of
+method.md §7.1 does not hold: no send failed, sent = processed = distinct claimed ids =
+work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
+the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
+
+The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
+:mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.result` (run.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import psutil
+
+from lab.measure import cgroups
+from lab.measure.cgroups import choose_cpu_method
+from lab.measure.preflight import check_clean
+from lab.measure.provenance import HostWindow
+from lab.measure.sampler import Sampler, Snapshot
+from lab.pipelines import PIPELINES
+from lab.results import new_run_id, write_run
+from lab.runner.phases import RunPhases
+from lab.runner.processes import Progress, RunError, RunProcesses
+from lab.runner.result import RunResult, interpolate
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.stack import get_stack
+from lab.stack.proc import exclusive, tied
+
+__all__ = ["Progress", "Run", "RunError", "interpolate", "run_scenario"]
+log = logging.getLogger(__name__)
+
+
+class Run(RunProcesses, RunPhases, RunResult):
+    """State of one run, its phases in order (:meth:`execute`). Use :func:`run_scenario`."""
+
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Any, progress: Progress,
+                 idle: dict[str, Any] | None = None) -> None:
+        self.scenario = scenario
+        self.idle = idle  # the series' idle baseline (lab.measure.idle), if one was measured
+        self.slot_stats: dict[str, dict[str, Any]] = {}
+        self.settings = settings
+        self.stack = stack
+        self.progress = progress
+        self.run_id = new_run_id(scenario.pipeline, scenario.consumers)
+        self.scratch = settings.stack_dir / "runs" / self.run_id
+        self.pipeline = PIPELINES[scenario.pipeline](scenario, settings, stack)
+        self.procs: dict[str, psutil.Popen] = {}
+        self.consumers: list[psutil.Popen] = []
+        self.edges: dict[str, Snapshot] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self.samples: list[dict[str, Any]] = []
+        self.latency_ms: dict[str, Any] | None = None  # lab.measure.latency.summarize of this run
+        self.latency_from_due_ms: dict[str, Any] | None = None  # open loop only
+        self.home_cgroup = cgroups.current()  # the runner is lent to its group, then moved back
+        self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
+        self.host_window = HostWindow()
+
+    async def execute(self) -> dict[str, Any]:
+        """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        started_at = datetime.now(UTC).isoformat()
+        sampler: Sampler | None = None
+        error: str | None = None
+        sent: dict[str, Any] = {}
+        consumer_results: list[dict[str, Any]] = []
+        checks: dict[str, Any] = {}
+        try:
+            self.progress("setup", {})
+            await self.start_web()
+            await self.reset()
+            await self.pipeline.prepare()
+            self.start_senders()
+            await self.start_consumers()
+            self.progress("ready", {})
+            await self.pipeline.wait_ready()
+            with tied():  # the run's Debezium dies with this runner, like its other processes
+                await self.pipeline.start_source()
+            walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
+            sampler = Sampler(self.participants(), cpu_method=walk)
+            self.host_window.start()
+            sampler.start()
+            sent = await self.drain(sampler)
+            consumer_results = await self.stop_consumers()
+            # The drain is seen when the web service has counted every call, but a consumer's
+            # last work completes when the reply reaches it (later still with a work delay or
+            # a loaded machine): read once more after the consumers exited, so the window's
+            # end always lies inside the sampled timeline.
+            self.edges["stopped"] = sampler.snapshot()
+            self.host_window.stop()
+            sampler.stop()
+            self.slot_stats = await self.read_slot_stats()
+            checks = await self.verify()
+            await self.measure_latency(sent)
+        except Exception as exc:
+            log.exception("run %s failed", self.run_id)
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            await self.cleanup()
+        await self._checkpoint_and_cool()
+        return self._assemble(started_at, sampler, sent, consumer_results, checks, error)
+
+
+async def run_scenario(
+    scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
+    meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Execute one run on the configured stack (``LAB_BACKEND``), store it under data/runs/, return run.json's content.
+
+    ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
+    ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
+    without it (``idle``).
+    """
+    stack = get_stack(settings)
+    with exclusive(settings.run_lock, "the stack"):
+        await asyncio.to_thread(stack.up)
+        await asyncio.to_thread(check_clean, settings, stack)
+        run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
+        result = await run.execute()
+    result.update(meta or {})
+    write_run(result, run.samples, settings=settings)
+    return result

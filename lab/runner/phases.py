@@ -1,0 +1,146 @@
+"""The run's phases that talk to the database and the web service: reset, drain, verify,
+the slots' decode counters, latency, and the closing ``CHECKPOINT`` + cooldown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from lab.measure.latency import due_latencies, message_latencies, summarize
+from lab.measure.sampler import Sampler
+from lab.pg.slots import drop_slots
+from lab.runner.processes import RunError
+from lab.workload.inbox import id_sets, sets_equal
+
+log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many messages were worked
+
+
+class RunPhases:
+    """Reset, drain, verify and the readings after the window (a part of :class:`lab.runner.Run`)."""
+
+    async def reset(self) -> None:
+        """Stop both Debezium instances, drop our slots, truncate (identity kept), reset web."""
+        for sink in self.stack.debezium:
+            self.stack.stop_debezium(sink)
+        dsn = self.settings.pg_dsn
+        await asyncio.to_thread(drop_slots, dsn, "dbz_")
+        await asyncio.to_thread(drop_slots, dsn, "load_test_slot")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for table in ("inbox", "inbox_wal", "messages"):
+                await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
+        await self._web("/load/reset", "POST")
+
+    async def drain(self, sampler: Sampler) -> dict[str, Any]:
+        """Open the senders' gate, then wait until every sent message was worked on."""
+        s = self.scenario
+        self.edges["gate"] = sampler.snapshot()
+        (self.scratch / "start").touch()
+        senders_out = self.scratch / "senders.json"
+        deadline = time.monotonic() + s.drain_timeout_s
+        sent_result: dict[str, Any] | None = None
+        last_progress = 0.0
+        while True:
+            await asyncio.sleep(DRAIN_POLL_S)
+            self._check_consumers_alive()
+            if sent_result is None and senders_out.exists():
+                sent_result = json.loads(senders_out.read_text())
+            stats = await self._web("/load/stats")
+            now = time.monotonic()
+            if now - last_progress >= 1.0:
+                self.progress("drain", {"processed": stats["calls"]})
+                last_progress = now
+            if sent_result is not None:
+                settled = sent_result["sent"] + sent_result["send_failed"] >= s.messages
+                if settled and stats["calls"] >= sent_result["sent"]:
+                    break
+                if sent_result["sent"] == 0:
+                    break
+            elif self.procs["senders"].poll() not in (None, 0):
+                raise RunError(f"senders exited with {self.procs['senders'].returncode}")
+            if now > deadline:
+                raise RunError(f"not drained after {s.drain_timeout_s:.0f} s: {stats['calls']} processed")
+        self.edges["drained"] = sampler.snapshot()
+        return sent_result
+
+    async def read_slot_stats(self) -> dict[str, dict[str, Any]]:
+        """WAL decoded per slot (``pg_stat_replication_slots``), read after the consumers stopped
+        (their walsenders flushed their counters) and before any slot is dropped. Fan-out decodes
+        the same WAL once per slot; Debezium's slot is one more. Slots are fresh every run."""
+        query = (
+            "SELECT s.slot_name, s.total_txns, s.total_bytes, s.spill_bytes, s.stream_bytes "
+            "FROM pg_stat_replication_slots s JOIN pg_replication_slots r USING (slot_name) "
+            "WHERE r.slot_type = 'logical' ORDER BY 1"
+        )
+        try:
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                cur = await conn.execute(query)
+                return {
+                    name: {"total_txns": txns, "total_bytes": total, "spill_bytes": spill, "stream_bytes": stream}
+                    for name, txns, total, spill, stream in await cur.fetchall()
+                }
+        except psycopg.Error as exc:  # informative only: never fails a run
+            log.warning("could not read pg_stat_replication_slots: %s", exc)
+            return {}
+
+    async def measure_latency(self, sent: dict[str, Any]) -> None:
+        """End-to-end latency of every worked message (:mod:`lab.measure.latency`), read after the drain
+        while the web service still holds its arrivals: one ``/load/arrivals`` call and one query
+        for the ``created_at`` of those ids. Sets ``latency_ms`` and, for an open-loop run where
+        every send succeeded, ``latency_from_due_ms``. A failure is a warning and None. Not for
+        ``producer="direct"`` runs, whose messages may have no outbox row."""
+        if getattr(self.scenario, "producer", "web") != "web":
+            return
+        try:
+            arrivals = await self._web("/load/arrivals")
+            ids = sorted(set(arrivals["ids"]))
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                cur = await conn.execute(
+                    "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)", (ids,)
+                )
+                created = dict(await cur.fetchall())
+            self.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
+            if sent.get("rate") and sent.get("sent") == self.scenario.messages and sent.get("gate_opened_at"):
+                self.latency_from_due_ms = summarize(
+                    due_latencies(arrivals["ids"], arrivals["t"], sent["gate_opened_at"], sent["rate"])
+                )
+        except Exception as exc:  # never fails the run, never silent
+            log.warning("run %s: latency not measured: %s: %s", self.run_id, type(exc).__name__, exc)
+
+    async def verify(self) -> dict[str, Any]:
+        table = sql.Identifier(self.pipeline.inbox_table)
+        key, owner = ("wal", "slot") if self.pipeline.inbox_table == "inbox_wal" else ("id", "consumer")
+        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*), count(DISTINCT {}) FROM {}").format(sql.Identifier(key), table)
+            )
+            rows, distinct = await cur.fetchone()
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
+            )
+            claims = [r[0] for r in await cur.fetchall()]
+            stats = await self._web("/load/stats")
+            sets = await id_sets(conn, (await self._web("/load/arrivals"))["ids"], self.pipeline.inbox_table)
+        if self.scenario.producer != "web" and not sets["messages_rows"]:
+            sets = {}  # the direct producers of a broker stand write no outbox row: counts only
+        return {
+            "inbox_rows": rows, "distinct_ids": distinct,
+            "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
+            "work_calls": stats["calls"], "work_distinct": stats["distinct"],
+            **sets, "ids_match": sets_equal(sets) if sets else None,
+        }
+
+    async def _checkpoint_and_cool(self) -> None:
+        with contextlib.suppress(Exception):
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                await conn.execute("CHECKPOINT")
+        if self.scenario.cooldown_s:
+            self.progress("cooldown", {})
+            await asyncio.sleep(self.scenario.cooldown_s)

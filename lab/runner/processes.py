@@ -1,0 +1,166 @@
+"""The run's own processes: the web service, the speed probe, the senders and the consumers.
+
+Each is spawned through :mod:`lab.stack.children` (recorded under the stack dir, dying with the
+runner), measured as a participant of its own, and stopped by pid in :meth:`RunProcesses.cleanup`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import psutil
+
+from lab.measure import cgroups
+from lab.measure.cgroups import attached, tree_pids
+from lab.measure.sampler import Participant
+from lab.measure.services import service_participants
+from lab.pg.slots import drop_slots
+from lab.settings import child_env
+from lab.stack import children
+from lab.stack.proc import tail
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+class RunError(RuntimeError):
+    """A run that could not complete; the message is stored as the run's error."""
+
+
+class RunProcesses:
+    """Start, measure, watch and stop the processes of one run (a part of :class:`lab.runner.Run`)."""
+
+    def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
+        return children.spawn(self.settings, name, [sys.executable, *argv], log_path=self.scratch / f"{name}.log",
+                              env=child_env(self.settings), cwd=self.settings.root)
+
+    async def start_web(self) -> None:
+        """The web service (and the speed probe beside it); returns once the service answers."""
+        s, st = self.scenario, self.settings
+        web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn,
+                    "--reset", s.reset]
+        if s.work_delay_ms:
+            web_args += ["--work-delay-ms", str(s.work_delay_ms)]
+        self.procs["web"] = self._spawn("web", web_args)
+        self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe", "--out", str(self.scratch / "probe.json")])
+        await self._wait_web()
+
+    def start_senders(self) -> None:
+        """The senders (or a broker-native stand's producers), waiting at their gate file."""
+        s, st = self.scenario, self.settings
+        gate_out = ["--start-file", str(self.scratch / "start"), "--out", str(self.scratch / "senders.json")]
+        if s.producer == "direct":  # broker-native stand: write straight into the transport
+            target = {"kafka": "kafka", "rabbitmq": "rabbitmq"}.get(s.pipeline, "pg")
+            sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
+                           "--producers", str(s.senders), "--reset", s.reset, *gate_out]
+        else:
+            sender_args = ["-m", "lab.workload.senders", "--url", st.web_url, "--messages", str(s.messages),
+                           "--senders", str(s.senders), *gate_out]
+            if s.rate:
+                sender_args += ["--rate", str(s.rate)]
+        self.procs["senders"] = self._spawn("senders", sender_args)
+
+    def participants(self) -> list[Participant]:
+        """Everything that does work in a run, each in its own cgroup where one can be made.
+
+        The runner counts its own CPU only (its children are other participants).
+        """
+        def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
+            if self.cpu_method != "cgroup":
+                return None
+            return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
+
+        parts = service_participants(self.stack, ("postgres", "kafka", "rabbitmq", "debezium"), group)
+        for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
+            parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
+        parts += [
+            Participant(f"consumer-{i}", [c], group="consumers", cgroup=group(f"consumer-{i}", [c]))
+            for i, c in enumerate(self.consumers)
+        ]
+        me = psutil.Process()
+        parts.append(Participant("runner", [me], recursive=False, cgroup=group("runner", [me], tree=False)))
+        return parts
+
+    async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
+        """One call to the web service on a kept-alive connection (the drain loop polls it)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        async with self._http.request(method, self.settings.web_url + path) as r:
+            if r.status >= 300:
+                raise RunError(f"web service answered {r.status} to {method} {path}")
+            return await r.json() if r.status == 200 else {}
+
+    async def _wait_web(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            if self.procs["web"].poll() is not None:
+                raise RunError(
+                    f"web service exited with {self.procs['web'].returncode}: {tail(self.scratch / 'web.log', 2)}"
+                )
+            try:
+                await self._web("/load/stats")
+                return
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise RunError("web service did not answer within 30 s") from None
+                await asyncio.sleep(0.1)
+
+    async def start_consumers(self) -> None:
+        s = self.scenario
+        payload = json.dumps(s.as_parameters())
+        # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
+        layout = [[i] for i in range(s.consumers)] if s.consumer_layout == "processes" else [list(range(s.consumers))]
+        for group in layout:
+            self.consumers.append(self._spawn(f"consumer-{group[0]}", [
+                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
+                "--run-dir", str(self.scratch), "--scenario", payload,
+            ]))
+        deadline = time.monotonic() + s.ready_timeout_s
+        while not all((self.scratch / f"consumer-{i}.ready").exists() for i in range(s.consumers)):
+            self._check_consumers_alive()
+            if time.monotonic() > deadline:
+                raise RunError(f"consumers not ready after {s.ready_timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
+    def _check_consumers_alive(self) -> None:
+        for i, c in enumerate(self.consumers):
+            if c.poll() is not None:
+                raise RunError(f"consumer {i} exited with {c.returncode}; see {self.scratch / f'consumer-{i}.log'}")
+
+    async def stop_consumers(self) -> list[dict[str, Any]]:
+        for c in self.consumers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                c.send_signal(signal.SIGTERM)
+        results = []
+        for c in self.consumers:
+            try:
+                await asyncio.to_thread(c.wait, 30)
+            except psutil.TimeoutExpired:
+                c.kill()
+        for i in range(self.scenario.consumers):  # one result file per consumer in either layout
+            path = self.scratch / f"consumer-{i}.json"
+            results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
+        return results
+
+    async def cleanup(self) -> None:
+        """Stop our processes and the pipeline's source, drop slots; never raises."""
+        cgroups.move_to(self.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
+        with contextlib.suppress(psutil.Error):
+            await asyncio.to_thread(children.stop, [c for c in self.consumers if c.poll() is None], timeout=0)
+        with contextlib.suppress(Exception):
+            await self.pipeline.teardown()
+        ours = [*self.consumers, *self.procs.values()]
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(children.stop, [p for p in ours if p.poll() is None], timeout=10)
+            children.forget(self.settings, ours)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(drop_slots, self.settings.pg_dsn, "load_test_slot")
+        if self._http is not None:
+            await self._http.close()

@@ -1,0 +1,153 @@
+"""run.json: the counters, the Success predicate, the window's CPU per participant, provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab import __version__
+from lab.measure import probe
+from lab.measure.idle import idle_rates_for, net_of_idle
+from lab.measure.latency import achieved_rate
+from lab.measure.provenance import client_versions, provenance
+from lab.measure.sampler import Sampler, Snapshot
+from lab.measure.services import stack_record
+from lab.pipelines.versions import broker_client_versions
+
+
+class RunResult:
+    """What one run stores (a part of :class:`lab.runner.Run`)."""
+
+    def _assemble(self, started_at: str, sampler: Sampler | None, sent: dict[str, Any],
+                  consumers: list[dict[str, Any]], checks: dict[str, Any], error: str | None) -> dict[str, Any]:
+        s = self.scenario
+        processed = sum(c.get("processed", 0) for c in consumers)
+        counters = {
+            "sent": sent.get("sent", 0), "send_failed": sent.get("send_failed", 0),
+            "processed": processed,
+            "skipped": sum(c.get("skipped", 0) for c in consumers),
+            "failures": sum(c.get("failures", 0) for c in consumers),
+            "db_ops": sum(c.get("db_ops", 0) for c in consumers),
+            "decoded_bytes": sum(c.get("decoded_bytes", 0) for c in consumers),
+            **checks,
+        }
+        consumer_errors = [f"consumer {c['index']}: {c['error']}" for c in consumers if c.get("error")]
+        if error is None and consumer_errors:
+            error = "; ".join(consumer_errors)
+        m = s.messages
+        success = (
+            error is None and counters["send_failed"] == 0 and counters["sent"] == m
+            and processed == m and checks.get("distinct_ids") == m
+            and checks.get("work_calls") == m and checks.get("work_distinct") == m
+            and checks.get("ids_match") is not False  # the id sets, not only their sizes
+        )
+        if error is None and not success:
+            error = "counters do not match: " + ", ".join(
+                f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls",
+                                                   "work_distinct", "ids_match")
+            )
+        t0 = sent.get("first_send_mono")
+        lasts = [c["last_work_mono"] for c in consumers if c.get("last_work_mono")]
+        t1 = max(lasts) if lasts else None
+        cpu_s: dict[str, float] = {}
+        mem_mb: dict[str, float] = {}
+        mem_mb_max: dict[str, float] = {}
+        window: dict[str, Any] = {}
+        if sampler is not None and t0 and t1 and t1 > t0:
+            timeline = sampler.timeline()
+            a, b = interpolate(timeline, t0), interpolate(timeline, t1)
+            window = sampler.window(a, b)
+            self.samples = sampler.timeline_rows(origin=a)
+            parts = {n: v for n, v in window["participants"].items() if not n.startswith("consumer-")}
+            parts.update(window["groups"])
+            cpu_s = {n: v["cpu_s"] for n, v in parts.items()}
+            mem_mb = {n: v["rss_mb_mean"] for n, v in parts.items()}
+            mem_mb_max = {n: v["rss_mb_max"] for n, v in parts.items()}
+            for c in consumers:
+                w = window["participants"].get(f"consumer-{c['index']}")
+                if w:
+                    c["cpu_s"], c["rss_mb_mean"] = w["cpu_s"], w["rss_mb_mean"]
+            cpu_s["unattributed"] = window["unattributed_cpu_s"]
+        probe_cpu_s = cpu_s.pop("probe", None)  # its own participant, never in the totals
+        mem_mb.pop("probe", None), mem_mb_max.pop("probe", None)
+        speed = probe.summarise(self.scratch / "probe.json", t0, t1) if t0 and t1 else None
+        if speed is not None:
+            speed["cpu_s"] = probe_cpu_s
+        total = sum(v for k, v in cpu_s.items() if k != "unattributed")
+        span = t1 - t0 if t0 and t1 else None
+        raw = round(total * 1000 / m, 4) if window else None
+        return {
+            "run_id": self.run_id,
+            "started_at": started_at,
+            "scenario": s.as_parameters(),
+            "pipeline_settings": self.pipeline.describe(),
+            "success": success,
+            "error": error,
+            "window_s": round(span, 3) if span else None,
+            "cpu_ms_per_msg": raw,
+            "cpu_ms_per_msg_norm": probe.normalise(raw, speed),  # at the probe's reference speed
+            "speed": speed,
+            "cpu_s": cpu_s,
+            "mem_mb": mem_mb,
+            "mem_mb_max": mem_mb_max,
+            "slots": self.slot_stats,
+            "idle": self._idle_block(cpu_s, span or 0.0),
+            "latency_ms": self.latency_ms,
+            "latency_from_due_ms": self.latency_from_due_ms,
+            "achieved_rate": achieved_rate(sent, span),
+            "counters": counters,
+            "senders": sent,
+            "consumers": consumers,
+            "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",
+                                                    "sampler_core_pct")},
+            **provenance(root=self.settings.root, cpu_method=self.cpu_method, services=self._versions(),
+                         clients=client_versions() | broker_client_versions(), window=self.host_window),
+            **stack_record(self.stack),
+            "lab_version": __version__,
+        }
+
+    def _idle_block(self, cpu_s: dict[str, float], window_s: float) -> dict[str, Any] | None:
+        """This run's cost with the series' idle baseline taken out (lab.measure.idle), or None."""
+        if not self.idle or not cpu_s or window_s <= 0:
+            return None
+        sink = self.pipeline.cdc_sink if self.scenario.producer == "web" else None
+        rates = idle_rates_for(self.idle, cdc_sink=sink)
+        return {"measured_at": self.idle.get("measured_at"), "cpu_s_per_s": rates,
+                **net_of_idle(cpu_s, window_s, self.scenario.messages, rates)}
+
+    def _versions(self) -> dict[str, str]:
+        out = {}
+        for status in self.stack.status():
+            if status.version:
+                out[status.name] = status.version
+        return out
+
+
+def interpolate(timeline: list[Snapshot], t: float) -> Snapshot:
+    """The counters at monotonic time ``t``, linear between the two readings around it.
+
+    The runner reads every counter right before opening the senders' gate and right after
+    the drain is seen; the window's exact edges (first send completion, last work completion)
+    fall between those and the background samples, so the interpolated span is short.
+    """
+    snaps = sorted(timeline, key=lambda s: s.t_mono)
+    before = [s for s in snaps if s.t_mono <= t]
+    after = [s for s in snaps if s.t_mono >= t]
+    if not before or not after:
+        raise ValueError(f"t={t} is outside the sampled timeline")
+    a, b = before[-1], after[0]
+    if b.t_mono == a.t_mono:
+        return a
+    f = (t - a.t_mono) / (b.t_mono - a.t_mono)
+
+    def mix(x: float, y: float) -> float:
+        return x + (y - x) * f
+
+    names = a.cpu_s.keys() & b.cpu_s.keys()
+    return Snapshot(
+        t_mono=t,
+        t_wall=mix(a.t_wall, b.t_wall),
+        cpu_s={n: mix(a.cpu_s[n], b.cpu_s[n]) for n in names},
+        rss_mb={n: mix(a.rss_mb.get(n, 0.0), b.rss_mb.get(n, 0.0)) for n in names},
+        host_busy_s=mix(a.host_busy_s, b.host_busy_s),
+        sampler_cpu_s=mix(a.sampler_cpu_s, b.sampler_cpu_s),
+    )
