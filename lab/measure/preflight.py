@@ -14,21 +14,24 @@ what a killed run left behind.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lab.measure.cgroups import occupant
 from lab.settings import Settings
 from lab.stack.base import DEBEZIUM_SINKS, StackError
 from lab.stack.children import require_clean
 from lab.stack.debezium import http_port
-from lab.stack.native import NativeStack
 
 SERVICE_GROUPS = ("postgres", "kafka", "rabbitmq")
 
 
-def check_clean(settings: Settings, stack: NativeStack) -> None:
+def check_clean(settings: Settings, stack: Any) -> None:
     """Raise :class:`StackError` (one line, with the pid) if a run may not start now."""
-    ours = {p.pid for d in stack.debezium.values() for p in d.processes()}
     ports = {"the web service": settings.web_port}
-    ports |= {f"Debezium Server ({sink} sink)": http_port(settings, sink) for sink in DEBEZIUM_SINKS}
+    ours: set[int] = set()
+    if getattr(stack, "backend", "native") == "native":  # containers publish their own ports
+        ours = {p.pid for d in stack.debezium.values() for p in d.processes()}
+        ports |= {f"Debezium Server ({sink} sink)": http_port(settings, sink) for sink in DEBEZIUM_SINKS}
     require_clean(settings, ports, ours=ours)
     left = occupant(settings, services=SERVICE_GROUPS, ignore=ours)
     if left is not None:

@@ -131,13 +131,9 @@ class WalSource:
         self.db_ops += 1
         won = await claim_lsns(self._claims, [it.pos[0] for it in batch], self.slot)
         mine = [batch[i] for i in won]
-        decode = self._decoder.decode
-        for item in mine:  # the won rows' columns, by name
-            msg = decode(item.pos[2])
-            assert type(msg) is Insert
-            row, idx = msg.new, msg.relation.index
-            item.id, item.content = row[idx["id"]], row[idx["content"]]
-            item.created_at = row[idx["created_at"]].isoformat()
+        for item in mine:  # the won rows' columns (a sharded reader decoded them already)
+            if not item.created_at:
+                self._decode_row(item)
         if len(mine) < len(batch):
             owned = set(won)
             for i, item in enumerate(batch):
@@ -145,6 +141,14 @@ class WalSource:
                     self.skipped += 1
                     self._report(self._marks.resolve(item.pos[1]))
         return mine
+
+    def _decode_row(self, item: Item) -> None:
+        """Fill ``item``'s columns, by name, from the Insert message kept in its position."""
+        msg = self._decoder.decode(item.pos[2])
+        assert type(msg) is Insert
+        row, idx = msg.new, msg.relation.index
+        item.id, item.content = row[idx["id"]], row[idx["content"]]
+        item.created_at = row[idx["created_at"]].isoformat()
 
     def done(self, item: Item) -> None:
         self._report(self._marks.resolve(item.pos[1]))

@@ -156,11 +156,13 @@ class ShardedWalSource(WalSource):
         """Rebalance if due, then up to ``max_items`` claimable rows; the rest is confirmed."""
         await self.shards.refresh()
         claimable, resolve, inner, report = self.shards.claimable, self._marks.resolve, super().fill, self._report
+        decode = self._decode_row  # the shard is the id's: every row is decoded here, not only won ones
         out: list[Item] = []
         while (want := max_items - len(out)) > 0:
             got = await inner(want, flush_wait if out else first_wait, flush_wait)
             before = len(out)
             for item in got:
+                decode(item)
                 if claimable[item.id % SHARDS]:
                     out.append(item)
                 else:
