@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import psycopg
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env
-from lab.stack import proc
+from lab.stack import children, proc
 
 Say = Callable[[str], None]
 
@@ -66,12 +65,8 @@ def _inserts_only(settings: Settings, web_argv: list[str], senders_argv: list[st
                                  text=True, env=env, timeout=1800, check=False)
             web_cpu = sum(watched.cpu_times()[:2]) - cpu0
         finally:
-            web.send_signal(signal.SIGTERM)
-            try:
-                web.wait(30)
-            except subprocess.TimeoutExpired:
-                web.kill()
-                web.wait()
+            children.stop([psutil.Process(web.pid)], timeout=30)  # TERM, bounded wait, KILL
+            web.wait()
         if run.returncode != 0:
             raise RuntimeError(f"senders failed ({run.returncode}): {run.stderr.strip()[-300:]}")
         with psycopg.connect(settings.pg_dsn) as conn:
