@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from lab.measure.cgroups import attached, tree_pids
+from lab.measure.cgroups import attached, choose_cpu_method, tree_pids
 from lab.measure.sampler import Participant, Sampler
 from lab.settings import Settings, child_env
 from lab.measure.services import Source, service_sources
@@ -42,9 +42,11 @@ IDLE_SECONDS = 30.0
 SERVICES = ("postgres", "kafka", "rabbitmq")
 
 
-def _participant(name: str, roots: Source, settings: Settings) -> Participant:
+def _participant(name: str, roots: Source, settings: Settings, method: str) -> Participant:
     if callable(roots):  # a container's counter (compose backend)
         return Participant(name, [], counter=roots)
+    if method != "cgroup":  # LAB_CPU_METHOD asked for a tree walk: no group, as in a run
+        return Participant(name, roots)
     group = attached(settings, f"idle-{name}", (pid for r in roots for pid in tree_pids(r.pid)))
     return Participant(name, roots, cgroup=group)
 
@@ -53,13 +55,15 @@ def sample_idle(settings: Settings, roots: Mapping[str, Source], seconds: float,
                 settle: float = 0.0) -> dict[str, Any]:
     """:meth:`Sampler.window` over ``seconds`` of the named process trees doing nothing, each in
     its own cgroup, or containers through their counters (after ``settle`` seconds, e.g. for something just started)."""
-    sampler = Sampler([_participant(n, r, settings) for n, r in roots.items()])
+    method = choose_cpu_method(settings.cpu_method)
+    walk = method if method != "cgroup" else "proc-ticks"
+    sampler = Sampler([_participant(n, r, settings, method) for n, r in roots.items()], cpu_method=walk)
     with sampler:
         time.sleep(settle)
         a = sampler.snapshot()
         time.sleep(seconds)
         b = sampler.snapshot()
-    return sampler.window(a, b)
+    return {**sampler.window(a, b), "cpu_method": method}
 
 
 def _start_web(settings: Settings) -> psutil.Popen:
@@ -121,6 +125,7 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
     parts = window["participants"]
     return {
         "measured_at": datetime.now(UTC).isoformat(),
+        "cpu_method": window["cpu_method"],  # as a run's: the analysis nets runs of the same method
         "seconds": round(span, 3),
         "cpu_s_per_s": {n: round(v["cpu_s"] / span, 6) for n, v in parts.items()},
         "rss_mb": {n: v["rss_mb_mean"] for n, v in parts.items()},

@@ -112,6 +112,8 @@ class RunResult:
         sink = self.pipeline.cdc_sink if self.scenario.producer == "web" else None
         rates = idle_rates_for(self.idle, cdc_sink=sink)
         return {"measured_at": self.idle.get("measured_at"), "cpu_s_per_s": rates,
+                # a baseline read by another method than the run's is kept but says so
+                "cpu_method": self.idle.get("cpu_method", "cgroup"),
                 **net_of_idle(cpu_s, window_s, self.scenario.messages, rates)}
 
     def _versions(self) -> dict[str, str]:
