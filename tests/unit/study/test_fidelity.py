@@ -23,8 +23,9 @@ def _frame() -> pd.DataFrame:
     # wal c1: postgres 0.5, 0.6, 5.0 (an outlier) -> median 0.6; totals 0.9, 1.0, 1.1 -> 1.0
     # wal c8: postgres 1.3, 1.3, 1.4 -> 1.3, so PostgreSQL's slope is (1.3 - 0.6) / 7 = 0.1
     # kafka c8: totals 2.0, 2.1, 9.9 -> 2.1; N* = 1 + (2.1 - 1.0) / 0.1 = 12
-    rows = [_run("wal", 1, k, total=t, postgres=p) for k, (t, p) in enumerate([(0.9, 0.5), (1.0, 0.6), (1.1, 5.0)])]
-    rows += [_run("wal", 8, k, total=t, postgres=p) for k, (t, p) in enumerate([(1.8, 1.3), (1.9, 1.3), (2.0, 1.4)])]
+    wal_c1, wal_c8 = [(0.9, 0.5), (1.0, 0.6), (1.1, 5.0)], [(1.8, 1.3), (1.9, 1.3), (2.0, 1.4)]
+    rows = [_run("wal", 1, k, total=t, postgres=p) for k, (t, p) in enumerate(wal_c1)]
+    rows += [_run("wal", 8, k, total=t, postgres=p) for k, (t, p) in enumerate(wal_c8)]
     rows += [_run("kafka", n, k, total=t, postgres=0.7) for n in (1, 8) for k, t in enumerate([2.0, 2.1, 9.9])]
     return pd.DataFrame(rows)
 
@@ -84,7 +85,8 @@ def test_participants_sum_ours_into_the_articles_test_column() -> None:
     assert long.loc["postgres", "ratio"] == pytest.approx(0.5)  # 0.32 against 0.64
     assert long.loc["test", "ours_from"] == "senders + consumers + runner"
     wide = fidelity.participants_wide(long.reset_index())
-    assert wide.loc[("wal", 1), "postgres"] == "0.32 (0.64)" and wide.loc[("wal", 1), "sum"] == "1.00 (1.19)"
+    assert wide.loc[("wal", 1), "postgres"] == "0.32 (0.64)"
+    assert wide.loc[("wal", 1), "sum"] == "1.00 (1.19)"
 
 
 def test_agreement_flags_only_gaps_over_ten_percent() -> None:
@@ -99,7 +101,11 @@ def test_agreement_flags_only_gaps_over_ten_percent() -> None:
     assert not got.loc["web, wal c1", "over_gap"]  # 5 %: within the article's noise
     assert got.loc["PostgreSQL's growth with N, wal c1→c8", "over_gap"]  # 2.03 / 1.2
     no_kafka = fidelity.agreement(ours[ours["pipeline"] != "kafka"]).set_index("quantity")
-    assert pd.isna(no_kafka.loc["debezium, kafka c1", "over_gap"]) and math.isnan(no_kafka.loc["debezium, kafka c1", "ours"])
+    assert pd.isna(no_kafka.loc["debezium, kafka c1", "over_gap"])
+    assert math.isnan(no_kafka.loc["debezium, kafka c1", "ours"])
+    ours.loc[ours["pipeline"] == "kafka", "cpu_s.kafka"] = 0.0  # no division by zero
+    idle = fidelity.agreement(ours).set_index("quantity")
+    assert math.isnan(idle.loc["Debezium against the Kafka broker, kafka c1", "ours"])
 
 
 def test_mapping_covers_every_participant_but_the_residual() -> None:
