@@ -135,6 +135,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
             row.update(value)
         elif key in ("cpu_s", "mem_mb", "mem_mb_max", "latency_ms", "latency_from_due_ms", "speed") and isinstance(value, Mapping):
             row.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key == "senders" and isinstance(value, Mapping):  # the senders' record: send times, p95, ...
+            row.update({f"senders.{k}": v for k, v in value.items() if not isinstance(v, Mapping | list)})
         elif key == "idle" and isinstance(value, Mapping):
             row["cpu_ms_per_msg_net"] = value.get("cpu_ms_per_msg_net")
             row.update({f"idle_cpu_s.{k}": v for k, v in (value.get("idle_cpu_s") or {}).items()})
@@ -147,7 +149,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_runs(*, settings: Settings | None = None, include_failed: bool = True) -> pd.DataFrame:
-    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``, ...
+    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``,
+    ``senders.<field>`` (send times, ``send_p95_ms``, ...), ...
 
     Sorted by start time. Empty (with no columns) when there are no runs.
     """

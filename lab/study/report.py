@@ -2,9 +2,10 @@
 
 ``lab report --profile quick`` = :func:`build_report`: ``notebooks/series.ipynb`` runs (or
 resumes) the series, ``notebooks/analysis.ipynb`` analyses it, ``notebooks/latency.ipynb``
-measures latency at a fixed rate and ``notebooks/broker_native.ipynb`` the broker-native stand
-(each resumable, under a series id derived from the study's); each writes its figures (PNG, SVG)
-and tables (CSV) into the report folder, and the three executed notebooks become one
+measures latency at a fixed rate, ``notebooks/broker_native.ipynb`` the broker-native stand and
+``notebooks/control.ipynb`` the control experiment (each resumable, under a series id derived from
+the study's); each writes its figures (PNG, SVG) and tables (CSV) into the report folder, and the
+four executed notebooks after the series become one
 ``report.html`` (code cells hidden: the report reads as text, tables and figures; the executed
 ``.ipynb`` files next to it keep the code). Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
 
@@ -29,6 +30,7 @@ from lab.stack.base import StackError
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
 NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency")
+REPORT_PAGE = ("analysis", "latency", "broker_native", "control")  # report.html, in this order
 
 
 def notebooks_dir(settings: Settings) -> Path:
@@ -89,24 +91,33 @@ def export_html(notebook: Path, html: Path, *, title: str) -> Path:
     return html
 
 
-# What else a report measures, per profile: the latency at a fixed rate (issue 6) and the
-# broker-native stand (method.md §9.5). Sizes grow with the profile like the main series.
+# What else a report measures, per profile: the latency at a fixed rate (issue 6), the
+# broker-native stand and the control experiment (method.md §9.5). Sizes grow with the profile like
+# the main series; quick's control (6 runs of 1,500 messages with 15 ms of work) takes about 3-4
+# minutes on 2 cores, full's is the reference's 20,000 messages at N = 2, 4, 8.
 EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {"latency": {"rate": 100.0, "consumers": "1"},
-              "broker_native": {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0}},
+              "broker_native": {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0},
+              "control": {"messages": 100, "consumers": "2", "pipelines": "wal", "senders": 20,
+                          "cooldown_s": 0.0}},
     "quick": {"latency": {"rate": 500.0, "consumers": "1,4"},
-              "broker_native": {"messages": 20_000, "consumers": 8, "producers": 200, "cooldown_s": 5.0}},
+              "broker_native": {"messages": 20_000, "consumers": 8, "producers": 200, "cooldown_s": 5.0},
+              "control": {"messages": 1_500, "consumers": "2,8", "pipelines": "kafka,rabbitmq,wal",
+                          "cooldown_s": 5.0}},
     "full": {"latency": {"rate": 500.0, "consumers": "1,4,8,16"},
              "broker_native": {"messages": 200_000, "consumers": 8, "producers": 200, "repeats": 3,
-                               "cooldown_s": 20.0}},
+                               "cooldown_s": 20.0},
+             "control": {"messages": 20_000, "consumers": "2,4,8", "pipelines": "kafka,rabbitmq,wal",
+                         "cooldown_s": 20.0}},
 }
 
 
 def report_series(series_id: str, profile: str) -> dict[str, str]:
-    """The series a report runs: the study, its fixed-rate latency series, its broker-native one."""
+    """The series a report runs: the study, its fixed-rate latency series, its broker-native one
+    and its control experiment."""
     rate = EXTRAS[profile]["latency"]["rate"]
     return {"series": series_id, "latency": f"{series_id}-rate{rate:g}",
-            "broker_native": f"{series_id}-broker-native"}
+            "broker_native": f"{series_id}-broker-native", "control": f"{series_id}-control"}
 
 
 def combine(notebooks: list[Path], out: Path) -> Path:
@@ -123,8 +134,9 @@ def combine(notebooks: list[Path], out: Path) -> Path:
 def build_report(profile: str, settings: Settings, *, series_id: str, repeats: int | None = None,
                  seed: int | None = None, pipelines: str = "", force: bool = False,
                  idle_s: float | None = None, echo: IO[str] | None = None) -> Path:
-    """Run (or resume) the series, analyse it, measure latency at a fixed rate and the
-    broker-native stand (:data:`EXTRAS`), export one ``report.html``; returns the report folder."""
+    """Run (or resume) the series, analyse it, measure latency at a fixed rate, the broker-native
+    stand and the control experiment (:data:`EXTRAS`), export one ``report.html``; returns the
+    report folder."""
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)
     out.mkdir(parents=True)
@@ -143,8 +155,11 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     execute_notebook("broker_native", out / "broker_native.ipynb", {
         **EXTRAS[profile]["broker_native"], "series_id": ids["broker_native"], "report_dir": str(out),
     }, settings=settings, echo=echo)
-    page = combine([out / f"{n}.ipynb" for n in ("analysis", "latency", "broker_native")],
-                   out / "report.ipynb")
+    control = EXTRAS[profile]["control"] | ({"pipelines": pipelines} if pipelines else {})
+    execute_notebook("control", out / "control.ipynb", {
+        **control, "series_id": ids["control"], "report_dir": str(out),
+    }, settings=settings, echo=echo)
+    page = combine([out / f"{n}.ipynb" for n in REPORT_PAGE], out / "report.ipynb")
     export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")
     return out
 

@@ -24,9 +24,11 @@ from lab.settings import Settings
 
 pytestmark = pytest.mark.notebooks
 FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
-           "broker_native")
+           "broker_native", "control")
 TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
-          "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "latency", "broker_native")
+          "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "crossover_article",
+          "throughput_vs_published", "participants_vs_published", "agreement", "latency", "broker_native",
+          "control")
 
 
 def _outputs(nb_path: Path) -> str:
@@ -80,9 +82,10 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     images = re.findall(r'<img[^>]+src="data:image/png;base64,', html)
     assert len(images) >= len(FIGURES)
     assert "costmodel.fit_fanout" not in html  # the code cells are hidden
-    # one page: the study, then latency at a fixed rate, then the broker-native stand
-    at = [html.find(h) for h in ("The headline: ms CPU per message", "Latency at a fixed rate",
-                                  "Broker-native experiment")]
+    # one page: the study (ending with the article side by side), then latency at a fixed rate, the
+    # broker-native stand and the control experiment
+    at = [html.find(h) for h in ("The headline: ms CPU per message", "Against the article",
+                                  "Latency at a fixed rate", "Broker-native experiment", "Control experiment")]
     assert -1 not in at and at == sorted(at), at
 
 
@@ -165,3 +168,32 @@ def test_latency_notebook_runs_a_fixed_rate_series(stack: Any, settings: Setting
     assert (t["rate"] == 100.0).all() and t["achieved_rate"].between(80, 110).all()
     assert (t["cpu_ms_per_msg"] > 0).all()
     assert (tmp_path / "latency.png").stat().st_size > 1000 and (tmp_path / "latency.svg").exists()
+
+
+def test_report_sets_ours_beside_the_article(smoke_report: tuple[Path, str]) -> None:
+    out, _ = smoke_report
+    html = (out / "report.html").read_text()
+    for heading in ("The crossover the article's way", "Throughput and correctness",
+                    "CPU per participant", "Where we agree with the article"):
+        assert heading in html, heading
+    article = pd.read_csv(out / "crossover_article.csv")
+    assert round(article.set_index(["direct", "broker"]).loc[("wal", "kafka"), "n_star_published"]) == 11
+    assert article["missing_ours"].str.contains("N=8").all()  # smoke measures N = 1, 2 only
+    tp = pd.read_csv(out / "throughput_vs_published.csv")
+    assert (tp["send_per_s"] > 0).all() and (tp["ops_per_msg"] > 0).all() and (tp["send_p95_ms"] > 0).all()
+    parts = pd.read_csv(out / "participants_vs_published.csv")
+    assert set(parts["participant"]) == {"postgres", "kafka", "rabbitmq", "debezium", "web", "test", "sum"}
+    assert (parts.loc[parts["participant"] == "test", "ours"] > 0).all()
+    agree = pd.read_csv(out / "agreement.csv")
+    assert agree["published"].notna().all() and agree["ours"].notna().any()
+
+
+def test_report_runs_the_control_experiment_at_the_profiles_size(smoke_report: tuple[Path, str]) -> None:
+    from lab.study.report import EXTRAS
+
+    out, _ = smoke_report
+    size = EXTRAS["smoke"]["control"]
+    table = pd.read_csv(out / "control.csv")
+    assert set(zip(table["pipeline"], table["consumers"], strict=True)) == {
+        (p, int(n)) for p in size["pipelines"].split(",") for n in size["consumers"].split(",")}
+    assert (table["msg_per_s"] > 0).all() and "transports indistinguishable" in _outputs(out / "control.ipynb")

@@ -35,3 +35,16 @@ def test_write_is_atomic_and_loads_back(tmp_path: Path) -> None:
 
 def test_no_runs_is_an_empty_frame(tmp_path: Path) -> None:
     assert load_runs(settings=Settings().replace(data_dir=tmp_path)).empty
+
+
+def test_the_senders_record_is_flattened_beside_the_scenario_sender_count(tmp_path: Path) -> None:
+    settings = Settings().replace(data_dir=tmp_path)
+    run = _run("c", "2026-01-03")
+    run["scenario"] = {**run["scenario"], "senders": 200}  # type: ignore[dict-item]
+    run["senders"] = {"sent": 10, "first_send_mono": 5.0, "last_send_mono": 7.5, "send_p95_ms": 42.0,
+                      "error": None, "nested": {"x": 1}}
+    write_run(run, settings=settings)
+    row = load_runs(settings=settings).iloc[0]
+    assert row["senders"] == 200  # the scenario's count is not overwritten
+    assert row["senders.send_p95_ms"] == 42.0 and row["senders.last_send_mono"] == 7.5
+    assert "senders.nested" not in row.index

@@ -86,3 +86,35 @@ def test_exported_settings_reach_children_and_are_restored() -> None:
         seen = Settings.from_env()  # what a child process (the notebook kernel) would read
         assert (seen.pg_port, seen.stack_dir) == (other.pg_port, Path("/tmp/elsewhere"))
     assert Settings.from_env() == before
+
+
+def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, dict[str, object]]] = []
+    page: list[str] = []
+    monkeypatch.setattr(report, "execute_notebook",
+                        lambda name, out, params, **kw: calls.append((name, params)) or out)
+    monkeypatch.setattr(report, "combine", lambda nbs, out: page.extend(p.stem for p in nbs) or out)
+    monkeypatch.setattr(report, "export_html", lambda nb, html, **kw: html)
+    settings = Settings().replace(data_dir=tmp_path)
+    report.build_report("smoke", settings, series_id="s1")
+    params = dict(calls)
+    assert [name for name, _ in calls] == ["series", "analysis", "latency", "broker_native", "control"]
+    assert params["control"]["series_id"] == report.report_series("s1", "smoke")["control"] == "s1-control"
+    assert (params["control"]["messages"], params["control"]["consumers"], params["control"]["pipelines"]) == (
+        100, "2", "wal")
+    assert page == ["analysis", "latency", "broker_native", "control"]
+    calls.clear()
+    report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka")
+    assert dict(calls)["control"]["pipelines"] == "wal,kafka"  # a restricted report restricts it too
+    assert dict(calls)["control"]["consumers"] == "2,8"
+
+
+def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:
+    sizes = {p: report.EXTRAS[p]["control"] for p in ("smoke", "quick", "full")}
+    assert sizes["smoke"]["messages"] < sizes["quick"]["messages"] < sizes["full"]["messages"] == 20_000
+    assert sizes["full"]["consumers"] == "2,4,8"  # the published control table's N (method.md §9.5)
+    # quick stays short on 2 cores: at 15 ms per message N consumers do ~N x 66 msg/s
+    runs = len(sizes["quick"]["pipelines"].split(","))
+    work_s = sum(sizes["quick"]["messages"] / (n * 1000 / 15) for n in map(int, sizes["quick"]["consumers"].split(",")))
+    assert runs * work_s < 60
