@@ -4,7 +4,8 @@ Two runs are *comparable* when they agree on everything that changes ms CPU/msg 
 pipeline and N: the producer (web or direct), the open-loop ``rate`` (0: closed loop), the work
 delay, the message count, the topology of the load (``senders``, ``batch_size``) and the
 ``cpu_method`` the run was measured with (:mod:`lab.measure.provenance`; runs stored before it was
-recorded count as ``unrecorded``). :func:`check` refuses a mixture in one line;
+recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout`` and the stack's
+``backend`` (native or compose). :func:`check` refuses a mixture in one line;
 :func:`select` picks one comparable group for an analysis (``series_id=""``: the newest series)
 and names it.
 """
@@ -16,8 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method")
-DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded"}
+KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",
+        "reset", "consumer_layout", "backend")
+# A run stored before a field existed was measured the way the lab worked then: no reset on a
+# reused connection, one process per consumer, the native stack.
+DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded",
+                            "reset": "none", "consumer_layout": "processes", "backend": "native"}
 
 
 class NotComparable(ValueError):
@@ -54,6 +59,12 @@ def describe(group: dict[str, Any]) -> str:
             parts.append(f"{v} producer")
         elif k == "cpu_method":
             parts.append(f"CPU by {v}")
+        elif k == "reset":
+            parts.append("no reset on reuse" if v == "none" else f"{v} on reuse")
+        elif k == "consumer_layout":
+            parts.append(f"consumers as {v}")
+        elif k == "backend":
+            parts.append(f"{v} stack")
     return ", ".join(parts)
 
 

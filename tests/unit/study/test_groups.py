@@ -7,7 +7,8 @@ from lab.study import costmodel, groups
 
 
 def runs(**over: object) -> pd.DataFrame:
-    base = dict(run_id=["r1", "r2", "r3"], pipeline="wal", consumers=[1, 2, 4], messages=5000,
+    base = dict(run_id=["r1", "r2", "r3"], pipeline="wal", consumers=[1, 2, 4], messages=5000, reset="discard",
+                consumer_layout="processes", backend="native",
                 senders=200, batch_size=100, rate=0.0, work_delay_ms=0.0, producer="web",
                 cpu_method="cgroup", cpu_ms_per_msg=[1.0, 1.5, 2.5], success=True, warmup=False,
                 series_id="s1", started_at=["2026-12-01T01", "2026-12-01T02", "2026-12-01T03"])
@@ -19,12 +20,16 @@ def test_runs_of_different_cpu_methods_are_never_pooled() -> None:
     with pytest.raises(groups.NotComparable) as err:
         costmodel.measured(df)
     msg = str(err.value)
-    assert "\n" not in msg and "CPU by cgroup (2 runs)" in msg and "CPU by proc-ticks (1 runs)" in msg
+    assert "\n" not in msg and "CPU by cgroup, " in msg and "CPU by proc-ticks, " in msg
+    assert msg.index("CPU by cgroup") < msg.index("(2 runs)") < msg.index("CPU by proc-ticks") < msg.index("(1 runs)")
     assert len(costmodel.measured(df[df["cpu_method"] == "cgroup"])) == 2
 
 
 @pytest.mark.parametrize("column,values", [("messages", [5000, 5000, 20000]), ("rate", [0.0, 0.0, 500.0]),
-                                           ("work_delay_ms", [0.0, 5.0, 0.0]), ("senders", [200, 50, 200])])
+                                           ("work_delay_ms", [0.0, 5.0, 0.0]), ("senders", [200, 50, 200]),
+                                           ("reset", ["discard", "none", "discard"]),
+                                           ("consumer_layout", ["processes", "tasks", "processes"]),
+                                           ("backend", ["native", "compose", "native"])])
 def test_every_comparability_key_splits_groups(column: str, values: list) -> None:
     with pytest.raises(groups.NotComparable, match="refusing to pool"):
         costmodel.headline(runs(**{column: values}))
@@ -35,7 +40,8 @@ def test_failed_and_warmup_runs_do_not_decide_the_group() -> None:
     assert len(costmodel.measured(df)) == 2
     picked, name = groups.select(df)
     assert len(picked) == 3 and name == ("series s1: web producer, closed loop, no work delay, 5000 messages, "
-                                         "200 senders, batch 100, CPU by cgroup")
+                                         "200 senders, batch 100, CPU by cgroup, discard on reuse, "
+                                         "consumers as processes, native stack")
 
 
 def test_default_selection_is_the_newest_series_or_one_line_listing_the_groups() -> None:
@@ -56,3 +62,9 @@ def test_default_selection_is_the_newest_series_or_one_line_listing_the_groups()
 def test_tables_without_the_columns_are_one_group() -> None:
     published = costmodel.published_runs()
     assert len(costmodel.measured(published)) == 16
+
+
+def test_runs_stored_before_a_field_count_as_the_old_behaviour() -> None:
+    df = runs(reset=["discard", None, None])  # two runs from before the reset existed: no reset
+    with pytest.raises(groups.NotComparable, match="no reset on reuse"):
+        costmodel.headline(df)
