@@ -14,7 +14,9 @@ its own ready and result files, so the runner's protocol is the same for both la
 Loop: while nothing is pending, fill a batch (up to ``batch_size``; 100 ms for the first
 message, 50 ms to top up) and claim it with one statement; then, strictly one at a time,
 ``POST /send-email`` for each claimed item and acknowledge its position only after the work.
-A non-2xx work call counts as a failure and the item is dropped (no retry, no ack).
+A non-2xx work call counts as a failure and the item is dropped (no retry, no ack). In a fault
+run (``scenario.fault``) the work body also carries ``"by": <index>`` for the runner's
+per-consumer accounting (:mod:`lab.runner.accounting`); otherwise the body is unchanged.
 
 Protocol with the runner, through files in ``--run-dir``: ``consumer-<i>.ready`` once reads
 have started; SIGTERM asks it to stop once nothing is pending; ``consumer-<i>.json`` is the
@@ -85,6 +87,7 @@ class Consumer:
             _atomic_write(ready, b"{}")
             pending: collections.deque[Item] = collections.deque()
             post, done, url = http.post, self.source.done, self.work_url
+            by = self.index if s.fault else None  # fault runs: the web service keeps who called
             while True:
                 if not pending:
                     if self.stop.is_set():
@@ -97,7 +100,11 @@ class Consumer:
                         await self.source.idle()
                         continue
                 item = pending.popleft()
-                body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at})
+                if by is None:
+                    body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at})
+                else:
+                    body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at,
+                                         "by": by})
                 async with post(url, data=body) as resp:
                     ok = 200 <= resp.status < 300
                     await resp.read()
