@@ -160,7 +160,7 @@ class FaultInjector:
             for p in procs:
                 self.stopped.append(p)
                 p.send_signal(signal.SIGSTOP)
-            self._event("stop", consumers=indexes)
+            self._event("stop", consumers=indexes, pids=[p.pid for p in procs])
             await asyncio.sleep(duration)
         finally:
             for p in procs:

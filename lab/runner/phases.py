@@ -176,16 +176,19 @@ class RunPhases:
         return out
 
     def _time_to_resume(self, arrivals: dict[str, Any]) -> float | None:
-        """Seconds from the fault's last event (the kill, the SIGCONT, the termination) to the next
-        work call by the consumer it hit (any consumer for sink-outage and Debezium's walsender)."""
+        """Seconds from the kill (or the SIGCONT) to the next work call by the consumer it hit (by
+        any consumer after a sink outage); for ``walsender-kill``, from the termination until a
+        walsender holds the slot again (the reader, or Debezium, reconnected)."""
         f, events = self.scenario.parsed_fault, self.injector.events
-        anchor = {"consumer-kill": "kill", "consumer-dead": "resume", "sink-outage": "resume",
-                  "walsender-kill": "walsender terminated"}[f.kind]
-        at = next((e["at"] for e in events if e["what"] == anchor), None)
-        if at is None:
+        at = {e["what"]: e["at"] for e in events}
+        if f.kind == "walsender-kill":
+            a, b = at.get("walsender terminated"), at.get("slot held again")
+            return round(b - a, 3) if a is not None and b is not None else None
+        anchor = at.get("kill" if f.kind == "consumer-kill" else "resume")
+        if anchor is None:
             return None
         who = f.target if f.kind != "sink-outage" else None
-        return first_call_after(arrivals["t"], at, arrivals.get("by"), who)
+        return first_call_after(arrivals["t"], anchor, arrivals.get("by"), who)
 
     async def _checkpoint_and_cool(self) -> None:
         with contextlib.suppress(Exception):
