@@ -19,7 +19,8 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``consumer-dead[:I]@T+D``: SIGSTOP consumer I for D, then SIGCONT;
 * ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
 * ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
-  ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target).
+  ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
+* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D.
 
 A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
 """
@@ -36,10 +37,12 @@ PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
-FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill")
-_TIMED = ("consumer-dead", "sink-outage")  # these need +DURATION, the others refuse it
-_TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill")  # these take :TARGET
-_FAULT = re.compile(r"(?P<kind>[a-z-]+)(?::(?P<target>\d+))?@(?P<start>[^+]+)(?:\+(?P<duration>.+))?")
+FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow")
+_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION, the others refuse it
+_TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow")  # these take :TARGET
+SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
+_FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d+))?@(?P<start>[^+]+)"
+                    r"(?:\+(?P<duration>.+))?")
 _TIME = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?")
 
 
@@ -51,6 +54,7 @@ class Fault:
     target: int | None
     start_s: float
     duration_s: float
+    extra_s: float = 0.0  # consumer-slow: added to every message's work
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,7 +86,14 @@ def parse_fault(spec: str) -> Fault:
         raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
     if kind not in _TIMED and m["duration"] is not None:
         raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
-    return Fault(kind, target, start, duration)
+    if m["amount"] is not None and kind != "consumer-slow":
+        raise ValueError(f"fault {spec!r}: only consumer-slow takes =X (its extra time per message)")
+    extra = 0.0
+    if kind == "consumer-slow":
+        extra = _seconds(m["amount"], "X", spec) if m["amount"] is not None else SLOW_EXTRA_S
+        if extra <= 0:
+            raise ValueError(f"fault {spec!r}: consumer-slow needs a positive extra time per message")
+    return Fault(kind, target, start, duration, extra)
 
 
 @dataclass(frozen=True, kw_only=True)

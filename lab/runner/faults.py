@@ -6,6 +6,8 @@
   DURATION. A stopped process is a real stop: no reads, no acks, no heartbeats.
 * ``walsender-kill``: ``pg_terminate_backend`` of the walsender holding the slot (a direct
   reader's ``load_test_slot_<i>``, or Debezium's), then wait until the slot is held again.
+* ``consumer-slow``: SIGUSR1 switches the consumer's extra time per message on, SIGUSR2 off
+  after DURATION (:mod:`lab.consumer` installs both handlers before it is ready).
 
 Safety: every stopped process is in :attr:`FaultInjector.stopped` until it got its SIGCONT;
 :meth:`FaultInjector.restore` (the runner calls it first thing in its cleanup, whatever
@@ -128,6 +130,8 @@ class FaultInjector:
             await self._stop(list(range(len(self.run.consumers))), f.duration_s)
         elif f.kind == "walsender-kill":
             await self._kill_walsender()
+        elif f.kind == "consumer-slow":
+            await self._slow(f.target, f.duration_s)
         else:  # pragma: no cover - Scenario validates the kind
             raise RunError(f"unknown fault kind {f.kind}")
 
@@ -169,6 +173,17 @@ class FaultInjector:
                 with contextlib.suppress(ValueError):
                     self.stopped.remove(p)
         self._event("resume", consumers=indexes)
+
+    async def _slow(self, i: int, duration: float) -> None:
+        proc = self.run.consumers[i]
+        try:
+            proc.send_signal(signal.SIGUSR1)
+            self._event("slow", consumer=i, extra_s=self.fault.extra_s)
+            await asyncio.sleep(duration)
+        finally:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGUSR2)
+        self._event("normal", consumer=i)
 
     def slot(self) -> str:
         """The slot whose walsender ``walsender-kill`` terminates."""

@@ -184,7 +184,7 @@ class RunPhases:
         if f.kind == "walsender-kill":
             a, b = at.get("walsender terminated"), at.get("slot held again")
             return round(b - a, 3) if a is not None and b is not None else None
-        anchor = at.get("kill" if f.kind == "consumer-kill" else "resume")
+        anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal"}.get(f.kind, "resume"))
         if anchor is None:
             return None
         who = f.target if f.kind != "sink-outage" else None

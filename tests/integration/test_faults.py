@@ -29,10 +29,11 @@ FAULTS = {
     "consumer-dead": "consumer-dead:1@3s+3s",
     "sink-outage": "sink-outage@3s+3s",
     "walsender-kill": "walsender-kill:1@3s",
+    "consumer-slow": "consumer-slow=20ms:1@3s+3s",
 }
 PIPELINES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 FIRST_EVENT = {"consumer-kill": "kill", "consumer-dead": "stop", "sink-outage": "stop",
-               "walsender-kill": "walsender terminated"}
+               "walsender-kill": "walsender terminated", "consumer-slow": "slow"}
 
 
 def _spec(pipeline: str, kind: str) -> str:
@@ -76,6 +77,8 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
     assert f["wal"], "WAL retained per slot was sampled"
     if kind in ("consumer-dead", "sink-outage"):
         assert [e["what"] for e in f["events"]] == ["stop", "resume"]
+    if kind == "consumer-slow":
+        assert [e["what"] for e in f["events"]] == ["slow", "normal"] and acc["extra_calls"] == 0
     if kind == "consumer-kill":
         assert [e["what"] for e in f["events"]] == ["kill", "replacement started", "replacement ready"]
         assert acc["per_consumer"]["1"]["calls"] > 0 and acc["time_to_resume_s"] is not None

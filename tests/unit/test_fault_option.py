@@ -13,6 +13,8 @@ from lab.scenario import Fault, Scenario, parse_fault
     ("consumer-dead:0@1.5s+500ms", Fault("consumer-dead", 0, 1.5, 0.5)),
     ("sink-outage@250ms+3s", Fault("sink-outage", None, 0.25, 3.0)),
     ("walsender-kill:2@4s", Fault("walsender-kill", 2, 4.0, 0.0)),
+    ("consumer-slow:1@2s+4s", Fault("consumer-slow", 1, 2.0, 4.0, 0.02)),
+    ("consumer-slow=50ms:0@2s+4s", Fault("consumer-slow", 0, 2.0, 4.0, 0.05)),
 ])
 def test_parses(spec: str, want: Fault) -> None:
     assert parse_fault(spec) == want
@@ -26,6 +28,9 @@ def test_parses(spec: str, want: Fault) -> None:
     ("sink-outage:1@1s+1s", "takes no :TARGET"),
     ("consumer-kill@ten", "START 'ten' is not a time"),
     ("sink-outage@1s+2m", "DURATION '2m' is not a time"),
+    ("consumer-kill=5ms:1@1s", "only consumer-slow takes =X"),
+    ("consumer-slow=0ms:1@1s+1s", "needs a positive extra time"),
+    ("consumer-slow:1@1s", "needs +DURATION"),
 ])
 def test_bad_input_is_one_clear_line(spec: str, says: str) -> None:
     with pytest.raises(ValueError) as info:
