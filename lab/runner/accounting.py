@@ -12,7 +12,8 @@ number of work calls:
 
 The identities that must hold (``adds_up``): once + repeated = distinct, distinct + extra_calls =
 work calls, distinct − foreign + lost = messages. Per consumer: ``first`` (calls that were an id's
-first) and ``repeats`` sum to that consumer's calls; Σ first = distinct, Σ repeats = extra_calls.
+first) and ``repeats`` sum to that consumer's calls; Σ first = distinct, Σ repeats = extra_calls;
+``once``: ids delivered exactly once, by this consumer (Σ once = once).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def account(ids: Sequence[int], messages: Collection[int], by: Sequence[int] | N
         max_burst = max(max_burst, burst)
         if by is not None:
             who = by[n]
-            row = per.setdefault(who, {"calls": 0, "first": 0, "repeats": 0, "max_burst": 0})
+            row = per.setdefault(who, {"calls": 0, "first": 0, "repeats": 0, "once": 0, "max_burst": 0})
             row["calls"] += 1
             row["repeats" if repeat else "first"] += 1
+            row["once"] += calls[message_id] == 1
             runs[who] = runs.get(who, 0) + 1 if repeat else 0
             row["max_burst"] = max(row["max_burst"], runs[who])
     out: dict[str, Any] = {
@@ -53,6 +55,7 @@ def account(ids: Sequence[int], messages: Collection[int], by: Sequence[int] | N
         "lost": lost, "foreign": foreign, "max_burst": max_burst,
         "max_calls_per_id": max(calls.values(), default=0),
         "per_consumer": {str(k): per[k] for k in sorted(per)} if by is not None else None,
+        "max_burst_per_consumer": max((r["max_burst"] for r in per.values()), default=0) if by is not None else None,
     }
     out["adds_up"] = adds_up(out)
     return out
@@ -67,6 +70,7 @@ def adds_up(a: dict[str, Any]) -> bool:
     if per:
         ok = ok and (sum(r["first"] for r in per.values()) == a["distinct"]
                      and sum(r["repeats"] for r in per.values()) == a["extra_calls"]
+                     and sum(r["once"] for r in per.values()) == a["once"]
                      and all(r["first"] + r["repeats"] == r["calls"] for r in per.values()))
     return ok
 

@@ -11,8 +11,8 @@ from lab.runner.faults import wal_summary
 def test_clean_run_is_all_once() -> None:
     a = account([1, 2, 3], [1, 2, 3], by=[0, 1, 0])
     assert (a["once"], a["repeated"], a["extra_calls"], a["lost"], a["max_burst"]) == (3, 0, 0, 0, 0)
-    assert a["per_consumer"] == {"0": {"calls": 2, "first": 2, "repeats": 0, "max_burst": 0},
-                                 "1": {"calls": 1, "first": 1, "repeats": 0, "max_burst": 0}}
+    assert a["per_consumer"] == {"0": {"calls": 2, "first": 2, "repeats": 0, "once": 2, "max_burst": 0},
+                                 "1": {"calls": 1, "first": 1, "repeats": 0, "once": 1, "max_burst": 0}}
     assert a["adds_up"]
 
 
@@ -23,8 +23,9 @@ def test_a_replay_is_counted_as_duplicates_with_its_burst() -> None:
     a = account(ids, range(1, 8), by)
     assert (a["distinct"], a["once"], a["repeated"], a["extra_calls"]) == (7, 4, 3, 3)
     assert a["max_burst"] == 3 and a["max_calls_per_id"] == 2
-    assert a["per_consumer"]["1"] == {"calls": 7, "first": 4, "repeats": 3, "max_burst": 3}
-    assert a["per_consumer"]["0"]["repeats"] == 0
+    assert a["per_consumer"]["1"] == {"calls": 7, "first": 4, "repeats": 3, "once": 1, "max_burst": 3}
+    assert a["per_consumer"]["0"] == {"calls": 3, "first": 3, "repeats": 0, "once": 3, "max_burst": 0}
+    assert a["max_burst_per_consumer"] == 3
     assert a["lost"] == 0 and a["adds_up"]
 
 
