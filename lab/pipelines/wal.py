@@ -113,13 +113,14 @@ class WalSource:
         self._marks = SlotWatermark()  # over stream sequence numbers
         self._sent_lsn = 0
         self.reconnects = 0  # streams restarted after the server ended one (a fault run)
+        self.resumed = False  # open() found the slot: this reader replaces one that died
         self._broken: psycopg.Error | None = None  # a status update found the stream gone
 
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
         cur = await self._claims.execute(SLOT_HOLDER_SQL, (self.slot,))
-        exists = await cur.fetchone() is not None
-        self._stream = await self._start(create=not exists)
+        self.resumed = await cur.fetchone() is not None  # a replacement of a killed reader
+        self._stream = await self._start(create=not self.resumed)
 
     async def _start(self, *, create: bool) -> ReplicationStream:
         """Connect and stream the slot (created first if ``create``), retrying while another
