@@ -96,7 +96,8 @@ class FaultInjector:
             if not self.injected:
                 raise RunError(f"fault {self.run.scenario.fault} not injected: the run drained after {at:.1f} s; "
                                "send more messages or at a lower --rate")
-            await asyncio.wait_for(asyncio.shield(inject), RESUME_WAIT_S)
+            left = self.fault.start_s + self.fault.duration_s - at  # a stop may outlast the drain
+            await asyncio.wait_for(asyncio.shield(inject), max(0.0, left) + RESUME_WAIT_S)
         self.check()
         for task in self._tasks[1:]:
             task.cancel()
