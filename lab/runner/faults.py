@@ -108,10 +108,14 @@ class FaultInjector:
         """SIGCONT every process this fault stopped, cancel what is pending; never raises."""
         for task in self._tasks:
             task.cancel()
+        continued = []
         for p in list(self.stopped):
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGCONT)
+                continued.append(p.pid)
             self.stopped.remove(p)
+        if continued:  # the run ended (failed, interrupted) while the fault held them stopped
+            self._event("continued by cleanup", pids=continued)
 
     def _event(self, what: str, **info: Any) -> None:
         event = {"what": what, "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(), **info}

