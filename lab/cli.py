@@ -143,7 +143,26 @@ def _summary(result: dict[str, object]) -> dict[str, object]:
     for key in ("latency_ms", "latency_from_due_ms", "achieved_rate"):
         if key in result:
             out[key] = result[key]
+    fault = result.get("fault")
+    if isinstance(fault, dict):
+        out["fault"] = fault_line(fault)
     return out
+
+
+FAULT_FIELDS = ("lost", "extra_calls", "max_burst", "once", "repeated", "distinct", "work_calls",
+                "messages", "adds_up", "time_to_resume_s", "lost_claimed_by", "per_consumer")
+
+
+def fault_line(fault: dict[str, object]) -> dict[str, object]:
+    """A fault run's accounting as ``lab run`` shows it (run.json's ``fault`` block, shortened)."""
+    acc = fault.get("accounting") or {}
+    assert isinstance(acc, dict)
+    wal = fault.get("wal_summary") or {}
+    assert isinstance(wal, dict)
+    return {"spec": fault.get("spec"), **{k: acc.get(k) for k in FAULT_FIELDS},
+            "events": [(e["t_s"], e["what"]) for e in fault.get("events") or []],  # type: ignore[union-attr]
+            "wal_retained_max_bytes": {k: v["retained_bytes_max"] for k, v in wal.items()},
+            "wal_recovered_after_s": {k: v["recovered_after_s"] for k, v in wal.items()}}
 
 
 def _print_run(result: dict[str, object]) -> None:
@@ -166,6 +185,12 @@ def _print_run(result: dict[str, object]) -> None:
     goal = f" (target {target:g})" if target else ""
     sys.stdout.write(f"  latency {_p50_p99(s.get('latency_ms'))}{due}\n"
                      f"  achieved {s.get('achieved_rate') or '-'} msg/s{goal}\n")
+    fault = s.get("fault")
+    if isinstance(fault, dict):
+        sys.stdout.write(
+            "  fault {spec}: lost {lost}, duplicates {extra_calls} (max burst {max_burst}), once {once}, "
+            "repeated {repeated}, resumed after {time_to_resume_s} s, adds up: {adds_up}\n".format(**fault)
+        )
 
 
 def _p50_p99(lat: object) -> str:

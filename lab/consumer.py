@@ -14,7 +14,11 @@ its own ready and result files, so the runner's protocol is the same for both la
 Loop: while nothing is pending, fill a batch (up to ``batch_size``; 100 ms for the first
 message, 50 ms to top up) and claim it with one statement; then, strictly one at a time,
 ``POST /send-email`` for each claimed item and acknowledge its position only after the work.
-A non-2xx work call counts as a failure and the item is dropped (no retry, no ack).
+A non-2xx work call counts as a failure and the item is dropped (no retry, no ack). In a fault
+run (``scenario.fault``) the work body also carries ``"by": <index>`` for the runner's
+per-consumer accounting (:mod:`lab.runner.accounting`); otherwise the body is unchanged. Under
+``consumer-slow`` the targeted consumer sleeps its extra time before each work call while the
+runner has it switched on (SIGUSR1 on, SIGUSR2 off).
 
 Protocol with the runner, through files in ``--run-dir``: ``consumer-<i>.ready`` once reads
 have started; SIGTERM asks it to stop once nothing is pending; ``consumer-<i>.json`` is the
@@ -70,6 +74,7 @@ class Consumer:
         self.first_work_mono: float | None = None
         self.last_work_mono: float | None = None
         self.last_work_at: float | None = None
+        self.slow_s = 0.0  # consumer-slow: extra time per message, switched by SIGUSR1/SIGUSR2
 
     async def run(self, ready: Path) -> None:
         s = self.scenario
@@ -85,6 +90,7 @@ class Consumer:
             _atomic_write(ready, b"{}")
             pending: collections.deque[Item] = collections.deque()
             post, done, url = http.post, self.source.done, self.work_url
+            by = self.index if s.fault else None  # fault runs: the web service keeps who called
             while True:
                 if not pending:
                     if self.stop.is_set():
@@ -97,7 +103,13 @@ class Consumer:
                         await self.source.idle()
                         continue
                 item = pending.popleft()
-                body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at})
+                if self.slow_s:
+                    await asyncio.sleep(self.slow_s)
+                if by is None:
+                    body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at})
+                else:
+                    body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at,
+                                         "by": by})
                 async with post(url, data=body) as resp:
                     ok = 200 <= resp.status < 300
                     await resp.read()
@@ -189,6 +201,12 @@ async def _main(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop)
+    fault = scenario.parsed_fault
+    if fault is not None and fault.kind == "consumer-slow":  # the runner switches it on and off
+        for c in consumers:
+            if c.index == fault.target:
+                loop.add_signal_handler(signal.SIGUSR1, setattr, c, "slow_s", fault.extra_s)
+                loop.add_signal_handler(signal.SIGUSR2, setattr, c, "slow_s", 0.0)
     try:
         results = await asyncio.gather(*(_one(c, run_dir) for c in consumers))
     finally:

@@ -11,11 +11,24 @@ method.md §9.5: ``senders`` producer tasks write straight into the topic, the q
 
 ``reset`` is what a reused pooled PostgreSQL connection gets before the INSERT: ``discard``
 (``DISCARD ALL`` in the same round trip, as Npgsql's pool does; method.md §3) or ``none``.
+
+``fault`` (issue 14) injects one fault into the run, ``KIND[:TARGET]@START[+DURATION]``, times
+in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' gate:
+
+* ``consumer-kill[:I]@T``: SIGKILL consumer I (default 0) and start a replacement with index I;
+* ``consumer-dead[:I]@T+D``: SIGSTOP consumer I for D, then SIGCONT;
+* ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
+* ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
+  ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
+* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D.
+
+A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +37,63 @@ PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
+FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow")
+_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION, the others refuse it
+_TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow")  # these take :TARGET
+SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
+_FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d+))?@(?P<start>[^+]+)"
+                    r"(?:\+(?P<duration>.+))?")
+_TIME = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One parsed ``Scenario.fault``: what, on which consumer (None: all, or Debezium), when."""
+
+    kind: str
+    target: int | None
+    start_s: float
+    duration_s: float
+    extra_s: float = 0.0  # consumer-slow: added to every message's work
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _seconds(text: str, what: str, spec: str) -> float:
+    m = _TIME.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"fault {spec!r}: {what} {text!r} is not a time like 10s, 2.5s or 500ms")
+    value = float(m["value"])
+    return value / 1000 if m["unit"] == "ms" else value
+
+
+def parse_fault(spec: str) -> Fault:
+    """``KIND[:TARGET]@START[+DURATION]`` -> :class:`Fault`; ValueError with one clear line."""
+    grammar = "KIND[:TARGET]@START[+DURATION], e.g. consumer-kill:1@10s or sink-outage@5s+3s"
+    m = _FAULT.fullmatch(spec.strip())
+    if m is None:
+        raise ValueError(f"fault {spec!r} does not read as {grammar}")
+    kind = m["kind"]
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"unknown fault kind {kind!r} in {spec!r}: choose one of {', '.join(FAULT_KINDS)}")
+    target = int(m["target"]) if m["target"] is not None else None
+    if target is not None and kind not in _TARGETED:
+        raise ValueError(f"fault {spec!r}: {kind} takes no :TARGET (it hits every consumer)")
+    start = _seconds(m["start"], "START", spec)
+    duration = _seconds(m["duration"], "DURATION", spec) if m["duration"] is not None else 0.0
+    if kind in _TIMED and duration <= 0:
+        raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
+    if kind not in _TIMED and m["duration"] is not None:
+        raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
+    if m["amount"] is not None and kind != "consumer-slow":
+        raise ValueError(f"fault {spec!r}: only consumer-slow takes =X (its extra time per message)")
+    extra = 0.0
+    if kind == "consumer-slow":
+        extra = _seconds(m["amount"], "X", spec) if m["amount"] is not None else SLOW_EXTRA_S
+        if extra <= 0:
+            raise ValueError(f"fault {spec!r}: consumer-slow needs a positive extra time per message")
+    return Fault(kind, target, start, duration, extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +118,7 @@ class Scenario:
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
     consumer_layout: str = "processes"  # processes: one OS process per consumer | tasks: N asyncio tasks, one process
+    fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINE_NAMES:
@@ -80,6 +151,31 @@ class Scenario:
         for name in ("ready_timeout_s", "drain_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.fault:
+            self._check_fault(parse_fault(self.fault))
+
+    def _check_fault(self, f: Fault) -> None:
+        if self.producer != "web" or self.consumer_layout != "processes":
+            raise ValueError("a fault needs producer='web' and consumer_layout='processes' "
+                             "(one OS process per consumer)")
+        if f.target is not None and f.target >= self.consumers:
+            raise ValueError(f"fault {self.fault!r}: no consumer {f.target} among {self.consumers} "
+                             f"(0..{self.consumers - 1})")
+        if f.kind == "walsender-kill" and f.target is not None and self.pipeline in ("kafka", "rabbitmq"):
+            raise ValueError(f"fault {self.fault!r}: on {self.pipeline} the walsender is Debezium's; "
+                             "write walsender-kill@T without a target")
+
+    @property
+    def parsed_fault(self) -> Fault | None:
+        """The parsed ``fault`` with its default target filled in, or None."""
+        if not self.fault:
+            return None
+        f = parse_fault(self.fault)
+        if f.target is None and f.kind in _TARGETED and not (
+            f.kind == "walsender-kill" and self.pipeline in ("kafka", "rabbitmq")
+        ):
+            f = dataclasses.replace(f, target=0)
+        return f
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -96,4 +192,6 @@ class Scenario:
     def slug(self) -> str:
         mode = f"r{self.rate:g}" if self.rate else f"s{self.senders}"
         tail = "" if self.producer == "web" else f"-{self.producer}"
+        if self.fault:
+            tail += "-" + self.parsed_fault.kind  # type: ignore[union-attr]
         return f"{self.pipeline}-c{self.consumers}-m{self.messages}-{mode}{tail}"

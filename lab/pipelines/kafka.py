@@ -40,6 +40,15 @@ Deviations and choices, with their reasons:
   call is a thread-pool hop). A batch holds up to 100 *messages*; envelopes that are not
   inserts count toward it but are not returned.
 
+Faults (issue 14): a fault run (``scenario.fault``) gives each consumer a static group
+membership, ``group.instance.id`` = its inbox name. A replacement started with the same index
+after a kill then takes back the dead member's partitions at once, from their committed offsets,
+instead of the group waiting for the dead member's session to time out and spreading its
+partitions over the others: the inbox claim (by consumer name) lets only the same name re-work
+rows the dead one claimed, so the partitions must come back to that name. A stopped consumer
+(``consumer-dead``) keeps its partitions for as long as it stays within ``session.timeout.ms``
+(45 s by default). Runs without a fault keep the reference's dynamic membership.
+
 Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
 writes the plain message JSON ``{"id", "content", "createdAt"}`` into topic ``messages``
 (recreated per run the same way, 2N partitions) and no Debezium runs. The group and the inbox
@@ -88,9 +97,10 @@ GATE_INTERVAL = 0.2
 _MASK64 = (1 << 64) - 1
 
 
-def consumer_config(settings: Settings, group: str | None) -> dict[str, Any]:
-    """The consumer settings of method.md §4.1."""
-    return {
+def consumer_config(settings: Settings, group: str | None, instance: str | None = None) -> dict[str, Any]:
+    """The consumer settings of method.md §4.1 (plus a static ``group.instance.id`` when given)."""
+    extra = {"group.instance.id": instance} if instance else {}
+    return extra | {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group,
         "auto.offset.reset": "earliest",
@@ -178,6 +188,7 @@ class KafkaPipeline:
                        if self.direct else "Debezium Server from the outbox table"),
             "inbox": self.inbox_table,
             "offsets": "per-partition watermark, stored once per batch",
+            "membership": "static (group.instance.id = inbox name)" if self.scenario.fault else "dynamic",
         }
 
     async def prepare(self) -> None:
@@ -296,7 +307,8 @@ class KafkaSource:
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
         self.group = await asyncio.to_thread(self._find_group)
-        self._consumer = Consumer(consumer_config(self.settings, self.group), logger=log)
+        instance = self.me if self.scenario.fault else None  # static membership in fault runs
+        self._consumer = Consumer(consumer_config(self.settings, self.group, instance), logger=log)
         self._consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked,
                                  on_lost=self._lost)
 

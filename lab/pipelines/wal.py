@@ -18,11 +18,23 @@ contract) are decoded after the claim, for the rows this reader won. With N read
 claimed by one and lost by N-1, so the losers never decode it; Begin messages are not decoded at
 all and a Commit only for its end LSN. Other messages (Relation, ...) go through the decoder,
 which keeps the relations that the won rows are decoded with. Measured in docs/benchmarks.md.
+
+Faults (issue 14): a reader resumes. :meth:`WalSource.open` creates its slot only when it does
+not exist yet (the runner drops every ``load_test_slot`` before a run), so a replacement
+started with the same index after a kill streams the dead reader's slot from its confirmed
+position, once the dead walsender has let go of it. When the stream breaks (its walsender
+terminated), :meth:`WalSource.fill` reconnects and starts the slot again: the server resends
+every transaction after the slot's confirmed position. Rows of those that this slot had claimed
+already are claimed again (``inbox_wal`` returns a slot's own claims) and worked again: at-least-once,
+the duplicates are counted by the runner. The watermark carries on over the new stream (new rows
+get new sequence numbers; an older commit LSN never moves the reported position back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any, ClassVar
 
 import psycopg
@@ -36,8 +48,12 @@ from lab.settings import Settings
 from lab.pg.slots import drop_slots, wait_streaming
 from lab.workload.watermark import SlotWatermark
 
+log = logging.getLogger(__name__)
 SLOT_PREFIX = "load_test_slot"
 PUBLICATION = "load_test_pub"
+RESUME_TIMEOUT_S = 30.0  # a dead reader's walsender lets go of the slot within this
+RESUME_PAUSE_S = 0.2
+SLOT_HOLDER_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
 
 
 def slot_name(index: int) -> str:
@@ -96,22 +112,70 @@ class WalSource:
         self._decoder = Decoder()
         self._marks = SlotWatermark()  # over stream sequence numbers
         self._sent_lsn = 0
+        self.reconnects = 0  # streams restarted after the server ended one (a fault run)
+        self.resumed = False  # open() found the slot: this reader replaces one that died
+        self._broken: psycopg.Error | None = None  # a status update found the stream gone
 
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
-        self._stream = stream = await ReplicationStream.connect(self.settings.pg_dsn)
-        await stream.create_slot(self.slot)
-        await stream.start(self.slot, PUBLICATION, protocol_version(stream.server_version_num), binary=True)
+        cur = await self._claims.execute(SLOT_HOLDER_SQL, (self.slot,))
+        self.resumed = await cur.fetchone() is not None  # a replacement of a killed reader
+        self._stream = await self._start(create=not self.resumed)
+
+    async def _start(self, *, create: bool) -> ReplicationStream:
+        """Connect and stream the slot (created first if ``create``), retrying while another
+        walsender still holds it (a killed reader's, or one being terminated)."""
+        deadline = time.monotonic() + RESUME_TIMEOUT_S
+        while True:
+            stream = await ReplicationStream.connect(self.settings.pg_dsn)
+            try:
+                if create:
+                    await stream.create_slot(self.slot)
+                    create = False
+                await stream.start(self.slot, PUBLICATION, protocol_version(stream.server_version_num),
+                                   binary=True)
+                if self._stream is not None:  # carry the reported position over
+                    stream.set_status(self._stream.status_lsn)
+                return stream
+            except psycopg.errors.ObjectInUse:
+                await stream.close()
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(RESUME_PAUSE_S)
+
+    async def _reconnect(self, exc: psycopg.Error) -> None:
+        log.warning("%s: replication stream ended (%s); reconnecting", self.slot, exc)
+        old = self._stream
+        if old is not None:
+            try:
+                await old.close()
+            except Exception:  # noqa: S110 - the connection is gone already
+                pass
+        self._stream = await self._start(create=False)
+        self._broken = None
+        self._sent_lsn = 0  # the new walsender has not heard our position yet
+        self.reconnects += 1
 
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
+        """Up to ``max_items`` rows; after a broken stream, the rows read before it broke (they
+        are committed rows: claimed and worked as usual) and a new stream for the next call."""
+        batch: list[Item] = []
+        if self._broken is not None:
+            await self._reconnect(self._broken)
+        try:
+            await self._fill(batch, max_items, first_wait, flush_wait)
+        except psycopg.OperationalError as exc:  # the walsender is gone (terminated, timed out)
+            await self._reconnect(exc)
+        return batch
+
+    async def _fill(self, batch: list[Item], max_items: int, first_wait: float, flush_wait: float) -> None:
         assert self._stream is not None
         read, decode, marks = self._stream.read, self._decoder.decode, self._marks
         stream = self._stream
-        batch: list[Item] = []
         while len(batch) < max_items:
             x = await read(flush_wait if batch else first_wait)
             if x is None:
-                return batch
+                return
             payload = x.payload
             self.decoded_bytes += len(payload)
             kind = payload[0]
@@ -124,7 +188,6 @@ class WalSource:
                 marks.passed()
                 if kind != 0x42:  # not 'B': Relation and the rest keep the decoder's state
                     decode(payload)
-        return batch
 
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._claims is not None
@@ -161,9 +224,12 @@ class WalSource:
 
     async def idle(self) -> None:
         stream = self._stream
-        if stream is not None and stream.status_lsn > self._sent_lsn:
-            self._sent_lsn = stream.status_lsn
-            await stream.send_status()
+        if stream is not None and stream.status_lsn > self._sent_lsn and self._broken is None:
+            try:
+                await stream.send_status()
+                self._sent_lsn = stream.status_lsn
+            except (psycopg.Error, RuntimeError) as exc:  # gone: the next fill reconnects
+                self._broken = exc if isinstance(exc, psycopg.Error) else psycopg.OperationalError(str(exc))
 
     async def close(self) -> None:
         for closer in (self._stream, self._claims):

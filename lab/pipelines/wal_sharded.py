@@ -31,6 +31,13 @@ Deviations from the reference, and why:
   never starts against stale owners; the join still retries 10 times, 1 s apart (§10.1).
 * ``shards-<i>.json`` is rewritten on close with the final shard set, refresh and filter counts
   (diagnostics; the consumer result file has no field for them).
+* **A reader that replaces a dead one** (issue 14, ``consumer-kill``) claims every row it replays
+  from before it started, whatever the shard, instead of filtering them. The dead reader's shards
+  were free while it was gone and the others may hold them now; its slot resends the rows it had
+  not confirmed, which the others had filtered out while those shards were the dead reader's.
+  Filtering them again would lose them; claiming them costs a claim each for the replay only (a row
+  another reader owns or worked already is skipped by the inbox claim). Readers with a fresh slot
+  (every reader of a run without a fault) have no such rows: the rule never applies to them.
 """
 
 from __future__ import annotations
@@ -132,11 +139,16 @@ class ShardedWalSource(WalSource):
         self.run_dir = run_dir
         self.ready_timeout = scenario.ready_timeout_s
         self.filtered = 0  # rows left to other owners (not skipped: never claimed)
+        self.catch_up_lsn = 0  # a replacement claims every replayed row below this LSN
         self.shards = ShardOwnership(settings.pg_dsn, scenario.consumers)
 
     async def open(self) -> None:
         """Slot and stream as ``wal``, then join, wait for everyone, and refresh in index order."""
         await super().open()
+        if self.resumed:
+            assert self._claims is not None
+            row = await (await self._claims.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).fetchone()
+            self.catch_up_lsn = int(row[0]) if row else 0
         await self.shards.open()
         await self.shards.wait_members(self.consumers, timeout=self.ready_timeout)
         if self.run_dir is not None and self.index > 0:
@@ -156,6 +168,7 @@ class ShardedWalSource(WalSource):
         """Rebalance if due, then up to ``max_items`` claimable rows; the rest is confirmed."""
         await self.shards.refresh()
         claimable, resolve, inner, report = self.shards.claimable, self._marks.resolve, super().fill, self._report
+        catch_up = self.catch_up_lsn
         decode = self._decode_row  # the shard is the id's: every row is decoded here, not only won ones
         out: list[Item] = []
         while (want := max_items - len(out)) > 0:
@@ -163,7 +176,7 @@ class ShardedWalSource(WalSource):
             before = len(out)
             for item in got:
                 decode(item)
-                if claimable[item.id % SHARDS]:
+                if claimable[item.id % SHARDS] or item.pos[0] < catch_up:
                     out.append(item)
                 else:
                     report(resolve(item.pos[1]))
@@ -179,6 +192,7 @@ class ShardedWalSource(WalSource):
         state = {
             "index": self.index, "member": s.member, "members": s.members,
             "shards": sorted(s.mine), "refreshes": s.refreshes, "filtered": self.filtered,
+            "catch_up_lsn": self.catch_up_lsn,
         }
         path = turn_file(self.run_dir, self.index)
         tmp = path.with_suffix(".tmp")

@@ -10,6 +10,11 @@ method.md §7.1 does not hold: no send failed, sent = processed = distinct claim
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
 the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
 
+With a fault (``Scenario.fault``, issue 14) :mod:`lab.runner.faults` injects it during the drain
+and the predicate becomes at-least-once, proven by :mod:`lab.runner.accounting`: no send failed,
+every message sent, no message of ``messages`` without a work call (0 lost), no foreign id, and the
+accounting adds up; duplicates are allowed and counted. Without a fault it is exactly the above.
+
 The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
 :mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.result` (run.json).
 """
@@ -31,6 +36,7 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
+from lab.runner.faults import FaultInjector
 from lab.runner.phases import RunPhases
 from lab.runner.processes import Progress, RunError, RunProcesses
 from lab.runner.result import RunResult, interpolate
@@ -67,6 +73,9 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.home_cgroup = cgroups.current()  # the runner is lent to its group, then moved back
         self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
         self.host_window = HostWindow()
+        self.respawning: set[int] = set()  # consumers being replaced (consumer-kill)
+        self.injector = FaultInjector(self) if scenario.fault else None
+        self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""

@@ -16,11 +16,13 @@ from psycopg import sql
 from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
 from lab.pg.slots import drop_slots
+from lab.runner.accounting import account, first_call_after
 from lab.runner.processes import RunError
 from lab.workload.inbox import id_sets, sets_equal
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many messages were worked
+QUIET_S = 15.0  # a fault run whose work calls stopped for this long (fault over) is settled
 
 
 class RunPhases:
@@ -43,13 +45,18 @@ class RunPhases:
         s = self.scenario
         self.edges["gate"] = sampler.snapshot()
         (self.scratch / "start").touch()
+        if self.injector is not None:
+            self.injector.start(time.monotonic())
         senders_out = self.scratch / "senders.json"
+        quiet_since, last_calls = time.monotonic(), -1
         deadline = time.monotonic() + s.drain_timeout_s
         sent_result: dict[str, Any] | None = None
         last_progress = 0.0
         while True:
             await asyncio.sleep(DRAIN_POLL_S)
             self._check_consumers_alive()
+            if self.injector is not None:
+                self.injector.check()
             if sent_result is None and senders_out.exists():
                 sent_result = json.loads(senders_out.read_text())
             stats = await self._web("/load/stats")
@@ -57,9 +64,18 @@ class RunPhases:
             if now - last_progress >= 1.0:
                 self.progress("drain", {"processed": stats["calls"]})
                 last_progress = now
+            if stats["calls"] != last_calls:
+                quiet_since, last_calls = now, stats["calls"]
             if sent_result is not None:
                 settled = sent_result["sent"] + sent_result["send_failed"] >= s.messages
-                if settled and stats["calls"] >= sent_result["sent"]:
+                # a fault run may repeat calls: drained when every id was worked (distinct), or
+                # when nothing was worked for QUIET_S after the fault (what is missing is lost)
+                worked = stats["calls"] if self.injector is None else stats["distinct"]
+                if settled and worked >= sent_result["sent"]:
+                    break
+                if settled and self.injector is not None and self.injector.over() and now - quiet_since > QUIET_S:
+                    log.warning("run %s: no work call for %.0f s after the fault: %d of %d ids worked",
+                                self.run_id, QUIET_S, stats["distinct"], sent_result["sent"])
                     break
                 if sent_result["sent"] == 0:
                     break
@@ -67,6 +83,8 @@ class RunPhases:
                 raise RunError(f"senders exited with {self.procs['senders'].returncode}")
             if now > deadline:
                 raise RunError(f"not drained after {s.drain_timeout_s:.0f} s: {stats['calls']} processed")
+        if self.injector is not None:
+            await self.injector.finish()
         self.edges["drained"] = sampler.snapshot()
         return sent_result
 
@@ -130,12 +148,47 @@ class RunPhases:
             sets = await id_sets(conn, (await self._web("/load/arrivals"))["ids"], self.pipeline.inbox_table)
         if self.scenario.producer != "web" and not sets["messages_rows"]:
             sets = {}  # the direct producers of a broker stand write no outbox row: counts only
+        if self.injector is not None:
+            self.accounting = await self._account()
         return {
             "inbox_rows": rows, "distinct_ids": distinct,
             "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
             "work_calls": stats["calls"], "work_distinct": stats["distinct"],
             **sets, "ids_match": sets_equal(sets) if sets else None,
         }
+
+    async def _account(self) -> dict[str, Any]:
+        """Every message accounted for (:mod:`lab.runner.accounting`), from the web service's
+        arrivals and the ids of ``messages``; for the id-keyed ``inbox`` also which consumer had
+        claimed each lost id (a claim whose work never came)."""
+        arrivals = await self._web("/load/arrivals")
+        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            messages = [r[0] for r in await (await conn.execute("SELECT id FROM messages")).fetchall()]
+            out = account(arrivals["ids"], messages, arrivals.get("by"))
+            out["lost_claimed_by"] = None
+            if self.pipeline.inbox_table == "inbox" and out["lost"]:
+                lost = sorted(set(messages) - set(arrivals["ids"]))
+                cur = await conn.execute(
+                    "SELECT coalesce(consumer, '(unclaimed)'), count(*) FROM unnest(%s::int[]) AS l(id) "
+                    "LEFT JOIN inbox i USING (id) GROUP BY 1 ORDER BY 1", (lost,))
+                out["lost_claimed_by"] = dict(await cur.fetchall())
+        out["time_to_resume_s"] = self._time_to_resume(arrivals)
+        return out
+
+    def _time_to_resume(self, arrivals: dict[str, Any]) -> float | None:
+        """Seconds from the kill (or the SIGCONT) to the next work call by the consumer it hit (by
+        any consumer after a sink outage); for ``walsender-kill``, from the termination until a
+        walsender holds the slot again (the reader, or Debezium, reconnected)."""
+        f, events = self.scenario.parsed_fault, self.injector.events
+        at = {e["what"]: e["at"] for e in events}
+        if f.kind == "walsender-kill":
+            a, b = at.get("walsender terminated"), at.get("slot held again")
+            return round(b - a, 3) if a is not None and b is not None else None
+        anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal"}.get(f.kind, "resume"))
+        if anchor is None:
+            return None
+        who = f.target if f.kind != "sink-outage" else None
+        return first_call_after(arrivals["t"], anchor, arrivals.get("by"), who)
 
     async def _checkpoint_and_cool(self) -> None:
         with contextlib.suppress(Exception):

@@ -48,6 +48,8 @@ class RunProcesses:
                     "--reset", s.reset]
         if s.work_delay_ms:
             web_args += ["--work-delay-ms", str(s.work_delay_ms)]
+        if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
+            web_args += ["--by-consumer"]
         self.procs["web"] = self._spawn("web", web_args)
         self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe", "--out", str(self.scratch / "probe.json")])
         await self._wait_web()
@@ -80,9 +82,10 @@ class RunProcesses:
         parts = service_participants(self.stack, ("postgres", "kafka", "rabbitmq", "debezium"), group)
         for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
-        parts += [
-            Participant(f"consumer-{i}", [c], group="consumers", cgroup=group(f"consumer-{i}", [c]))
-            for i, c in enumerate(self.consumers)
+        self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.consumers)]
+        parts += [  # roots asked at every walk: a replaced consumer (consumer-kill) is the same participant
+            Participant(f"consumer-{i}", (lambda i=i: [self.consumers[i]]), group="consumers", cgroup=cg)
+            for i, cg in enumerate(self.consumer_cgroups)
         ]
         me = psutil.Process()
         parts.append(Participant("runner", [me], recursive=False, cgroup=group("runner", [me], tree=False)))
@@ -112,16 +115,26 @@ class RunProcesses:
                     raise RunError("web service did not answer within 30 s") from None
                 await asyncio.sleep(0.1)
 
+    def spawn_consumer(self, group: list[int]) -> psutil.Popen:
+        """One consumer process running the consumers ``group`` (a replacement too: same index)."""
+        s = self.scenario
+        return self._spawn(f"consumer-{group[0]}", [
+            "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
+            "--run-dir", str(self.scratch), "--scenario", json.dumps(s.as_parameters()),
+        ])
+
+    def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
+        """Move a replacement into consumer ``i``'s cgroup, which keeps the killed one's CPU."""
+        groups = getattr(self, "consumer_cgroups", [])
+        if i < len(groups) and groups[i] is not None:
+            groups[i].attach([proc.pid])
+
     async def start_consumers(self) -> None:
         s = self.scenario
-        payload = json.dumps(s.as_parameters())
         # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
         layout = [[i] for i in range(s.consumers)] if s.consumer_layout == "processes" else [list(range(s.consumers))]
         for group in layout:
-            self.consumers.append(self._spawn(f"consumer-{group[0]}", [
-                "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
-                "--run-dir", str(self.scratch), "--scenario", payload,
-            ]))
+            self.consumers.append(self.spawn_consumer(group))
         deadline = time.monotonic() + s.ready_timeout_s
         while not all((self.scratch / f"consumer-{i}.ready").exists() for i in range(s.consumers)):
             self._check_consumers_alive()
@@ -131,7 +144,7 @@ class RunProcesses:
 
     def _check_consumers_alive(self) -> None:
         for i, c in enumerate(self.consumers):
-            if c.poll() is not None:
+            if i not in self.respawning and c.poll() is not None:
                 raise RunError(f"consumer {i} exited with {c.returncode}; see {self.scratch / f'consumer-{i}.log'}")
 
     async def stop_consumers(self) -> list[dict[str, Any]]:
@@ -151,6 +164,8 @@ class RunProcesses:
 
     async def cleanup(self) -> None:
         """Stop our processes and the pipeline's source, drop slots; never raises."""
+        if self.injector is not None:  # first: a stopped consumer would ignore its SIGTERM
+            self.injector.restore()
         cgroups.move_to(self.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
         with contextlib.suppress(psutil.Error):
             await asyncio.to_thread(children.stop, [c for c in self.consumers if c.poll() is None], timeout=0)

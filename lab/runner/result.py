@@ -34,12 +34,25 @@ class RunResult:
         if error is None and consumer_errors:
             error = "; ".join(consumer_errors)
         m = s.messages
-        success = (
-            error is None and counters["send_failed"] == 0 and counters["sent"] == m
-            and processed == m and checks.get("distinct_ids") == m
-            and checks.get("work_calls") == m and checks.get("work_distinct") == m
-            and checks.get("ids_match") is not False  # the id sets, not only their sizes
-        )
+        acc = self.accounting
+        if self.injector is None:
+            success = (
+                error is None and counters["send_failed"] == 0 and counters["sent"] == m
+                and processed == m and checks.get("distinct_ids") == m
+                and checks.get("work_calls") == m and checks.get("work_distinct") == m
+                and checks.get("ids_match") is not False  # the id sets, not only their sizes
+            )
+        else:  # at-least-once: duplicates allowed and counted, nothing lost (lab.runner.accounting)
+            success = (
+                error is None and counters["send_failed"] == 0 and counters["sent"] == m
+                and acc is not None and acc["messages"] == m and acc["lost"] == 0 and acc["foreign"] == 0
+                and acc["adds_up"]
+            )
+            if error is None and not success:
+                error = "fault accounting: " + (", ".join(
+                    f"{k}={acc.get(k)}" for k in ("messages", "lost", "foreign", "extra_calls", "adds_up",
+                                                  "lost_claimed_by")
+                ) if acc else "not measured") + f", sent={counters['sent']}, send_failed={counters['send_failed']}"
         if error is None and not success:
             error = "counters do not match: " + ", ".join(
                 f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls",
@@ -95,6 +108,7 @@ class RunResult:
             "latency_from_due_ms": self.latency_from_due_ms,
             "achieved_rate": achieved_rate(sent, span),
             "counters": counters,
+            **({"fault": self.injector.record(acc)} if self.injector is not None else {}),
             "senders": sent,
             "consumers": consumers,
             "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",

@@ -18,6 +18,11 @@ Endpoints (method.md §3 and §5):
 * ``GET /load/stats`` -> ``{"calls", "distinct", "cpuMs", "memoryMb"}`` (this process's CPU, RSS).
 * ``GET /load/arrivals`` -> ``{"ids": [...], "t": [...]}``: every work call's id and wall-clock
   arrival (``time.time()``), kept in two ``array`` columns (16 bytes and well under 1 µs a call).
+  That is already every call per id: per-id call counts (duplicates, issue 14) are counted by the
+  runner from it, after the run, so the hot path keeps no per-id counter.
+* Fault runs only, with ``--by-consumer``: the work body also carries ``"by"`` (the consumer's
+  index), kept in a third column and returned as ``"by"`` by ``/load/arrivals`` (per-consumer
+  accounting). Without the option the handler is the plain one.
 * ``POST /load/reset`` -> 204; zeroes the counters and the arrivals.
 * Test only, with ``--test-hold``: ``POST /test/hold`` ``{"id"}`` makes ``/send-email`` for that id
   wait (after counting the call) until ``POST /test/release``; the watermark test holds one row's
@@ -70,7 +75,7 @@ _SELF = psutil.Process()
 class WorkStats:
     """Counters of ``/send-email``: calls, distinct ids, and (id, arrival) per call."""
 
-    __slots__ = ("arrival_ids", "arrival_t", "calls", "ids")
+    __slots__ = ("arrival_by", "arrival_ids", "arrival_t", "calls", "ids")
 
     def __init__(self) -> None:
         self.reset()
@@ -80,6 +85,7 @@ class WorkStats:
         self.ids: set[int] = set()
         self.arrival_ids = array("q")
         self.arrival_t = array("d")
+        self.arrival_by = array("h")  # filled by by_consumer_send_email only
 
     def work(self, message_id: int) -> None:
         self.calls += 1
@@ -133,6 +139,16 @@ async def insert_message(request: web.Request) -> web.Response:
 async def send_email(request: web.Request) -> web.Response:
     request.app[STATS].work(orjson.loads(await request.read())["id"])
     await asyncio.sleep(0)  # the reference's Task.Yield(): one trip through the loop
+    return web.Response(status=202)
+
+
+async def by_consumer_send_email(request: web.Request) -> web.Response:
+    """``/send-email`` that also keeps which consumer called (``--by-consumer``, fault runs)."""
+    body = orjson.loads(await request.read())
+    stats = request.app[STATS]
+    stats.work(body["id"])
+    stats.arrival_by.append(body.get("by", -1))
+    await asyncio.sleep(0)
     return web.Response(status=202)
 
 
@@ -191,7 +207,10 @@ async def stats(request: web.Request) -> web.Response:
 
 async def arrivals(request: web.Request) -> web.Response:
     s = request.app[STATS]
-    body = orjson.dumps({"ids": s.arrival_ids.tolist(), "t": s.arrival_t.tolist()})
+    out = {"ids": s.arrival_ids.tolist(), "t": s.arrival_t.tolist()}
+    if s.arrival_by:
+        out["by"] = s.arrival_by.tolist()
+    body = orjson.dumps(out)
     return web.Response(body=body, content_type=_JSON)
 
 
@@ -202,7 +221,7 @@ async def reset_stats(request: web.Request) -> web.Response:
 
 def create_app(
     dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0, prepare: bool = False,
-    test_hold: bool = False, reset: str = "discard",
+    test_hold: bool = False, reset: str = "discard", by_consumer: bool = False,
 ) -> web.Application:
     """The aiohttp application; the pool opens on startup and closes on cleanup.
 
@@ -232,6 +251,10 @@ def create_app(
     app.cleanup_ctx.append(pool_ctx)
     app.router.add_post("/load/messages", insert_message)
     work = delayed_send_email(work_delay_ms / 1000) if work_delay_ms > 0 else send_email
+    if by_consumer:
+        if work_delay_ms > 0:
+            raise ValueError("--by-consumer does not combine with --work-delay-ms")
+        work = by_consumer_send_email
     if test_hold:  # test only: the normal handler stays as it is otherwise
         app[HOLD] = {}
         work = holding_send_email(work)
@@ -246,7 +269,7 @@ def create_app(
 
 async def serve(
     host: str, port: int, dsn: str, pool_size: int = DEFAULT_POOL, work_delay_ms: float = 0.0,
-    prepare: bool = False, test_hold: bool = False, reset: str = "discard",
+    prepare: bool = False, test_hold: bool = False, reset: str = "discard", by_consumer: bool = False,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop accepting, finish, and close the pool."""
     stop = asyncio.Event()
@@ -254,7 +277,8 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(
-        create_app(dsn, pool_size, work_delay_ms, prepare, test_hold, reset), access_log=None, handle_signals=False
+        create_app(dsn, pool_size, work_delay_ms, prepare, test_hold, reset, by_consumer),
+        access_log=None, handle_signals=False
     )
     await runner.setup()  # opens the pool: the port only listens once every connection is up
     try:
@@ -281,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reset", choices=RESETS, default="discard",
                    help="on reuse of a pooled connection: DISCARD ALL pipelined with the INSERT "
                         "(default, as Npgsql) or none")
+    p.add_argument("--by-consumer", action="store_true",
+                   help="fault runs: keep which consumer made each work call (the body's \"by\")")
     a = p.parse_args(argv)
     if a.prepare and a.reset == "discard":
         p.error("--prepare needs --reset none: DISCARD ALL drops the prepared statement")
@@ -289,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("lab").setLevel(logging.INFO)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        r.run(serve(a.host, a.port, a.dsn, a.pool, a.work_delay_ms, a.prepare, a.test_hold, a.reset))
+        r.run(serve(a.host, a.port, a.dsn, a.pool, a.work_delay_ms, a.prepare, a.test_hold, a.reset,
+                    a.by_consumer))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""A stopped process is always continued: when the stop ends, when its task is cancelled, and by
+``restore`` (the runner's cleanup). Real processes (``sleep``), real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from lab.runner.faults import FaultInjector
+from lab.scenario import Scenario
+
+
+def _sleepers(n: int) -> list[psutil.Popen]:
+    return [psutil.Popen(["sleep", "60"], stdout=subprocess.DEVNULL) for _ in range(n)]
+
+
+def _status(p: psutil.Process) -> str:
+    deadline = time.monotonic() + 2
+    while True:  # the kernel applies a signal asynchronously
+        st = p.status()
+        if st != psutil.STATUS_STOPPED or time.monotonic() > deadline:
+            return st
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def procs() -> list[psutil.Popen]:
+    ps = _sleepers(2)
+    yield ps
+    for p in ps:
+        p.kill()
+        p.wait()
+
+
+def _injector(procs: list[psutil.Popen], fault: str) -> FaultInjector:
+    run = SimpleNamespace(scenario=Scenario(consumers=len(procs), fault=fault), consumers=procs)
+    inj = FaultInjector(run)
+    inj._t0 = time.monotonic()
+    return inj
+
+
+def test_stop_then_continue(procs: list[psutil.Popen]) -> None:
+    inj = _injector(procs, "sink-outage@0s+200ms")
+
+    async def go() -> None:
+        task = asyncio.create_task(inj._stop([0, 1], 0.2))
+        await asyncio.sleep(0.05)
+        assert all(p.status() == psutil.STATUS_STOPPED for p in procs)
+        assert len(inj.stopped) == 2
+        await task
+
+    asyncio.run(go())
+    assert all(_status(p) != psutil.STATUS_STOPPED for p in procs)
+    assert not inj.stopped and [e["what"] for e in inj.events] == ["stop", "resume"]
+
+
+def test_cancelled_stop_continues(procs: list[psutil.Popen]) -> None:
+    inj = _injector(procs, "consumer-dead:1@0s+60s")
+
+    async def go() -> None:
+        task = asyncio.create_task(inj._stop([1], 60))
+        await asyncio.sleep(0.05)
+        assert procs[1].status() == psutil.STATUS_STOPPED
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.stopped
+
+
+def test_restore_continues_what_is_still_stopped(procs: list[psutil.Popen]) -> None:
+    inj = _injector(procs, "sink-outage@0s+60s")
+    for p in procs:  # as if the loop died before the injection's own finally could run
+        p.send_signal(signal.SIGSTOP)
+        inj.stopped.append(p)
+    inj.restore()
+    assert all(_status(p) != psutil.STATUS_STOPPED for p in procs) and not inj.stopped
+    assert inj.events[-1]["what"] == "continued by cleanup"
+    assert inj.events[-1]["pids"] == [p.pid for p in procs]

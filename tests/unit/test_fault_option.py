@@ -1,0 +1,55 @@
+"""``Scenario.fault``: the grammar KIND[:TARGET]@START[+DURATION] and its one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.scenario import Fault, Scenario, parse_fault
+
+
+@pytest.mark.parametrize(("spec", "want"), [
+    ("consumer-kill:1@10s", Fault("consumer-kill", 1, 10.0, 0.0)),
+    ("consumer-kill@2", Fault("consumer-kill", None, 2.0, 0.0)),
+    ("consumer-dead:0@1.5s+500ms", Fault("consumer-dead", 0, 1.5, 0.5)),
+    ("sink-outage@250ms+3s", Fault("sink-outage", None, 0.25, 3.0)),
+    ("walsender-kill:2@4s", Fault("walsender-kill", 2, 4.0, 0.0)),
+    ("consumer-slow:1@2s+4s", Fault("consumer-slow", 1, 2.0, 4.0, 0.02)),
+    ("consumer-slow=50ms:0@2s+4s", Fault("consumer-slow", 0, 2.0, 4.0, 0.05)),
+])
+def test_parses(spec: str, want: Fault) -> None:
+    assert parse_fault(spec) == want
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("consumer-kill", "does not read as KIND[:TARGET]@START[+DURATION]"),
+    ("reboot@1s", "unknown fault kind 'reboot'"),
+    ("consumer-kill:1@10s+2s", "takes no +DURATION"),
+    ("consumer-dead:1@10s", "needs +DURATION"),
+    ("sink-outage:1@1s+1s", "takes no :TARGET"),
+    ("consumer-kill@ten", "START 'ten' is not a time"),
+    ("sink-outage@1s+2m", "DURATION '2m' is not a time"),
+    ("consumer-kill=5ms:1@1s", "only consumer-slow takes =X"),
+    ("consumer-slow=0ms:1@1s+1s", "needs a positive extra time"),
+    ("consumer-slow:1@1s", "needs +DURATION"),
+])
+def test_bad_input_is_one_clear_line(spec: str, says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_fault(spec)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_scenario_validates_and_fills_the_default_target() -> None:
+    assert Scenario(consumers=2, fault="consumer-dead@1s+1s").parsed_fault == Fault("consumer-dead", 0, 1.0, 1.0)
+    assert Scenario(pipeline="kafka", fault="walsender-kill@1s").parsed_fault.target is None
+    assert Scenario().parsed_fault is None
+    assert Scenario(consumers=2, fault="consumer-kill:1@3s").slug.endswith("-consumer-kill")
+    with pytest.raises(ValueError, match="no consumer 2 among 2"):
+        Scenario(consumers=2, fault="consumer-kill:2@3s")
+    with pytest.raises(ValueError, match="walsender is Debezium's"):
+        Scenario(pipeline="rabbitmq", fault="walsender-kill:0@3s")
+    with pytest.raises(ValueError, match="consumer_layout='processes'"):
+        Scenario(consumers=2, consumer_layout="tasks", fault="sink-outage@1s+1s")
+    with pytest.raises(ValueError, match="producer='web'"):
+        Scenario(pipeline="kafka", producer="direct", fault="sink-outage@1s+1s")
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        Scenario(fault="nope@1s")
