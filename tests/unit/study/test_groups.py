@@ -8,7 +8,7 @@ from lab.study import costmodel, groups
 
 def runs(**over: object) -> pd.DataFrame:
     base = dict(run_id=["r1", "r2", "r3"], pipeline="wal", consumers=[1, 2, 4], messages=5000, reset="discard",
-                consumer_layout="processes", backend="native",
+                consumer_layout="processes", backend="native", fault="",
                 senders=200, batch_size=100, rate=0.0, work_delay_ms=0.0, producer="web",
                 cpu_method="cgroup", cpu_ms_per_msg=[1.0, 1.5, 2.5], success=True, warmup=False,
                 series_id="s1", started_at=["2026-12-01T01", "2026-12-01T02", "2026-12-01T03"])
@@ -29,7 +29,8 @@ def test_runs_of_different_cpu_methods_are_never_pooled() -> None:
                                            ("work_delay_ms", [0.0, 5.0, 0.0]), ("senders", [200, 50, 200]),
                                            ("reset", ["discard", "none", "discard"]),
                                            ("consumer_layout", ["processes", "tasks", "processes"]),
-                                           ("backend", ["native", "compose", "native"])])
+                                           ("backend", ["native", "compose", "native"]),
+                                           ("fault", ["", "consumer-kill:1@3s", ""])])
 def test_every_comparability_key_splits_groups(column: str, values: list) -> None:
     with pytest.raises(groups.NotComparable, match="refusing to pool"):
         costmodel.headline(runs(**{column: values}))
@@ -41,7 +42,7 @@ def test_failed_and_warmup_runs_do_not_decide_the_group() -> None:
     picked, name = groups.select(df)
     assert len(picked) == 3 and name == ("series s1: web producer, closed loop, no work delay, 5000 messages, "
                                          "200 senders, batch 100, CPU by cgroup, discard on reuse, "
-                                         "consumers as processes, native stack")
+                                         "consumers as processes, native stack, no fault")
 
 
 def test_default_selection_is_the_newest_series_or_one_line_listing_the_groups() -> None:
