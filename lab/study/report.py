@@ -110,6 +110,7 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
              "control": {"messages": 20_000, "consumers": "2,4,8", "pipelines": "kafka,rabbitmq,wal",
                          "cooldown_s": 20.0}},
 }
+EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"}}
 
 
 def report_series(series_id: str, profile: str) -> dict[str, str]:

@@ -46,6 +46,9 @@ CONSUMERS = (1, 2, 4, 8, 12, 16)
 # article's N (1, 2, 4, 8) for the side-by-side tables and 16 beyond its extrapolated crossover;
 # N = 12 is in `full`.
 QUICK_CONSUMERS = (1, 2, 4, 8, 16)
+# The reference's own sweep (method.md §9.4, issue 12 §4): N = 1, 2, 4, 8 once each, in its order
+# (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
+REFERENCE_CONSUMERS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ PROFILES: dict[str, Profile] = {
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
                 "3 repeats in shuffled order (hours)", seed=1),
+        Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
+                "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
+                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)"),
     )
 }
 

@@ -46,6 +46,18 @@ def test_profiles() -> None:
         series.plan("huge")
 
 
+def test_reference_profile_is_the_published_sweep() -> None:
+    """method.md §9.4: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8 in
+    that order, then the drift probe (kafka c1, 100k): 18 runs, not shuffled."""
+    plan = series.plan("reference")
+    assert len(plan) == 18
+    assert (plan[0].pipeline, plan[0].consumers, plan[0].messages, plan[0].warmup) == ("kafka", 1, 20_000, True)
+    cells = [(s.pipeline, s.consumers) for s in plan[1:-1]]
+    assert cells == [(p, n) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for n in (1, 2, 4, 8)]
+    assert {(s.messages, s.senders, s.cooldown_s, s.seed) for s in plan[1:]} == {(100_000, 200, 20.0, 0)}
+    assert (plan[-1].pipeline, plan[-1].consumers, plan[-1].label, plan[-1].warmup) == ("kafka", 1, "drift", True)
+
+
 def test_seed_shuffles_reproducibly_and_is_recorded() -> None:
     pipes = ["kafka", "rabbitmq", "wal", "wal-sharded"]
     plain = series.plan("quick", pipelines=pipes)
