@@ -111,6 +111,7 @@ def crossover_table(df: pd.DataFrame, *, upto: int = 8, n_boot: int = 2000, seed
                 row[f"lo_{tag}"], row[f"hi_{tag}"] = (math.nan, math.nan) if c is None else c.ci
             row["inside_all"] = bool(parts["all"] is not None and parts["all"].inside)
             row["broker_model"] = parts["all"].broker_model if parts["all"] is not None else None
+            row["interval_all"] = parts["all"].ci_method if parts["all"] is not None else None
             cell = measured_crossing(head, d, b)
             row |= dict(first_measured_n=cell["first_n"], clear=cell["clear"], last_clearly_below=cell["last_below"],
                         verdict=_verdict(cell, parts["all"]))

@@ -49,6 +49,11 @@ def cheapest_table(head: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("consumers N")
 
 
+# costmodel.Crossover.ci_method -> words for the report
+INTERVAL_NAMES = {"bootstrap": "bootstrap interval", "parametric-t": "parametric interval (one run per N)",
+                  "none": "interval"}
+
+
 def crossover_sentences(runs: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> list[str]:
     table = compare.crossover_table(runs, upto=8, n_boot=n_boot, seed=seed)
     out = []
@@ -57,7 +62,8 @@ def crossover_sentences(runs: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0
         if pd.notna(r.n_star_all):
             where = "inside the measured N (measured)" if r.inside_all else "outside the measured N (extrapolated)"
             ci = f"{lo:.1f}–{hi:.1f}" if math.isfinite(hi) else f"{lo:.1f}–never"
-            n_star = (f"the fit puts the crossing at **N\\* ≈ {r.n_star_all:.1f}** (95 % bootstrap interval {ci}), "
+            kind = INTERVAL_NAMES.get(str(getattr(r, "interval_all", "")), "interval")
+            n_star = (f"the fit puts the crossing at **N\\* ≈ {r.n_star_all:.1f}** (95 % {kind} {ci}), "
                       f"{where}, against the broker's {r.broker_model or 'flat level'}")
         else:
             n_star = "the fitted direct line does not rise towards the broker (no crossing)"
@@ -87,7 +93,9 @@ def markdown(runs: pd.DataFrame, group_name: str, *, n_boot: int = 2000, seed: i
         "median, labelled with its exact coverage; here "
         + ", ".join(f"{coverage_label(c)} for cells of {n} run{'s' if n > 1 else ''}" for n, c in cov.items())
         + " (6 runs are needed for 95 %; without an interval only the article's 10 % rule separates "
-          "noise from a difference). Crossover intervals are 95 % bootstrap intervals of the fitted lines.")
+          "noise from a difference). Crossover intervals are 95 % intervals of the fitted lines: a bootstrap "
+          "of the runs with 3 or more runs at every N, and with fewer the least-squares fit's own t "
+          "distribution (a parametric bootstrap, which assumes the line is right).")
     lines.append("")
     load = pd.to_numeric(ok.get("loadavg_1m", pd.Series(dtype=float)), errors="coerce")
     steal = pd.to_numeric(ok.get("steal_pct", pd.Series(dtype=float)), errors="coerce")

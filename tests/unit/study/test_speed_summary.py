@@ -51,3 +51,13 @@ def test_the_summary_opens_with_the_answer_in_words() -> None:
     assert "| consumers N | cheapest |" in text and "| 1 | wal |" in text
     assert "**wal vs kafka**" in text and "N ≈ 11" in text and "75 %" in text
     assert "n_star" not in text and "upto8" not in text
+
+
+def test_the_crossover_names_the_interval_it_really_has() -> None:
+    """3 runs per N: a bootstrap of the runs; 1 run per N (the reference profile): the fit's own
+    t distribution, which must not be called a bootstrap of the runs."""
+    three = summary.crossover_sentences(series(), n_boot=200)
+    one_run = series().groupby(["pipeline", "consumers"]).head(1)
+    one = summary.crossover_sentences(one_run, n_boot=200)
+    assert "95 % bootstrap interval" in three[0]
+    assert "95 % parametric interval (one run per N)" in one[0] and "bootstrap" not in one[0]
