@@ -75,17 +75,62 @@ class Snapshot:
 
 
 def read_snapshot(rows: Iterable[tuple[int, int, int]], my_pid: int) -> Snapshot:
-    """Members (including this session) and the shards held by other sessions.
+    """Members (sessions holding a member lock, this one included) and the shards held by
+    other sessions.
 
-    ``rows`` are ``(objid, pid, classid)`` as :data:`LOCKS_SQL` returns them.
+    ``rows`` are ``(objid, pid, classid)`` as :data:`LOCKS_SQL` returns them. Members are
+    counted by session, not by lock (the reference counts locks): a join between its two
+    statements holds every number that was free, and counting those would see N members while
+    fewer have joined (the N = 16 loss in docs/benchmarks.md).
     """
-    members, others = 0, set()
+    members: set[int] = set()
+    others: set[int] = set()
     for objid, pid, classid in rows:
         if classid == MEMBER_SPACE:
-            members += 1
+            members.add(pid)
         elif classid == SHARD_SPACE and pid != my_pid:
             others.add(objid)
-    return Snapshot(members, frozenset(others))
+    return Snapshot(len(members), frozenset(others))
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """Everyone's locks at once, as the runner sees them (it holds none itself)."""
+
+    members: int  # sessions holding a member lock
+    member_locks: int  # more than ``members`` while a join is between its two statements
+    shards_held: int
+    most_held: int  # the most shards one session holds
+
+    def settled(self, n: int, shards: int = SHARDS) -> bool:
+        """N members done joining, every shard held, nobody above target.
+
+        Once this holds, and the membership does not change, no refresh moves a shard: each
+        member is at or below target, and those below find nothing free. A shard that moved
+        while rows flow could lose rows: each reader applies its own view of the owners at its
+        own position in the WAL, so a row the new owner read before taking the shard and the
+        old owner read after seeing it taken is left alone by both.
+        """
+        return (self.members == self.member_locks == n and self.shards_held == shards
+                and self.most_held <= target(n, shards))
+
+    def __str__(self) -> str:
+        return (f"{self.members} members on {self.member_locks} member locks, "
+                f"{self.shards_held} of {SHARDS} shards held, at most {self.most_held} per member")
+
+
+def census(rows: Iterable[tuple[int, int, int]]) -> Census:
+    """:class:`Census` of the ``(objid, pid, classid)`` rows of :data:`LOCKS_SQL`."""
+    members: set[int] = set()
+    member_locks = 0
+    held: dict[int, int] = {}
+    for _, pid, classid in rows:
+        if classid == MEMBER_SPACE:
+            members.add(pid)
+            member_locks += 1
+        elif classid == SHARD_SPACE:
+            held[pid] = held.get(pid, 0) + 1
+    return Census(len(members), member_locks, sum(held.values()), max(held.values(), default=0))
 
 
 def plan(
@@ -189,7 +234,9 @@ class ShardOwnership:
     async def wait_members(
         self, count: int, *, timeout: float, interval: float = 0.05  # noqa: ASYNC109 - many polls
     ) -> int:
-        """Poll until at least ``count`` members hold a member lock; returns how many do."""
+        """Poll until at least ``count`` sessions hold a member lock; returns how many do.
+
+        Sessions, not locks (:func:`read_snapshot`): a join in progress holds many numbers."""
         deadline = self.clock() + timeout
         while (members := (await self.snapshot()).members) < count:
             if self.clock() > deadline:

@@ -27,7 +27,15 @@ from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.pg.shards import MEMBER_SPACE, SHARD_SPACE, SHARDS, ShardOwnership, target
+from lab.pg.shards import (
+    JOIN_SQL,
+    LEAVE_SQL,
+    MEMBER_SPACE,
+    SHARD_SPACE,
+    SHARDS,
+    ShardOwnership,
+    target,
+)
 from tests.integration.checks import scalar
 
 pytestmark = pytest.mark.integration
@@ -175,3 +183,65 @@ def test_members_join_lowest_first_and_a_closed_member_frees_everything(
     settings: Settings, stack: object
 ) -> None:
     asyncio.run(_joins(settings))
+
+
+async def _join_in_progress(settings: Settings) -> None:
+    """A join between its two statements (§4.4: lock every free number, then give back those
+    above the lowest) holds N-1 member numbers for a moment. That moment is not N members:
+    in the N = 16 loss of docs/benchmarks.md, readers 0 to 2 took it for everyone and did their
+    forced initial refresh against 6 members."""
+    dsn, n = settings.pg_dsn, 4
+    first = ShardOwnership(dsn, members=n)
+    later = [ShardOwnership(dsn, members=n) for _ in range(2)]
+    try:
+        assert await first.open() == 0
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as joining:
+            row = await (await joining.execute(JOIN_SQL, (n - 1,))).fetchone()
+            assert row is not None and row[0] == 1  # it holds 1, 2 and 3 until its release
+            assert scalar(settings, OUR_LOCKS) == n  # as many member locks as N ...
+            assert (await first.snapshot()).members == 2  # ... but two members
+            with pytest.raises(TimeoutError, match="only 2 of 4"):
+                await first.wait_members(n, timeout=0.5)
+            await joining.execute(LEAVE_SQL, (2, n - 1))
+            assert [await o.open() for o in later] == [2, 3]
+            assert await first.wait_members(n, timeout=5) == n
+            await first.refresh(force=True)
+            assert sorted(first.mine) == list(range(target(n)))  # 16, not the 32 of 2 members
+    finally:
+        for o in (first, *later):
+            await o.close()
+    assert_clean(settings)
+
+
+def test_a_join_in_progress_is_not_everyone_joined(settings: Settings, stack: object) -> None:
+    asyncio.run(_join_in_progress(settings))
+
+
+async def _gate(settings: Settings, stack: object) -> None:
+    """The runner's gate opens only on settled ownership: N members, every shard held, and no
+    member above target (a member above target will give shards away while rows flow)."""
+    scenario = Scenario(pipeline="wal-sharded", consumers=2, messages=128, cooldown_s=0)
+    pipeline = ShardedWalPipeline(scenario, settings, stack)
+    first, second = ShardOwnership(settings.pg_dsn, 2), ShardOwnership(settings.pg_dsn, 2)
+    try:
+        await first.open()
+        await first.refresh(force=True)  # alone: all 64
+        await second.open()
+        await second.refresh(force=True)  # nothing free
+        assert (len(first.mine), len(second.mine)) == (SHARDS, 0)
+        with pytest.raises(TimeoutError, match="at most 64 per member"):
+            await pipeline.wait_settled(timeout=0.5)
+        await first.refresh(force=True)  # gives back 32..63
+        with pytest.raises(TimeoutError, match="32 of 64 shards held"):
+            await pipeline.wait_settled(timeout=0.5)
+        await second.refresh(force=True)
+        await pipeline.wait_settled(timeout=5)
+        assert (sorted(first.mine), sorted(second.mine)) == (list(range(32)), list(range(32, 64)))
+    finally:
+        for o in (first, second):
+            await o.close()
+    assert_clean(settings)
+
+
+def test_the_ready_gate_waits_for_settled_ownership(settings: Settings, stack: object) -> None:
+    asyncio.run(_gate(settings, stack))

@@ -11,9 +11,11 @@ from lab.pg.shards import (
     MEMBER_SPACE,
     SHARD_SPACE,
     SHARDS,
+    Census,
     ShardOwnership,
     Snapshot,
     bitmaps,
+    census,
     plan,
     read_snapshot,
     target,
@@ -53,6 +55,37 @@ def test_snapshot_counts_every_member_and_only_other_sessions_shards() -> None:
         (9, 300, 12345),  # someone else's advisory lock in another key space
     ]
     assert read_snapshot(rows, me) == Snapshot(members=2, others=frozenset({6, 7}))
+
+
+def test_a_join_in_progress_counts_as_one_member_however_many_numbers_it_holds() -> None:
+    """The join locks every free number before it gives back all but the lowest (§4.4): a
+    snapshot taken between its two statements must still count sessions, not numbers."""
+    first, joining = 100, 200
+    rows = [(0, first, MEMBER_SPACE), *((m, joining, MEMBER_SPACE) for m in range(1, 16))]
+    assert read_snapshot(rows, first).members == 2
+
+
+def _locks(by_session: list[list[int]], extra_numbers: int = 0) -> list[tuple[int, int, int]]:
+    rows = [(i, 1000 + i, MEMBER_SPACE) for i in range(len(by_session))]
+    rows += [(len(rows) + k, 1000, MEMBER_SPACE) for k in range(extra_numbers)]  # mid-join
+    return rows + [(s, 1000 + i, SHARD_SPACE) for i, mine in enumerate(by_session) for s in mine]
+
+
+def test_ownership_is_settled_only_with_n_members_all_shards_and_nobody_above_target() -> None:
+    blocks = [list(range(i * 16, i * 16 + 16)) for i in range(4)]
+    assert census(_locks(blocks)) == Census(members=4, member_locks=4, shards_held=64, most_held=16)
+    assert census(_locks(blocks)).settled(4)
+    assert not census(_locks(blocks)).settled(5)  # someone has not joined
+    assert not census(_locks(blocks, extra_numbers=1)).settled(4)  # a join not finished
+    assert not census(_locks([*blocks[:3], blocks[3][:15]])).settled(4)  # shard 63 ownerless
+    # the N = 16 incident: 3 readers at 5 shards (target 4) would give one away while rows flow
+    unsettled = [list(range(5 * i, 5 * i + 5)) for i in range(3)]
+    unsettled += [list(range(15 + 4 * i, 19 + 4 * i)) for i in range(12)] + [[63]]
+    assert sorted(s for mine in unsettled for s in mine) == list(range(64))
+    assert not census(_locks(unsettled)).settled(16)
+    # N = 12: target 6, ten readers at 6, one at 4, one at none is settled (nothing is free)
+    twelve = [list(range(6 * i, 6 * i + 6)) for i in range(10)] + [[60, 61, 62, 63], []]
+    assert census(_locks(twelve)).settled(12)
 
 
 def test_row_filter_skips_only_shards_known_to_be_someone_elses() -> None:
