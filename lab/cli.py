@@ -314,11 +314,26 @@ def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
         sys.stdout.write(
             f"{r['name']:<18} {r['state']:<8} pid {pids:<14} {r['endpoint']:<28} {r['version']:<14} {rss}\n"
         )
+        for slot in r["detail"].get("slots", []) if isinstance(r["detail"], dict) else []:
+            sys.stdout.write("  " + slot_line(slot) + "\n")
         for slot in r["detail"].get("inactive_slots", []) if isinstance(r["detail"], dict) else []:
             sys.stdout.write(
                 f"  warning: replication slot {slot['slot']} is inactive and retains "
                 f"{slot['retained_wal_bytes']} bytes of WAL\n"
             )
+
+
+def slot_line(slot: dict[str, object]) -> str:
+    """One replication slot as ``lab stack status`` shows it: name, active, WAL retained, status."""
+    retained = slot.get("retained_wal_bytes")
+    safe = slot.get("safe_wal_size")
+    held = "active" if slot.get("active") else "inactive"
+    kept = f"retains {retained} bytes ({retained / 2**20:.1f} MB)" if isinstance(retained, int) else "retains no WAL"
+    line = (f"slot {slot['slot']:<22} {held:<8} {kept}, wal_status {slot.get('wal_status')}, "
+            f"safe_wal_size {safe if safe is not None else '-'}")
+    if slot.get("invalidation_reason"):
+        line += f", INVALIDATED: {slot['invalidation_reason']}"
+    return line
 
 
 def _say(line: str) -> None:
