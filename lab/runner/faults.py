@@ -22,10 +22,11 @@ second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
 
 Retention guard (issue 14, Safety): each sample also checks every slot against
 ``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
-2 GB). A slot whose retained WAL plus twice its growth over the last second reaches the limit
-trips it: the fault is ended at once (its task cancelled, every stopped process continued, a
-lowered keep size restored) and the run fails with one line naming the slot, the bytes and the
-limit. The projection is what keeps the slot below the limit although sampling is once a second.
+2 GB). A slot whose retained WAL plus three times its growth over the last second reaches the
+limit trips it: the fault is ended at once (its task cancelled, every stopped process continued, a
+lowered keep size restored), the senders are killed (the load is what writes the WAL) and the run
+fails with one line naming the slot, the bytes and the limit; its cleanup drops the slots. The
+projection is what keeps the slots below the limit although sampling is once a second.
 
 ``slot-invalidation`` (a direct reader's slot; ``=KEEP``, default 32 MB): SIGSTOP reader I, set
 ``max_slot_wal_keep_size`` to KEEP with ``ALTER SYSTEM`` + ``pg_reload_conf()`` (the lab's
@@ -83,7 +84,7 @@ INVALIDATION_SQL = (
 )
 INVALIDATE_TIMEOUT_S = 120.0  # switches, the other slots catching up, the checkpoint
 READER_EXIT_S = 120.0  # a continued reader finds its slot lost and exits within this (47 s seen under load)
-GUARD_GROWTH_SAMPLES = 2.0  # trip when retained + this many seconds of growth reach the limit
+GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
 
 
 class FaultInjector:
@@ -425,6 +426,11 @@ class FaultInjector:
             if self._tasks:  # the injection: its own finally continues what it stopped
                 self._tasks[0].cancel()
             self._continue_stopped("continued by the retention guard")
+            senders = getattr(self.run, "procs", {}).get("senders")
+            if senders is not None and senders.poll() is None:  # the load writes the WAL: end it too
+                with contextlib.suppress(psutil.Error):
+                    senders.kill()
+                self._event("senders killed by the retention guard", pid=senders.pid)
             if self._keep_set:
                 await _reset_keep(conn)
                 self._keep_set = False

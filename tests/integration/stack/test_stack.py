@@ -77,8 +77,8 @@ def test_status_shows_every_slot_and_the_wal_it_retains(stack: object, settings:
     assert idle["retained_wal_bytes"] > 0 and active["retained_wal_bytes"] >= 0
     assert idle["wal_status"] == active["wal_status"] == "reserved"
     assert idle["safe_wal_size"] > 0 and idle["invalidation_reason"] is None
-    assert f"slot lab_status_idle         inactive retains {idle['retained_wal_bytes']} bytes" in text
-    assert "slot lab_status_active       active   retains" in text
+    assert f"slot {'lab_status_idle':<22} inactive retains {idle['retained_wal_bytes']} bytes" in text
+    assert f"slot {'lab_status_active':<22} active   retains" in text
     assert "wal_status reserved, safe_wal_size " in text
 
 
