@@ -151,7 +151,7 @@ class FaultInjector:
                                "send more messages or at a lower --rate")
             left = self.fault.start_s + self.fault.duration_s - at  # a stop may outlast the drain
             try:
-                await asyncio.wait_for(asyncio.shield(inject), max(0.0, left) + RESUME_WAIT_S)
+                await asyncio.wait_for(asyncio.shield(inject), max(0.0, left) + self._settle_s())
             except asyncio.CancelledError:
                 if not (inject.cancelled() and self.guard is not None):
                     raise  # not the retention guard's doing: someone cancels the run
@@ -160,6 +160,12 @@ class FaultInjector:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    def _settle_s(self) -> float:
+        """How long an injection may still take once the drain is over."""
+        if self.fault.kind == "slot-invalidation":  # switches, catch-up, checkpoint, the reader's exit
+            return INVALIDATE_TIMEOUT_S + READER_EXIT_S + 20.0
+        return RESUME_WAIT_S
 
     def restore(self) -> None:
         """SIGCONT every process this fault stopped, cancel what is pending, reset a lowered keep
