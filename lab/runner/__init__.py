@@ -74,6 +74,7 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
         self.host_window = HostWindow()
         self.respawning: set[int] = set()  # consumers being replaced (consumer-kill)
+        self.ended: set[int] = set()  # consumers a fault ended for good (slot-invalidation)
         self.injector = FaultInjector(self) if scenario.fault else None
         self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
 

@@ -6,7 +6,8 @@ index of the consumer that called), and the ids of ``messages``. Per message id,
 number of work calls:
 
 * ``once``: ids with c = 1; ``repeated``: ids with c > 1; ``extra_calls`` = Σ (c − 1): the
-  duplicates; ``lost``: ids of ``messages`` with c = 0; ``foreign``: worked ids not in ``messages``.
+  duplicates; ``lost``: ids of ``messages`` with c = 0 (which ones: ``lost_ids``, as inclusive
+  ``[first, last]`` runs); ``foreign``: worked ids not in ``messages``.
 * ``max_burst``: the longest run of consecutive calls (in arrival order) that each repeated an id
   already worked, the size of a replay; per consumer the same over that consumer's own calls.
 
@@ -31,7 +32,8 @@ def account(ids: Sequence[int], messages: Collection[int], by: Sequence[int] | N
     distinct = len(calls)
     once = sum(1 for c in calls.values() if c == 1)
     foreign = sum(1 for i in calls if i not in message_set)
-    lost = sum(1 for i in message_set if i not in calls)
+    lost_ids = sorted(i for i in message_set if i not in calls)
+    lost = len(lost_ids)
     seen: set[int] = set()
     burst = max_burst = 0
     per: dict[int, dict[str, int]] = {}
@@ -52,13 +54,29 @@ def account(ids: Sequence[int], messages: Collection[int], by: Sequence[int] | N
     out: dict[str, Any] = {
         "messages": len(message_set), "work_calls": len(ids), "distinct": distinct,
         "once": once, "repeated": distinct - once, "extra_calls": len(ids) - distinct,
-        "lost": lost, "foreign": foreign, "max_burst": max_burst,
+        "lost": lost, "lost_ids": id_ranges(lost_ids), "foreign": foreign, "max_burst": max_burst,
         "max_calls_per_id": max(calls.values(), default=0),
         "per_consumer": {str(k): per[k] for k in sorted(per)} if by is not None else None,
         "max_burst_per_consumer": max((r["max_burst"] for r in per.values()), default=0) if by is not None else None,
     }
     out["adds_up"] = adds_up(out)
     return out
+
+
+def id_ranges(ids: Sequence[int]) -> list[list[int]]:
+    """Sorted ids as inclusive ``[first, last]`` runs: which messages, compactly (run.json)."""
+    out: list[list[int]] = []
+    for i in ids:
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def ids_of(ranges: Sequence[Sequence[int]]) -> list[int]:
+    """The ids of :func:`id_ranges`' runs."""
+    return [i for first, last in ranges for i in range(first, last + 1)]
 
 
 def adds_up(a: dict[str, Any]) -> bool:

@@ -19,19 +19,49 @@ which also ends a stopped process).
 While the fault run drains, :meth:`FaultInjector.watch_wal` samples every logical slot once a
 second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
 (``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size`` and whether a walsender holds it.
+
+Retention guard (issue 14, Safety): each sample also checks every slot against
+``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
+2 GB). A slot whose retained WAL plus three times its growth over the last second reaches the
+limit trips it: the fault is ended at once (its task cancelled, every stopped process continued, a
+lowered keep size restored), the senders are killed (the load is what writes the WAL) and the run
+fails with one line naming the slot, the bytes and the limit; its cleanup drops the slots. The
+projection is what keeps the slots below the limit although sampling is once a second.
+
+``slot-invalidation`` (a direct reader's slot; ``=KEEP``, default 32 MB): SIGSTOP reader I, set
+``max_slot_wal_keep_size`` to KEEP with ``ALTER SYSTEM`` + ``pg_reload_conf()`` (the lab's
+PostgreSQL reads that flag from a file, :data:`lab.stack.postgres.RELOADABLE`), then push the
+current WAL position past the slot's reserve. Writing KEEP of rows would take minutes at a
+fixed rate, so the lab closes WAL segments instead: a one-row ``pg_logical_emit_message``
+(non-transactional, ignored by pgoutput without ``messages``) and ``pg_switch_wal()``, repeated
+until slot I retains KEEP + 2 segments, each costing one new segment file (16 MB of disk
+writes). The other readers' slots keep up, but a logical slot's ``restart_lsn`` only moves at a
+running-transactions record: ``pg_log_standby_snapshot()`` writes one and the lab waits until
+every other slot retains less than half of KEEP, so the ``CHECKPOINT`` that follows invalidates
+slot I alone (``wal_status`` 'lost', ``invalidation_reason`` 'wal_removed'; the checkpointer
+also terminates its walsender). The keep size is then reset (``ALTER SYSTEM RESET``, reload;
+:meth:`FaultInjector.restore` does it too when the run fails), the reader continued: it finds
+its stream gone, cannot start its slot again ("can no longer get changes from replication
+slot") and exits. The runner expects that exit (``Run.ended``) and reports the invalidation in
+one loud line and in run.json (``fault.invalidation``); the accounting counts what no reader
+worked (``lost``, their ids in ``lost_ids``), all of it the invalidated slot's: with ``wal``
+(fan-out) the other readers see every row, so the loss is 0 unless the reader was alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 import psycopg
+from psycopg import sql
 
 from lab.pipelines.wal import slot_name
 from lab.runner.processes import RunError
@@ -46,6 +76,15 @@ SLOT_SQL = (
     "wal_status, safe_wal_size, active_pid FROM pg_replication_slots WHERE slot_type = 'logical' ORDER BY 1"
 )
 HOLDER_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
+KEEP_GUC = "max_slot_wal_keep_size"
+INVALIDATION_SQL = (
+    "SELECT wal_status, invalidation_reason, confirmed_flush_lsn::text, "
+    "pg_current_wal_lsn() - confirmed_flush_lsn, pg_current_wal_lsn() - restart_lsn "
+    "FROM pg_replication_slots WHERE slot_name = %s"
+)
+INVALIDATE_TIMEOUT_S = 120.0  # switches, the other slots catching up, the checkpoint
+READER_EXIT_S = 120.0  # a continued reader finds its slot lost and exits within this (47 s seen under load)
+GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
 
 
 class FaultInjector:
@@ -58,6 +97,10 @@ class FaultInjector:
         self.stopped: list[psutil.Process] = []
         self.wal: list[dict[str, Any]] = []
         self.injected = False
+        self.guard: dict[str, Any] | None = None  # the retention guard, once it tripped
+        self.invalidation: dict[str, Any] | None = None  # slot-invalidation: what happened
+        self._keep_set = False  # slot-invalidation lowered the keep size: restore() resets it
+        self._last_retained: dict[str, int] = {}
         self._t0 = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -69,7 +112,9 @@ class FaultInjector:
                        asyncio.create_task(self.watch_wal(), name="fault-wal")]
 
     def check(self) -> None:
-        """Raise the injection's error, if it failed (the drain loop calls this)."""
+        """Raise the retention guard's error, or the injection's if it failed (the drain loop calls this)."""
+        if self.guard is not None:
+            raise RunError(self.guard["error"])
         task = self._tasks[0] if self._tasks else None
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             raise RunError(f"fault {self.run.scenario.fault}: {task.exception()}")
@@ -86,7 +131,15 @@ class FaultInjector:
             "slot": self.slot() if self.fault.kind == "walsender-kill" else None,
             "events": self.events, "accounting": accounting,
             "wal": self.wal, "wal_summary": wal_summary(self.wal, start, end),
+            "max_retained_wal": getattr(self.run.settings, "max_retained_wal", None), "guard": self.guard,
+            "invalidation": self._invalidation_record(accounting),
         }
+
+    def _invalidation_record(self, accounting: dict[str, Any] | None) -> dict[str, Any] | None:
+        if self.invalidation is None:
+            return None
+        lost = (accounting or {}).get("lost")
+        return {**self.invalidation, "lost": lost, "lost_ids": (accounting or {}).get("lost_ids")}
 
     async def finish(self) -> None:
         """After the drain: the fault must have been injected and be over; sampling stops."""
@@ -97,25 +150,47 @@ class FaultInjector:
                 raise RunError(f"fault {self.run.scenario.fault} not injected: the run drained after {at:.1f} s; "
                                "send more messages or at a lower --rate")
             left = self.fault.start_s + self.fault.duration_s - at  # a stop may outlast the drain
-            await asyncio.wait_for(asyncio.shield(inject), max(0.0, left) + RESUME_WAIT_S)
+            try:
+                await asyncio.wait_for(asyncio.shield(inject), max(0.0, left) + self._settle_s())
+            except asyncio.CancelledError:
+                if not (inject.cancelled() and self.guard is not None):
+                    raise  # not the retention guard's doing: someone cancels the run
         self.check()
         for task in self._tasks[1:]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def _settle_s(self) -> float:
+        """How long an injection may still take once the drain is over."""
+        if self.fault.kind == "slot-invalidation":  # switches, catch-up, checkpoint, the reader's exit
+            return INVALIDATE_TIMEOUT_S + READER_EXIT_S + 20.0
+        return RESUME_WAIT_S
+
     def restore(self) -> None:
-        """SIGCONT every process this fault stopped, cancel what is pending; never raises."""
+        """SIGCONT every process this fault stopped, cancel what is pending, reset a lowered keep
+        size; never raises."""
         for task in self._tasks:
             task.cancel()
+        self._continue_stopped()
+        if self._keep_set:
+            try:
+                with psycopg.connect(self.run.settings.pg_dsn, autocommit=True, connect_timeout=10) as conn:
+                    _reset_keep(conn)
+                self._keep_set = False
+                self._event("keep size reset by cleanup")
+            except psycopg.Error as exc:  # the stack's next start strips it (lab.stack.postgres)
+                log.error("could not reset %s after the fault: %s", KEEP_GUC, exc)
+
+    def _continue_stopped(self, why: str = "continued by cleanup") -> None:
         continued = []
         for p in list(self.stopped):
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGCONT)
                 continued.append(p.pid)
             self.stopped.remove(p)
-        if continued:  # the run ended (failed, interrupted) while the fault held them stopped
-            self._event("continued by cleanup", pids=continued)
+        if continued:  # the run ended (failed, interrupted, guard) while the fault held them stopped
+            self._event(why, pids=continued)
 
     def _event(self, what: str, **info: Any) -> None:
         event = {"what": what, "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(), **info}
@@ -137,6 +212,8 @@ class FaultInjector:
             await self._kill_walsender()
         elif f.kind == "consumer-slow":
             await self._slow(f.target, f.duration_s)
+        elif f.kind == "slot-invalidation":
+            await self._invalidate(f.target, f.keep_mb)
         else:  # pragma: no cover - Scenario validates the kind
             raise RunError(f"unknown fault kind {f.kind}")
 
@@ -190,6 +267,107 @@ class FaultInjector:
                 proc.send_signal(signal.SIGUSR2)
         self._event("normal", consumer=i)
 
+    async def _invalidate(self, i: int, keep_mb: int) -> None:
+        """``slot-invalidation`` (module docstring): stop reader ``i``, lower the keep size, push
+        the WAL past it until the server invalidates its slot, reset the keep size, continue the
+        reader and wait until it exits, having found its slot lost."""
+        run, slot = self.run, slot_name(i)
+        proc = run.consumers[i]
+        async with await psycopg.AsyncConnection.connect(run.settings.pg_dsn, autocommit=True) as conn:
+            source = await _scalar(conn, "SELECT source FROM pg_settings WHERE name = %s", KEEP_GUC)
+            if source == "command line":
+                raise RunError(f"{KEEP_GUC} is set on this server's command line, which ALTER SYSTEM cannot "
+                               "override (the compose backend): slot-invalidation needs the native stack")
+            before = await _scalar(conn, sql.SQL("SHOW {}").format(sql.Identifier(KEEP_GUC)))
+            segment = int(await _scalar(conn, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"))
+            if keep_mb * 2**20 + 3 * segment >= run.settings.max_retained_wal:
+                raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about {keep_mb * 2**20 + 3 * segment} "
+                               f"bytes, past the retention guard's limit of {run.settings.max_retained_wal}: "
+                               "lower KEEP or raise --max-retained-wal")
+            self.stopped.append(proc)
+            proc.send_signal(signal.SIGSTOP)
+            self._event("stop", consumers=[i], pids=[proc.pid])
+            keep = f"{keep_mb}MB"
+            self._keep_set = True
+            await conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(KEEP_GUC), sql.Literal(keep)))
+            await conn.execute("SELECT pg_reload_conf()")
+            await self._until(conn, sql.SQL("SELECT current_setting({}) = {}").format(
+                sql.Literal(KEEP_GUC), sql.Literal(keep)), f"{KEEP_GUC} = {keep} after the reload")
+            self._event("keep size set", keep_size=keep, was=before)
+            deadline = time.monotonic() + INVALIDATE_TIMEOUT_S
+            switches, state = 0, None
+            while True:
+                state = await (await conn.execute(INVALIDATION_SQL, (slot,))).fetchone()
+                if state is None:
+                    raise RunError(f"slot {slot} vanished during slot-invalidation")
+                if state[1] is not None:  # invalidation_reason: the server let go of its WAL
+                    break
+                if time.monotonic() > deadline:
+                    raise RunError(f"slot {slot} not invalidated {INVALIDATE_TIMEOUT_S:.0f} s after "
+                                   f"{switches} WAL switches (wal_status {state[0]})")
+                if (state[4] or 0) < keep_mb * 2**20 + 2 * segment:
+                    await conn.execute("SELECT pg_logical_emit_message(false, 'fanout-lab', 'wal switch')")
+                    await conn.execute("SELECT pg_switch_wal()")
+                    switches += 1
+                    continue
+                await self._others_caught_up(conn, slot, keep_mb * 2**20 // 2, deadline)
+                await conn.execute("CHECKPOINT")
+                await asyncio.sleep(0.2)
+            status, reason, confirmed, unconfirmed, _ = state
+            self.invalidation = {
+                "slot": slot, "consumer": i, "wal_status": status, "invalidation_reason": reason,
+                "keep_size": keep, "keep_size_before": before, "wal_switches": switches,
+                "confirmed_flush_lsn": confirmed, "unconfirmed_bytes": _int(unconfirmed),
+                "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(),
+            }
+            log.error("SLOT INVALIDATED: %s (%s, wal_status %s) under %s=%s: reader %d can no longer read it; "
+                      "every change after %s (%s bytes) is gone for it",
+                      slot, reason, status, KEEP_GUC, keep, i, confirmed, unconfirmed)
+            self._event("slot invalidated", slot=slot, wal_status=status, invalidation_reason=reason,
+                        confirmed_flush_lsn=confirmed, wal_switches=switches)
+            await _reset_keep(conn)
+            self._keep_set = False
+            self._event("keep size reset", keep_size=before)
+        run.ended.add(i)  # its exit is the fault's outcome, not a failure of the run
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGCONT)
+        with contextlib.suppress(ValueError):
+            self.stopped.remove(proc)
+        self._event("resume", consumers=[i])
+        try:
+            code = await asyncio.to_thread(proc.wait, READER_EXIT_S)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            code = await asyncio.to_thread(proc.wait, 10)
+            self.invalidation["reader_error"] = f"still running {READER_EXIT_S:.0f} s after its slot was lost: killed"
+        else:
+            self.invalidation["reader_error"] = _reader_error(run.scratch / f"consumer-{i}.json")
+        self.invalidation["reader_exit_code"] = code
+        self._event("reader exited", consumer=i, code=code, error=self.invalidation["reader_error"])
+
+    async def _others_caught_up(self, conn: psycopg.AsyncConnection[Any], slot: str, below: int,
+                                deadline: float) -> None:
+        """Log running transactions until every other slot retains less than ``below`` bytes (a
+        logical slot's restart point only moves at such a record), so the checkpoint spares them."""
+        while True:
+            await conn.execute("SELECT pg_log_standby_snapshot()")
+            rows = await (await conn.execute(
+                "SELECT slot_name, pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots "
+                "WHERE slot_name <> %s AND restart_lsn IS NOT NULL", (slot,))).fetchall()
+            behind = {name: int(b) for name, b in rows if b is not None and b >= below}
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise RunError(f"the other slots did not catch up before the checkpoint: {behind} bytes retained")
+            await asyncio.sleep(0.5)
+
+    async def _until(self, conn: psycopg.AsyncConnection[Any], query: Any, what: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not await _scalar(conn, query):
+            if time.monotonic() > deadline:
+                raise RunError(f"no {what} within {timeout:.0f} s")
+            await asyncio.sleep(0.05)
+
     def slot(self) -> str:
         """The slot whose walsender ``walsender-kill`` terminates."""
         pipeline = self.run.pipeline
@@ -225,9 +403,45 @@ class FaultInjector:
                         self.wal.append({"t_s": t, "slot": name, "retained_bytes": _int(retained),
                                          "unconfirmed_bytes": _int(unconfirmed), "wal_status": status,
                                          "safe_wal_size": _int(safe), "active": holder is not None})
+                    if self.guard is None:
+                        await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
                     await asyncio.sleep(WAL_SAMPLE_S)
         except psycopg.Error as exc:  # informative: never fails the run
             log.warning("WAL sampling stopped: %s", exc)
+
+    async def _guard(self, conn: psycopg.AsyncConnection[Any], retained: list[tuple[str, int | None]]) -> None:
+        """The retention guard (module docstring): trip on the first slot whose retained WAL plus
+        :data:`GUARD_GROWTH_SAMPLES` samples of its growth reach ``Settings.max_retained_wal``."""
+        limit = self.run.settings.max_retained_wal
+        for name, now in retained:
+            if now is None:  # invalidated: it retains nothing any more
+                continue
+            growth = max(0, now - self._last_retained.get(name, now))
+            self._last_retained[name] = now
+            if now + GUARD_GROWTH_SAMPLES * growth < limit:
+                continue
+            self.guard = {
+                "slot": name, "retained_bytes": now, "growth_bytes_per_sample": growth, "limit_bytes": limit,
+                "error": (f"WAL retention guard: slot {name} retains {now} bytes ({now / 2**20:.1f} MB, "
+                          f"+{growth} bytes in the last second), too close to the limit of {limit} "
+                          f"bytes ({limit / 2**20:.1f} MB; LAB_MAX_RETAINED_WAL, --max-retained-wal): "
+                          f"fault {self.run.scenario.fault} ended, run failed"),
+            }
+            log.error("%s", self.guard["error"])
+            self._event("retention guard", slot=name, retained_bytes=now, limit_bytes=limit)
+            if self._tasks:  # the injection: its own finally continues what it stopped
+                self._tasks[0].cancel()
+            self._continue_stopped("continued by the retention guard")
+            senders = getattr(self.run, "procs", {}).get("senders")
+            if senders is not None and senders.poll() is None:  # the load writes the WAL: end it too
+                with contextlib.suppress(psutil.Error):
+                    senders.kill()
+                self._event("senders killed by the retention guard", pid=senders.pid)
+            if self._keep_set:
+                await _reset_keep(conn)
+                self._keep_set = False
+                self._event("keep size reset by the retention guard")
+            return
 
     def window(self) -> tuple[float, float]:
         """(start, end) of the fault in seconds after the gate, from its events."""
@@ -235,9 +449,35 @@ class FaultInjector:
         return (min(times), max(times)) if times else (self.fault.start_s, self.fault.start_s)
 
 
+def _reset_keep(conn: Any) -> Any:
+    """``ALTER SYSTEM RESET max_slot_wal_keep_size`` and a reload, on a sync or an async connection
+    (await the result of the latter)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        async def reset() -> None:
+            await conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(KEEP_GUC)))
+            await conn.execute("SELECT pg_reload_conf()")
+        return reset()
+    conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(KEEP_GUC)))
+    conn.execute("SELECT pg_reload_conf()")
+    return None
+
+
 async def _holder(conn: psycopg.AsyncConnection[Any], slot: str) -> int | None:
     row = await (await conn.execute(HOLDER_SQL, (slot,))).fetchone()
     return row[0] if row else None
+
+
+async def _scalar(conn: psycopg.AsyncConnection[Any], query: Any, *params: Any) -> Any:
+    row = await (await conn.execute(query, params or None)).fetchone()
+    return row[0] if row else None
+
+
+def _reader_error(path: Path) -> str | None:
+    """The error an ended reader wrote into its result file (None: it wrote none)."""
+    try:
+        return json.loads(path.read_text()).get("error")
+    except (OSError, ValueError):
+        return None
 
 
 def _int(value: Any) -> int | None:

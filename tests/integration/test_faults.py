@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from lab.runner import run_scenario
+from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
 from lab.settings import Settings
 
@@ -105,3 +106,116 @@ def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settin
     assert events["continued by cleanup"]["pids"] == events["stop"]["pids"]
     for pid in events["stop"]["pids"]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- Safety: the retention guard, slot invalidation (issue 14) -----------------------------------
+
+def _keep_size(settings: Settings) -> tuple[str, str]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return conn.execute("SELECT setting || coalesce(unit, ''), source FROM pg_settings "
+                            "WHERE name = 'max_slot_wal_keep_size'").fetchone()
+
+
+def test_the_retention_guard_ends_a_long_stop_before_the_limit(stack: object, settings: Settings) -> None:
+    """Consumer 1 stopped for 2 min while 6,000 messages arrive at 200/s: the WAL its slot holds
+    grows until the guard (a 1 MB limit) ends the stop and fails the run, every slot below the limit.
+    The guard watches every slot: the healthy reader's may trip it first (its restart_lsn only moves
+    at a running-transactions record, and lags far behind on a loaded machine)."""
+    limit = 2**20
+    r = run(settings.replace(max_retained_wal=limit), pipeline="wal", messages=6000,
+            fault="consumer-dead:1@2s+120s")
+    f = r["fault"]
+    g = f["guard"]
+    print(f"\nGUARD {f['spec']}: {json.dumps({k: v for k, v in g.items() if k != 'error'})} error={r['error']}")
+    assert g["slot"] in ("load_test_slot_0", "load_test_slot_1") and g["limit_bytes"] == f["max_retained_wal"] == limit
+    assert not r["success"] and r["error"] == "RunError: " + g["error"] and "\n" not in r["error"]
+    assert r["error"].startswith(f"RunError: WAL retention guard: slot {g['slot']} retains {g['retained_bytes']} bytes")
+    assert f"limit of {limit} bytes" in r["error"]
+    whats = [e["what"] for e in f["events"]]
+    assert whats[:4] == ["stop", "retention guard", "continued by the retention guard",
+                         "senders killed by the retention guard"]
+    stop = next(e for e in f["events"] if e["what"] == "stop")
+    assert next(e for e in f["events"] if e["what"] == "continued by the retention guard")["pids"] == stop["pids"]
+    for pid in stop["pids"]:  # continued, then stopped with the run
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    trip = next(e for e in f["events"] if e["what"] == "retention guard")["t_s"]
+    assert trip < 120, "the guard, not the end of the stop, ended the fault"
+    assert max(s["retained_bytes"] or 0 for s in f["wal"] if s["t_s"] <= trip) < limit, "tripped before the limit"
+    after = [s["retained_bytes"] or 0 for s in f["wal"] if s["t_s"] > trip]  # until the run's cleanup
+    print(f"GUARD samples after the trip: {len(after)}, max {max(after, default=None)} bytes")
+    assert max(after, default=0) < limit, "the load ended with the fault: no slot passed the limit"
+    assert g["retained_bytes"] + 3 * g["growth_bytes_per_sample"] >= limit
+
+
+def test_slot_invalidation_of_a_lone_reader_loses_every_later_message(stack: object, settings: Settings) -> None:
+    """One reader: its slot invalidated under a 32 MB keep size, it cannot read again; every message
+    it had not worked is lost, counted exactly and named, and they are the stream's tail."""
+    r = run(settings, pipeline="wal", consumers=1, fault="slot-invalidation:0@3s")
+    f = r["fault"]
+    acc, inv = f["accounting"], f["invalidation"]
+    print(f"\nINVALIDATION wal c1: lost={acc['lost']} distinct={acc['distinct']} "
+          + json.dumps({k: v for k, v in inv.items() if k != "lost_ids"}) + f" error={r['error']}")
+    assert (inv["slot"], inv["consumer"], inv["wal_status"], inv["invalidation_reason"]) == (
+        "load_test_slot_0", 0, "lost", "wal_removed")
+    assert inv["reader_exit_code"] == 1 and "can no longer access replication slot" in inv["reader_error"]
+    assert [e["what"] for e in f["events"]] == ["stop", "keep size set", "slot invalidated", "keep size reset",
+                                                "resume", "reader exited"]
+    assert _keep_size(settings) == ("4096MB", "configuration file")  # reset after the fault
+    lost = set(ids_of(inv["lost_ids"]))
+    assert acc["adds_up"] and acc["lost"] == len(lost) == M - acc["distinct"] > 0 and inv["lost"] == acc["lost"]
+    assert not r["success"] and r["error"].startswith("slot load_test_slot_0 invalidated (wal_removed")
+    assert f"lost={acc['lost']}" in r["error"]
+    with psycopg.connect(settings.pg_dsn) as conn:
+        rows = conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages").fetchall()
+        claimed = conn.execute("SELECT count(*) FROM inbox_wal WHERE slot = 'load_test_slot_0'").fetchone()[0]
+    assert len(rows) == M and lost <= {i for i, _ in rows}
+    assert claimed == acc["distinct"], "every row the reader claimed it worked: the rest never reached it"
+    after = {i for i, t in rows if t > inv["at"]}
+    assert after and after <= lost, "nothing committed after the invalidation was worked"
+    worked_last = max(t for i, t in rows if i not in lost)
+    # commit order is the stream's; created_at is a transaction's start, a few seconds apart at most
+    assert min(t for i, t in rows if i in lost) >= worked_last - 5.0, "the loss is the stream's tail"
+
+
+def test_slot_invalidation_under_fan_out_loses_nothing(stack: object, settings: Settings) -> None:
+    """Two fan-out readers: reader 1's slot is invalidated, reader 0 sees every row and claims it:
+    0 lost, while reader 1 is gone for good and slot 0 was never at risk of invalidation."""
+    r = run(settings, pipeline="wal", fault="slot-invalidation:1@3s")
+    f = r["fault"]
+    acc, inv = f["accounting"], f["invalidation"]
+    print(f"\nINVALIDATION wal c2: lost={acc['lost']} per_consumer={json.dumps(acc['per_consumer'])} "
+          + json.dumps({k: v for k, v in inv.items() if k != "lost_ids"}) + f" error={r['error']}")
+    assert (inv["slot"], inv["wal_status"], inv["invalidation_reason"]) == ("load_test_slot_1", "lost", "wal_removed")
+    assert "can no longer access replication slot" in inv["reader_error"]
+    assert acc["adds_up"] and acc["lost"] == 0 and inv["lost_ids"] == [] and acc["distinct"] == M
+    assert r["success"], r["error"]
+    assert "lost" not in f["wal_summary"]["load_test_slot_0"]["wal_status"]
+    assert "lost" in f["wal_summary"]["load_test_slot_1"]["wal_status"]
+    exited = next(e for e in f["events"] if e["what"] == "reader exited")
+    assert exited["code"] == 1
+    assert _keep_size(settings) == ("4096MB", "configuration file")
+
+
+def test_slot_invalidation_of_a_sharded_reader_loses_rows_of_its_shards(stack: object, settings: Settings) -> None:
+    """wal-sharded: reader 1, stopped, keeps its shards' locks, so reader 0 filters their rows out
+    (and confirms them) until reader 1 is gone and it takes the shards over. Every lost message is
+    one of reader 1's shards (id % 64), counted exactly; what came after the takeover was worked."""
+    r = run(settings, pipeline="wal-sharded", fault="slot-invalidation:1@3s")
+    f = r["fault"]
+    acc, inv = f["accounting"], f["invalidation"]
+    state = json.loads((settings.stack_dir / "runs" / r["run_id"] / "shards-1.json").read_text())
+    lost = set(ids_of(inv["lost_ids"]))
+    print(f"\nINVALIDATION wal-sharded c2: lost={acc['lost']} shards of reader 1: {len(state['shards'])} "
+          + json.dumps({k: v for k, v in inv.items() if k != "lost_ids"}) + f" error={r['error']}")
+    assert (inv["slot"], inv["wal_status"], inv["invalidation_reason"]) == ("load_test_slot_1", "lost", "wal_removed")
+    assert 0 < len(state["shards"]) < 64
+    assert lost and {i % 64 for i in lost} <= set(state["shards"]), "every lost message was reader 1's to work"
+    assert acc["adds_up"] and acc["lost"] == len(lost) == M - acc["distinct"]
+    assert not r["success"] and f"lost={acc['lost']}" in r["error"]
+    assert r["error"].startswith("slot load_test_slot_1 invalidated (wal_removed")
+    with psycopg.connect(settings.pg_dsn) as conn:
+        created = dict(conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages").fetchall())
+    exited = next(e for e in f["events"] if e["what"] == "reader exited")["at"]
+    late = [i for i, t in created.items() if t > exited + 5 and i % 64 in state["shards"]]
+    assert not lost & set(late), "rows of its shards sent after the takeover were worked"
+    assert _keep_size(settings) == ("4096MB", "configuration file")

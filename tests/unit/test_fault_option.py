@@ -15,6 +15,9 @@ from lab.scenario import Fault, Scenario, parse_fault
     ("walsender-kill:2@4s", Fault("walsender-kill", 2, 4.0, 0.0)),
     ("consumer-slow:1@2s+4s", Fault("consumer-slow", 1, 2.0, 4.0, 0.02)),
     ("consumer-slow=50ms:0@2s+4s", Fault("consumer-slow", 0, 2.0, 4.0, 0.05)),
+    ("slot-invalidation:1@3s", Fault("slot-invalidation", 1, 3.0, 0.0, 0.0, 32)),
+    ("slot-invalidation=64MB@3s", Fault("slot-invalidation", None, 3.0, 0.0, 0.0, 64)),
+    ("slot-invalidation=1GB:0@3s", Fault("slot-invalidation", 0, 3.0, 0.0, 0.0, 1024)),
 ])
 def test_parses(spec: str, want: Fault) -> None:
     assert parse_fault(spec) == want
@@ -28,7 +31,10 @@ def test_parses(spec: str, want: Fault) -> None:
     ("sink-outage:1@1s+1s", "takes no :TARGET"),
     ("consumer-kill@ten", "START 'ten' is not a time"),
     ("sink-outage@1s+2m", "DURATION '2m' is not a time"),
-    ("consumer-kill=5ms:1@1s", "only consumer-slow takes =X"),
+    ("consumer-kill=5ms:1@1s", "only consumer-slow (=X"),
+    ("slot-invalidation=32kB:1@1s", "KEEP '32kB' is not a size"),
+    ("slot-invalidation=0MB:1@1s", "KEEP '0MB' is not a size"),
+    ("slot-invalidation:1@1s+5s", "takes no +DURATION"),
     ("consumer-slow=0ms:1@1s+1s", "needs a positive extra time"),
     ("consumer-slow:1@1s", "needs +DURATION"),
 ])
@@ -53,3 +59,6 @@ def test_scenario_validates_and_fills_the_default_target() -> None:
         Scenario(pipeline="kafka", producer="direct", fault="sink-outage@1s+1s")
     with pytest.raises(ValueError, match="unknown fault kind"):
         Scenario(fault="nope@1s")
+    with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
+        Scenario(pipeline="kafka", fault="slot-invalidation@1s")
+    assert Scenario(pipeline="wal-sharded", consumers=2, fault="slot-invalidation@1s").parsed_fault.target == 0

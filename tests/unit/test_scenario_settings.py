@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from lab.scenario import MAX_CONSUMERS, PIPELINE_NAMES, Scenario
-from lab.settings import Settings, settings_env
+from lab.settings import Settings, parse_size, settings_env
 
 
 def test_defaults_are_the_reference_bench() -> None:
@@ -43,6 +43,18 @@ def test_parameters_round_trip() -> None:
 def test_settings_pass_to_children_through_the_environment() -> None:
     s = Settings.from_env({}).replace(pg_port=1234, rabbitmq_node="x@localhost")
     assert Settings.from_env(settings_env(s)) == s
+
+
+def test_the_retained_wal_limit_reads_sizes() -> None:
+    assert Settings.from_env({}).max_retained_wal == 2 * 1024**3
+    assert Settings.from_env({"LAB_MAX_RETAINED_WAL": "4MB"}).max_retained_wal == 4 * 1024**2
+    assert Settings.from_env({"LAB_MAX_RETAINED_WAL": "1048576"}).max_retained_wal == 1048576
+    assert parse_size("64kB") == 65536 and parse_size("1 GB") == 1024**3
+    for bad in ("2 parsecs", "MB", "0MB", "-1"):
+        with pytest.raises(ValueError, match="LAB_MAX_RETAINED_WAL=.* is not a size like 2GB"):
+            Settings.from_env({"LAB_MAX_RETAINED_WAL": bad})
+    s = Settings.from_env({}).replace(max_retained_wal=12345)
+    assert Settings.from_env(settings_env(s)).max_retained_wal == 12345
 
 
 def test_settings_reject_a_bad_port() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -11,7 +12,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from lab.pg.pgoutput import protocol_version
+from lab.pg.replication import ReplicationStream
+from lab.pg.slots import drop_slots, wait_streaming
 from lab.settings import Settings
+from lab.stack.postgres import PUBLICATION
 from tests.conftest import lab_env
 
 pytestmark = pytest.mark.integration
@@ -44,6 +49,37 @@ def test_up_twice_is_a_no_op(stack: object, settings: Settings) -> None:
     assert res.returncode == 0, res.stderr
     after = json.loads(lab(settings, "stack", "status", "--json").stdout)
     assert [r["pids"] for r in before] == [r["pids"] for r in after]
+
+
+def test_status_shows_every_slot_and_the_wal_it_retains(stack: object, settings: Settings) -> None:
+    """An active slot (a walsender streams it) and an inactive one, each with its name, whether it
+    is held, the WAL it retains, ``wal_status`` and ``safe_wal_size`` (issue 14, Safety)."""
+
+    async def status_while_streaming() -> tuple[str, list[dict[str, object]]]:
+        async with await ReplicationStream.connect(settings.pg_dsn) as stream:
+            await stream.create_slot("lab_status_active")
+            await stream.start("lab_status_active", PUBLICATION, protocol_version(stream.server_version_num))
+            await asyncio.to_thread(wait_streaming, settings.pg_dsn, "lab_status_active", timeout=30)
+            res = await asyncio.to_thread(lab, settings, "stack", "status")
+            rows = json.loads((await asyncio.to_thread(lab, settings, "stack", "status", "--json")).stdout)
+        return res.stdout, next(r for r in rows if r["name"] == "postgres")["detail"]["slots"]
+
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('lab_status_idle', 'pgoutput')")
+        conn.execute("INSERT INTO messages (content) VALUES ('x')")
+        try:
+            text, slots = asyncio.run(status_while_streaming())
+        finally:
+            drop_slots(settings.pg_dsn, "lab_status_")
+    by_name = {s["slot"]: s for s in slots}
+    idle, active = by_name["lab_status_idle"], by_name["lab_status_active"]
+    assert idle["active"] is False and active["active"] is True and isinstance(active["active_pid"], int)
+    assert idle["retained_wal_bytes"] > 0 and active["retained_wal_bytes"] >= 0
+    assert idle["wal_status"] == active["wal_status"] == "reserved"
+    assert idle["safe_wal_size"] > 0 and idle["invalidation_reason"] is None
+    assert f"slot {'lab_status_idle':<22} inactive retains {idle['retained_wal_bytes']} bytes" in text
+    assert f"slot {'lab_status_active':<22} active   retains" in text
+    assert "wal_status reserved, safe_wal_size " in text
 
 
 def test_status_warns_about_an_inactive_slot(stack: object, settings: Settings) -> None:

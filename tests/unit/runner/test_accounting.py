@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.runner.accounting import account, adds_up, first_call_after
+from lab.runner.accounting import account, adds_up, first_call_after, id_ranges, ids_of
 from lab.runner.faults import wal_summary
 
 
@@ -67,3 +67,10 @@ def test_wal_summary_recovery_against_the_pre_fault_band() -> None:
     assert out["pre_fault_band_bytes"] == 300 and out["unconfirmed_bytes_max"] == 9_000
     assert out["retained_bytes_max"] == 9_010 and out["wal_status"] == ["reserved"]
     assert out["recovered_after_s"] == pytest.approx(1.5)  # at t = 5.0, 250 <= 300
+
+
+def test_lost_ids_are_named_as_runs() -> None:
+    a = account([1, 2, 5, 5, 9], range(1, 11))
+    assert a["lost"] == 6 and a["lost_ids"] == [[3, 4], [6, 8], [10, 10]]
+    assert ids_of(a["lost_ids"]) == [3, 4, 6, 7, 8, 10]
+    assert id_ranges([]) == [] and account([1], [1])["lost_ids"] == []
