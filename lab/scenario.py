@@ -20,7 +20,12 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
 * ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
   ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
-* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D.
+* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D;
+* ``debezium-kill@T`` (``kafka``, ``rabbitmq``): SIGKILL Debezium Server, start it again from its
+  kept slot and offsets;
+* ``broker-restart@T[+D]`` (``kafka``, ``rabbitmq``): stop the broker, start it again after D (default 0);
+* ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
+* ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows.
 
 A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
 """
@@ -37,8 +42,12 @@ PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
-FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow")
-_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION, the others refuse it
+FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
+               "debezium-kill", "broker-restart", "postgres-restart", "big-transaction")
+_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION
+_MAY_LAST = ("broker-restart", "postgres-restart")  # +DURATION optional (outage before the start)
+_DEBEZIUM_ONLY = ("debezium-kill", "broker-restart")  # need Debezium and a broker
+BIG_TRANSACTION_ROWS = 100_000
 _TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow")  # these take :TARGET
 SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d+))?@(?P<start>[^+]+)"
@@ -55,6 +64,7 @@ class Fault:
     start_s: float
     duration_s: float
     extra_s: float = 0.0  # consumer-slow: added to every message's work
+    rows: int = 0  # big-transaction: rows of the one transaction
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,10 +94,18 @@ def parse_fault(spec: str) -> Fault:
     duration = _seconds(m["duration"], "DURATION", spec) if m["duration"] is not None else 0.0
     if kind in _TIMED and duration <= 0:
         raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
-    if kind not in _TIMED and m["duration"] is not None:
+    if kind not in _TIMED + _MAY_LAST and m["duration"] is not None:
         raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
-    if m["amount"] is not None and kind != "consumer-slow":
-        raise ValueError(f"fault {spec!r}: only consumer-slow takes =X (its extra time per message)")
+    if m["amount"] is not None and kind not in ("consumer-slow", "big-transaction"):
+        raise ValueError(f"fault {spec!r}: only consumer-slow takes =X (its extra time per message), "
+                         "and big-transaction =ROWS")
+    if kind == "big-transaction":
+        rows = BIG_TRANSACTION_ROWS
+        if m["amount"] is not None:
+            if not m["amount"].isdigit() or int(m["amount"]) <= 0:
+                raise ValueError(f"fault {spec!r}: big-transaction=ROWS needs a positive whole number")
+            rows = int(m["amount"])
+        return Fault(kind, target, start, duration, rows=rows)
     extra = 0.0
     if kind == "consumer-slow":
         extra = _seconds(m["amount"], "X", spec) if m["amount"] is not None else SLOW_EXTRA_S
@@ -161,6 +179,9 @@ class Scenario:
         if f.target is not None and f.target >= self.consumers:
             raise ValueError(f"fault {self.fault!r}: no consumer {f.target} among {self.consumers} "
                              f"(0..{self.consumers - 1})")
+        if f.kind in _DEBEZIUM_ONLY and self.pipeline not in ("kafka", "rabbitmq"):
+            raise ValueError(f"fault {self.fault!r}: {f.kind} needs Debezium and a broker "
+                             "(pipeline kafka or rabbitmq)")
         if f.kind == "walsender-kill" and f.target is not None and self.pipeline in ("kafka", "rabbitmq"):
             raise ValueError(f"fault {self.fault!r}: on {self.pipeline} the walsender is Debezium's; "
                              "write walsender-kill@T without a target")

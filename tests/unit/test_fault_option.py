@@ -15,6 +15,12 @@ from lab.scenario import Fault, Scenario, parse_fault
     ("walsender-kill:2@4s", Fault("walsender-kill", 2, 4.0, 0.0)),
     ("consumer-slow:1@2s+4s", Fault("consumer-slow", 1, 2.0, 4.0, 0.02)),
     ("consumer-slow=50ms:0@2s+4s", Fault("consumer-slow", 0, 2.0, 4.0, 0.05)),
+    ("debezium-kill@3s", Fault("debezium-kill", None, 3.0, 0.0)),
+    ("broker-restart@3s", Fault("broker-restart", None, 3.0, 0.0)),
+    ("broker-restart@3s+2s", Fault("broker-restart", None, 3.0, 2.0)),
+    ("postgres-restart@1s+500ms", Fault("postgres-restart", None, 1.0, 0.5)),
+    ("big-transaction@3s", Fault("big-transaction", None, 3.0, 0.0, rows=100_000)),
+    ("big-transaction=5000@3s", Fault("big-transaction", None, 3.0, 0.0, rows=5000)),
 ])
 def test_parses(spec: str, want: Fault) -> None:
     assert parse_fault(spec) == want
@@ -31,6 +37,12 @@ def test_parses(spec: str, want: Fault) -> None:
     ("consumer-kill=5ms:1@1s", "only consumer-slow takes =X"),
     ("consumer-slow=0ms:1@1s+1s", "needs a positive extra time"),
     ("consumer-slow:1@1s", "needs +DURATION"),
+    ("debezium-kill@1s+1s", "takes no +DURATION"),
+    ("big-transaction@1s+1s", "takes no +DURATION"),
+    ("debezium-kill:0@1s", "takes no :TARGET"),
+    ("broker-restart=5@1s", "only consumer-slow takes =X"),
+    ("big-transaction=5ms@1s", "big-transaction=ROWS needs a positive whole number"),
+    ("big-transaction=0@1s", "big-transaction=ROWS needs a positive whole number"),
 ])
 def test_bad_input_is_one_clear_line(spec: str, says: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -53,3 +65,12 @@ def test_scenario_validates_and_fills_the_default_target() -> None:
         Scenario(pipeline="kafka", producer="direct", fault="sink-outage@1s+1s")
     with pytest.raises(ValueError, match="unknown fault kind"):
         Scenario(fault="nope@1s")
+
+
+def test_debezium_faults_need_a_broker_pipeline() -> None:
+    for kind in ("debezium-kill@3s", "broker-restart@3s+1s"):
+        with pytest.raises(ValueError, match="needs Debezium and a broker"):
+            Scenario(pipeline="wal", fault=kind)
+        assert Scenario(pipeline="rabbitmq", fault=kind).parsed_fault.target is None
+    assert Scenario(pipeline="wal-sharded", fault="big-transaction@1s").parsed_fault.rows == 100_000
+    assert Scenario(pipeline="wal", fault="postgres-restart@1s").parsed_fault.kind == "postgres-restart"
