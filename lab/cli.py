@@ -152,7 +152,8 @@ def _summary(result: dict[str, object]) -> dict[str, object]:
 
 
 FAULT_FIELDS = ("lost", "extra_calls", "max_burst", "once", "repeated", "distinct", "work_calls",
-                "messages", "adds_up", "time_to_resume_s", "lost_claimed_by", "per_consumer")
+                "messages", "adds_up", "time_to_resume_s", "lost_claimed_by", "per_consumer",
+                "big_transaction", "not_sent", "rows_without_reply")
 
 
 def fault_line(fault: dict[str, object]) -> dict[str, object]:

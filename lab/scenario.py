@@ -24,6 +24,11 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``slot-invalidation[=KEEP][:I]@T`` (``wal``, ``wal-sharded``): SIGSTOP reader I, lower
   ``max_slot_wal_keep_size`` to KEEP (default 32MB) for the run, push the WAL past it until the
   server invalidates slot I, then let the reader find its slot lost (:mod:`lab.runner.faults`).
+* ``debezium-kill@T`` (``kafka``, ``rabbitmq``): SIGKILL Debezium Server, start it again from its
+  kept slot and offsets;
+* ``broker-restart@T[+D]`` (``kafka``, ``rabbitmq``): stop the broker, start it again after D (default 0);
+* ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
+* ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows.
 
 A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
 """
@@ -41,8 +46,12 @@ RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("processes", "tasks")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
-               "slot-invalidation")
-_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION, the others refuse it
+               "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
+               "big-transaction")
+_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION
+_MAY_LAST = ("broker-restart", "postgres-restart")  # +DURATION optional (outage before the start)
+_DEBEZIUM_ONLY = ("debezium-kill", "broker-restart")  # need Debezium and a broker
+BIG_TRANSACTION_ROWS = 100_000
 _TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow",
              "slot-invalidation")  # these take :TARGET
 SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
@@ -63,6 +72,7 @@ class Fault:
     duration_s: float
     extra_s: float = 0.0  # consumer-slow: added to every message's work
     keep_mb: int = 0  # slot-invalidation: max_slot_wal_keep_size for the run, in MB
+    rows: int = 0  # big-transaction: rows of the one transaction
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,11 +102,18 @@ def parse_fault(spec: str) -> Fault:
     duration = _seconds(m["duration"], "DURATION", spec) if m["duration"] is not None else 0.0
     if kind in _TIMED and duration <= 0:
         raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
-    if kind not in _TIMED and m["duration"] is not None:
+    if kind not in _TIMED + _MAY_LAST and m["duration"] is not None:
         raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
-    if m["amount"] is not None and kind not in ("consumer-slow", "slot-invalidation"):
-        raise ValueError(f"fault {spec!r}: only consumer-slow (=X, its extra time per message) and "
-                         "slot-invalidation (=KEEP, the keep size) take =")
+    if m["amount"] is not None and kind not in ("consumer-slow", "slot-invalidation", "big-transaction"):
+        raise ValueError(f"fault {spec!r}: only consumer-slow (=X, its extra time per message), "
+                         "slot-invalidation (=KEEP, the keep size) and big-transaction (=ROWS) take =")
+    if kind == "big-transaction":
+        rows = BIG_TRANSACTION_ROWS
+        if m["amount"] is not None:
+            if not m["amount"].isdigit() or int(m["amount"]) <= 0:
+                raise ValueError(f"fault {spec!r}: big-transaction=ROWS needs a positive whole number")
+            rows = int(m["amount"])
+        return Fault(kind, target, start, duration, rows=rows)
     extra = 0.0
     if kind == "consumer-slow":
         extra = _seconds(m["amount"], "X", spec) if m["amount"] is not None else SLOW_EXTRA_S
@@ -180,6 +197,9 @@ class Scenario:
         if f.target is not None and f.target >= self.consumers:
             raise ValueError(f"fault {self.fault!r}: no consumer {f.target} among {self.consumers} "
                              f"(0..{self.consumers - 1})")
+        if f.kind in _DEBEZIUM_ONLY and self.pipeline not in ("kafka", "rabbitmq"):
+            raise ValueError(f"fault {self.fault!r}: {f.kind} needs Debezium and a broker "
+                             "(pipeline kafka or rabbitmq)")
         if f.kind == "walsender-kill" and f.target is not None and self.pipeline in ("kafka", "rabbitmq"):
             raise ValueError(f"fault {self.fault!r}: on {self.pipeline} the walsender is Debezium's; "
                              "write walsender-kill@T without a target")

@@ -256,7 +256,7 @@ class KafkaPipeline:
 
     async def start_source(self) -> None:
         if not self.direct:  # the direct producer is the source; the runner starts it
-            await asyncio.to_thread(self.stack.start_debezium, "kafka")
+            await asyncio.to_thread(self.stack.start_debezium, "kafka", durable=bool(self.scenario.fault))
 
     async def teardown(self) -> None:
         if not self.direct:

@@ -158,7 +158,7 @@ class RabbitPipeline:
 
     async def start_source(self) -> None:
         if not self.direct:  # the direct producer is the source; the runner starts it
-            await asyncio.to_thread(self.stack.start_debezium, self.cdc_sink)
+            await asyncio.to_thread(self.stack.start_debezium, self.cdc_sink, durable=bool(self.scenario.fault))
 
     async def teardown(self) -> None:
         if not self.direct:

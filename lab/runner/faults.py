@@ -8,6 +8,20 @@
   reader's ``load_test_slot_<i>``, or Debezium's), then wait until the slot is held again.
 * ``consumer-slow``: SIGUSR1 switches the consumer's extra time per message on, SIGUSR2 off
   after DURATION (:mod:`lab.consumer` installs both handlers before it is ready).
+* ``debezium-kill``: SIGKILL Debezium Server, start it again through the stack from the slot and
+  offsets file it kept (a fault run's Debezium is ``durable``, :data:`lab.stack.debezium.DURABLE`),
+  wait until its slot streams.
+* ``broker-restart`` / ``postgres-restart``: stop the service through the stack (PostgreSQL: fast
+  shutdown), wait DURATION, start it again and wait until it serves (after PostgreSQL's, until
+  Debezium holds its slot again). Debezium is left to recover by itself (its retriable errors
+  restart its task); from the stop to the end of the drain the lab supervises: a consumer that
+  exits is replaced, and a Debezium JVM that exits is started again from its offsets (events
+  ``consumer exited``, ``debezium exited``, ``debezium restarted by the lab``).
+* ``big-transaction``: one transaction of ROWS executions of the web service's INSERT.
+
+A service that a fault stopped and did not start again (the run failed or was cancelled meanwhile)
+is started by :meth:`FaultInjector.restore`; a restarted service's processes are moved into
+their participant's cgroup (what they did before the move counts to the runner's).
 
 Safety: every stopped process is in :attr:`FaultInjector.stopped` until it got its SIGCONT;
 :meth:`FaultInjector.restore` (the runner calls it first thing in its cleanup, whatever
@@ -63,14 +77,18 @@ import psutil
 import psycopg
 from psycopg import sql
 
+from lab.measure.cgroups import tree_pids
 from lab.pipelines.wal import slot_name
 from lab.runner.processes import RunError
 from lab.stack import children
-from lab.stack.debezium import SLOT
+from lab.stack.debezium import DURABLE, SLOT
+from lab.stack.proc import tied
+from lab.workload.web import INSERT
 
 log = logging.getLogger(__name__)
 WAL_SAMPLE_S = 1.0
 RESUME_WAIT_S = 60.0  # a terminated walsender's client should be back well within this
+HELD_S = 2.0  # a slot is held again once one walsender has held it this long
 SLOT_SQL = (
     "SELECT slot_name, pg_current_wal_lsn() - restart_lsn, pg_current_wal_lsn() - confirmed_flush_lsn, "
     "wal_status, safe_wal_size, active_pid FROM pg_replication_slots WHERE slot_type = 'logical' ORDER BY 1"
@@ -101,6 +119,10 @@ class FaultInjector:
         self.invalidation: dict[str, Any] | None = None  # slot-invalidation: what happened
         self._keep_set = False  # slot-invalidation lowered the keep size: restore() resets it
         self._last_retained: dict[str, int] = {}
+        self.down: list[str] = []  # services this fault stopped and has not started again
+        self.extra_ids: list[int] = []  # big-transaction: the ids of its rows, once committed
+        self._supervising = False  # a restart replaces consumers that exit (see _supervise)
+        self.over_mono = 0.0  # when the injection ended (resumed, replaced, reconnected)
         self._t0 = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -112,12 +134,17 @@ class FaultInjector:
                        asyncio.create_task(self.watch_wal(), name="fault-wal")]
 
     def check(self) -> None:
-        """Raise the retention guard's error, or the injection's if it failed (the drain loop calls this)."""
+        """Raise the retention guard's error, or the injection's (or a restart's supervision's) if it
+        failed (the drain loop calls this)."""
         if self.guard is not None:
             raise RunError(self.guard["error"])
-        task = self._tasks[0] if self._tasks else None
-        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
-            raise RunError(f"fault {self.run.scenario.fault}: {task.exception()}")
+        for task in self._tasks:  # the injection, and a restart's supervision
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RunError(f"fault {self.run.scenario.fault}: {task.exception()}")
+
+    def holds_drain(self) -> bool:
+        """The drain must wait for the injection (a big transaction's rows are not known yet)."""
+        return self.fault.kind == "big-transaction" and not self.over()
 
     def over(self) -> bool:
         """The fault was injected and its injection has ended (resumed, replaced, reconnected)."""
@@ -129,6 +156,9 @@ class FaultInjector:
         return {
             "spec": self.run.scenario.fault, **self.fault.as_dict(),
             "slot": self.slot() if self.fault.kind == "walsender-kill" else None,
+            # a fault run's Debezium properties beyond method.md §1.5 (lab.stack.debezium.DURABLE)
+            "debezium_properties": DURABLE if self.run.pipeline.cdc_sink else None,
+            "extra_rows": len(self.extra_ids),
             "events": self.events, "accounting": accounting,
             "wal": self.wal, "wal_summary": wal_summary(self.wal, start, end),
             "max_retained_wal": getattr(self.run.settings, "max_retained_wal", None), "guard": self.guard,
@@ -191,9 +221,20 @@ class FaultInjector:
             self.stopped.remove(p)
         if continued:  # the run ended (failed, interrupted, guard) while the fault held them stopped
             self._event(why, pids=continued)
+        for name in list(self.down):  # stopped by the fault, never started again
+            try:  # its stop may still be under way in a thread: finish it, then start
+                self.run.stack.stop_service(name)
+                self.run.stack.start_service(name)
+                self._event("started by cleanup", service=name)
+            except Exception as exc:  # the run's error says the rest; this must be seen
+                log.error("fault cleanup: could not start %s again: %s", name, exc)
+                self._event("start by cleanup failed", service=name, error=str(exc))
+            self.down.remove(name)
 
-    def _event(self, what: str, **info: Any) -> None:
-        event = {"what": what, "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(), **info}
+    def _event(self, what: str, *, at_mono: float | None = None, at: float | None = None, **info: Any) -> None:
+        """Record an event now, or at the given monotonic and wall times (both or neither)."""
+        mono, wall = (time.monotonic(), time.time()) if at_mono is None else (at_mono, at)
+        event = {"what": what, "t_s": round(mono - self._t0, 3), "at": wall, **info}
         self.events.append(event)
         log.info("fault: %s %s", what, info)
 
@@ -214,8 +255,17 @@ class FaultInjector:
             await self._slow(f.target, f.duration_s)
         elif f.kind == "slot-invalidation":
             await self._invalidate(f.target, f.keep_mb)
+        elif f.kind == "debezium-kill":
+            await self._kill_debezium()
+        elif f.kind == "broker-restart":
+            await self._restart(self.run.pipeline.cdc_sink, f.duration_s)
+        elif f.kind == "postgres-restart":
+            await self._restart("postgres", f.duration_s)
+        elif f.kind == "big-transaction":
+            await self._big_transaction(f.rows)
         else:  # pragma: no cover - Scenario validates the kind
             raise RunError(f"unknown fault kind {f.kind}")
+        self.over_mono = time.monotonic()
 
     async def _kill_consumer(self, i: int) -> None:
         run = self.run
@@ -224,7 +274,13 @@ class FaultInjector:
         old.kill()
         self._event("kill", consumer=i, pid=old.pid)
         await asyncio.to_thread(old.wait, 10)
-        children.forget(run.settings, [old])
+        await self._replace(i)
+
+    async def _replace(self, i: int) -> None:
+        """Start a replacement for consumer ``i``, which has exited, and wait until it is ready."""
+        run = self.run
+        run.respawning.add(i)
+        children.forget(run.settings, [run.consumers[i]])
         (run.scratch / f"consumer-{i}.ready").unlink(missing_ok=True)
         new = run.spawn_consumer([i])  # on the loop's thread: it dies with this one
         run.consumers[i] = new
@@ -383,31 +439,140 @@ class FaultInjector:
                 raise RunError(f"slot {slot} has no walsender to terminate")
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
             self._event("walsender terminated", slot=slot, pid=pid)
-            deadline = time.monotonic() + RESUME_WAIT_S
-            while (now := await _holder(conn, slot)) in (None, pid):
-                if time.monotonic() > deadline:
-                    raise RunError(f"slot {slot} not held again {RESUME_WAIT_S:.0f} s after "
-                                   "its walsender was terminated")
-                await asyncio.sleep(0.05)
-            self._event("slot held again", slot=slot, pid=now)
+            await self._held_again(conn, slot, pid, "its walsender was terminated")
+
+    async def _held_again(self, conn: psycopg.AsyncConnection[Any], slot: str, old: int | None, after: str) -> None:
+        """Wait until a walsender other than ``old`` holds ``slot`` for :data:`HELD_S` in a row
+        (Debezium holds it for a moment while it searches its resume position, lets go, and may
+        retry 10 s later), then record ``slot held again`` at the start of that hold."""
+        deadline = time.monotonic() + RESUME_WAIT_S
+        since: tuple[int, float, float] | None = None  # (pid, monotonic, wall) of the current hold
+        while True:
+            now = await _holder(conn, slot)
+            if now in (None, old):
+                since = None
+            elif since is None or since[0] != now:
+                since = (now, time.monotonic(), time.time())
+            elif time.monotonic() - since[1] >= HELD_S:
+                break
+            if time.monotonic() > deadline:
+                raise RunError(f"slot {slot} not held again {RESUME_WAIT_S:.0f} s after {after}")
+            await asyncio.sleep(0.05)
+        self._event("slot held again", slot=slot, pid=since[0], at_mono=since[1], at=since[2])
+
+    def _native(self, method: str) -> Any:
+        found = getattr(self.run.stack, method, None)
+        if found is None:
+            raise RunError(f"fault {self.fault.kind} needs LAB_BACKEND=native (the stack has no {method})")
+        return found
+
+    def _attach(self, participant: str) -> None:
+        """Move a restarted service's process trees into its participant's cgroup, if it has one."""
+        group = getattr(self.run, "service_cgroups", {}).get(participant)
+        if group is None:
+            return
+        roots = self.run.stack.participants().get(participant, [])
+        group.attach(pid for r in roots for pid in tree_pids(r.pid))
+
+    async def _start_debezium_again(self) -> None:
+        sink = self.run.pipeline.cdc_sink
+        with tied():  # like the run's first Debezium: it dies with the runner
+            await asyncio.to_thread(self._native("start_debezium"), sink, durable=True, resume=True)
+        self._attach("debezium")
+
+    async def _kill_debezium(self) -> None:
+        sink = self.run.pipeline.cdc_sink
+        pid = await asyncio.to_thread(self._native("kill_debezium"), sink)
+        if pid is None:
+            raise RunError(f"no Debezium Server ({sink}) to kill")
+        self._event("debezium killed", sink=sink, pid=pid)
+        await self._start_debezium_again()
+        service = self.run.stack.debezium[sink]
+        self._event("debezium restarted", sink=sink, pid=[p.pid for p in service.processes()],
+                    start_to_streaming_s=service.last_start_s)
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+            await self._held_again(conn, SLOT[sink], None, "Debezium was restarted")
+
+    def supervises(self, i: int) -> bool:
+        """Whether an exit of consumer ``i`` is this fault's business (a restart's supervision)."""
+        return self._supervising
+
+    async def _supervise(self) -> None:
+        """From a service's stop to the end of the drain, replace every consumer that exits (its
+        connection to the restarted service broke), and start Debezium again from its offsets
+        if its JVM exits, as a process supervisor would; each exit and restart is an event."""
+        run, sink = self.run, self.run.pipeline.cdc_sink
+        while True:
+            while self.down:  # a replacement could not connect before the service is back
+                await asyncio.sleep(0.1)
+            if sink is not None and not run.stack.debezium[sink].processes():
+                self._event("debezium exited", sink=sink)
+                await self._start_debezium_again()
+                self._event("debezium restarted by the lab", sink=sink)
+            for i, c in enumerate(run.consumers):
+                if i not in run.respawning and c.poll() is not None:
+                    error = None
+                    with contextlib.suppress(OSError, ValueError):
+                        error = json.loads((run.scratch / f"consumer-{i}.json").read_text()).get("error")
+                    self._event("consumer exited", consumer=i, pid=c.pid, code=c.returncode, error=error)
+                    await self._replace(i)
+            await asyncio.sleep(0.1)
+
+    async def _restart(self, name: str, outage_s: float) -> None:
+        stop, start = self._native("stop_service"), self._native("start_service")
+        self._supervising = True
+        self._tasks.append(asyncio.create_task(self._supervise(), name="fault-supervise"))
+        self.down.append(name)
+        await asyncio.to_thread(stop, name)
+        self._event("service stopped", service=name)
+        await asyncio.sleep(outage_s)
+        await asyncio.to_thread(start, name)
+        self.down.remove(name)
+        self._attach(name)
+        self._event("service started", service=name)
+        sink = self.run.pipeline.cdc_sink
+        if sink is None or name != "postgres":  # a broker restart leaves Debezium's source side alone
+            return
+        # Debezium's connections broke: it restarts its task after a retriable error (or its JVM
+        # exits, and the supervision starts it again); resumed once it holds its slot again
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+            await self._held_again(conn, SLOT[sink], None, f"{name} started")
+
+    async def _big_transaction(self, rows: int) -> None:
+        """``rows`` executions of the web service's INSERT in one transaction (pipelined)."""
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn) as conn:
+            self._event("big transaction begins", rows=rows)
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.executemany(INSERT, [("helloworld",)] * rows, returning=True)
+                ids = []
+                while True:
+                    ids += [r[0] for r in await cur.fetchall()]
+                    if not cur.nextset():
+                        break
+        self.extra_ids = ids
+        self._event("big transaction committed", rows=len(ids), first_id=min(ids), last_id=max(ids))
 
     # the source during the fault ---------------------------------------------------------------
     async def watch_wal(self) -> None:
         """Sample every logical slot each second into :attr:`wal` until cancelled."""
-        try:
-            async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
-                while True:
-                    t = round(time.monotonic() - self._t0, 3)
-                    rows = await (await conn.execute(SLOT_SQL)).fetchall()
-                    for name, retained, unconfirmed, status, safe, holder in rows:
-                        self.wal.append({"t_s": t, "slot": name, "retained_bytes": _int(retained),
-                                         "unconfirmed_bytes": _int(unconfirmed), "wal_status": status,
-                                         "safe_wal_size": _int(safe), "active": holder is not None})
-                    if self.guard is None:
-                        await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
-                    await asyncio.sleep(WAL_SAMPLE_S)
-        except psycopg.Error as exc:  # informative: never fails the run
-            log.warning("WAL sampling stopped: %s", exc)
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+                    while True:
+                        t = round(time.monotonic() - self._t0, 3)
+                        rows = await (await conn.execute(SLOT_SQL)).fetchall()
+                        for name, retained, unconfirmed, status, safe, holder in rows:
+                            self.wal.append({"t_s": t, "slot": name, "retained_bytes": _int(retained),
+                                             "unconfirmed_bytes": _int(unconfirmed), "wal_status": status,
+                                             "safe_wal_size": _int(safe), "active": holder is not None})
+                        if self.guard is None:
+                            await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
+                        await asyncio.sleep(WAL_SAMPLE_S)
+            except psycopg.Error as exc:  # informative: never fails the run
+                if self.fault.kind != "postgres-restart":
+                    log.warning("WAL sampling stopped: %s", exc)
+                    return
+                await asyncio.sleep(WAL_SAMPLE_S)  # sample again once PostgreSQL is back
 
     async def _guard(self, conn: psycopg.AsyncConnection[Any], retained: list[tuple[str, int | None]]) -> None:
         """The retention guard (module docstring): trip on the first slot whose retained WAL plus

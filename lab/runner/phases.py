@@ -71,9 +71,15 @@ class RunPhases:
                 # a fault run may repeat calls: drained when every id was worked (distinct), or
                 # when nothing was worked for QUIET_S after the fault (what is missing is lost)
                 worked = stats["calls"] if self.injector is None else stats["distinct"]
-                if settled and worked >= sent_result["sent"]:
+                expected = sent_result["sent"]
+                if self.injector is not None:  # a big transaction's rows are messages too
+                    expected += len(self.injector.extra_ids)
+                    if self.injector.holds_drain():
+                        settled = False
+                if settled and worked >= expected:
                     break
-                if settled and self.injector is not None and self.injector.over() and now - quiet_since > QUIET_S:
+                if (settled and self.injector is not None and self.injector.over()
+                        and now - max(quiet_since, self.injector.over_mono) > QUIET_S):
                     log.warning("run %s: no work call for %.0f s after the fault: %d of %d ids worked",
                                 self.run_id, QUIET_S, stats["distinct"], sent_result["sent"])
                     break
@@ -173,23 +179,42 @@ class RunPhases:
                     "LEFT JOIN inbox i USING (id) GROUP BY 1 ORDER BY 1", (lost,))
                 out["lost_claimed_by"] = dict(await cur.fetchall())
         out["time_to_resume_s"] = self._time_to_resume(arrivals)
+        extra = self.injector.extra_ids
+        if extra:  # big-transaction: when was its last row first worked, after its commit
+            at = {e["what"]: e["at"] for e in self.injector.events}.get("big transaction committed")
+            mine, first = set(extra), {}
+            for i, t in zip(arrivals["ids"], arrivals["t"], strict=True):
+                if i in mine:
+                    first.setdefault(i, t)
+            out["big_transaction"] = {
+                "rows": len(extra), "worked": len(first),
+                "all_worked_after_s": round(max(first.values()) - at, 3)
+                if at is not None and len(first) == len(mine) else None,
+                "lost": len(mine) - len(first),
+            }
         return out
 
     def _time_to_resume(self, arrivals: dict[str, Any]) -> float | None:
         """Seconds from the kill (or the SIGCONT) to the next work call by the consumer it hit (by
-        any consumer after a sink outage); for ``walsender-kill``, from the termination until a
-        walsender holds the slot again (the reader, or Debezium, reconnected)."""
+        any consumer after a sink outage, and from the service's start after a restart); for
+        ``walsender-kill``, from the termination until a walsender holds the slot again (the
+        reader, or Debezium, reconnected); for ``debezium-kill``, from the SIGKILL until the
+        restarted Debezium holds its slot (for :data:`lab.runner.faults.HELD_S` in a row)."""
         f, events = self.scenario.parsed_fault, self.injector.events
         if f.kind == "slot-invalidation":  # the reader never reads again: nothing resumes
             return None
         at = {e["what"]: e["at"] for e in events}
-        if f.kind == "walsender-kill":
-            a, b = at.get("walsender terminated"), at.get("slot held again")
+        if f.kind in ("walsender-kill", "debezium-kill"):
+            a, b = ((at.get("walsender terminated"), at.get("slot held again")) if f.kind == "walsender-kill"
+                    else (at.get("debezium killed"), at.get("slot held again")))
             return round(b - a, 3) if a is not None and b is not None else None
-        anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal"}.get(f.kind, "resume"))
+        if f.kind == "big-transaction":
+            return None  # see accounting["big_transaction"]
+        anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal", "broker-restart": "service started",
+                         "postgres-restart": "service started"}.get(f.kind, "resume"))
         if anchor is None:
             return None
-        who = f.target if f.kind != "sink-outage" else None
+        who = f.target if f.kind not in ("sink-outage", "broker-restart", "postgres-restart") else None
         return first_call_after(arrivals["t"], anchor, arrivals.get("by"), who)
 
     async def _checkpoint_and_cool(self) -> None:

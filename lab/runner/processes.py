@@ -80,6 +80,7 @@ class RunProcesses:
             return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
 
         parts = service_participants(self.stack, ("postgres", "kafka", "rabbitmq", "debezium"), group)
+        self.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
         for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
         self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.consumers)]
@@ -144,7 +145,8 @@ class RunProcesses:
 
     def _check_consumers_alive(self) -> None:
         for i, c in enumerate(self.consumers):
-            if i not in self.respawning and i not in self.ended and c.poll() is not None:
+            if i not in self.respawning and i not in self.ended and c.poll() is not None and not (
+                    self.injector is not None and self.injector.supervises(i)):
                 raise RunError(f"consumer {i} exited with {c.returncode}; see {self.scratch / f'consumer-{i}.log'}")
 
     async def stop_consumers(self) -> list[dict[str, Any]]:
@@ -164,9 +166,9 @@ class RunProcesses:
 
     async def cleanup(self) -> None:
         """Stop our processes and the pipeline's source, drop slots; never raises."""
-        if self.injector is not None:  # first: a stopped consumer would ignore its SIGTERM
-            self.injector.restore()
         cgroups.move_to(self.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
+        if self.injector is not None:  # before any stop: a stopped consumer would ignore its SIGTERM
+            self.injector.restore()  # (and a service the fault stopped starts outside our groups)
         with contextlib.suppress(psutil.Error):
             await asyncio.to_thread(children.stop, [c for c in self.consumers if c.poll() is None], timeout=0)
         with contextlib.suppress(Exception):

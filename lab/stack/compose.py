@@ -151,9 +151,12 @@ class ComposeStack:
         """Remove the project's containers and network (``purge``: its volumes too)."""
         self._compose("down", "-t", "30", *(["-v"] if purge else []))
 
-    def start_debezium(self, sink: str) -> None:
+    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> None:
         """Create the instance, copy its rendered application.properties in, start it, and wait
-        until its replication slot streams (as the native DebeziumService.start)."""
+        until its replication slot streams (as the native DebeziumService.start). ``durable``
+        as there; ``resume`` (a restart after ``debezium-kill``) is native only."""
+        if resume:
+            raise StackError("restarting Debezium from its kept slot and offsets needs LAB_BACKEND=native")
         service = DEBEZIUM[check_sink(sink)]
         self._compose("up", "--no-start", "--no-deps", service)
         c = self.container(service)
@@ -161,7 +164,7 @@ class ComposeStack:
             raise StackError(f"compose created no {service} container")
         if c.status == "running":
             return
-        text = render_properties(self.settings, sink, compose=True).encode()
+        text = render_properties(self.settings, sink, compose=True, durable=durable).encode()
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo("application.properties")

@@ -17,6 +17,13 @@ with mode 0600; a run's instance dies with its runner (:func:`lab.stack.proc.tie
 
 Beyond method.md §1.5 the properties only add the HTTP bind (127.0.0.1, the sink's port) and a
 plain-text console log (the dist logs JSON lines by default); neither touches the data path.
+
+A fault run (issue 14) starts Debezium ``durable`` (:data:`DURABLE`): the slot is kept when its
+task stops and the offsets go to a file in the instance's directory, so that a restarted task or
+JVM resumes from its own offset instead of a dropped slot (with the reference's
+``slot.drop.on.stop=true`` a task restarted after a retriable error finds a new slot and refuses
+its offset). :meth:`DebeziumService.start` with ``resume=True`` keeps that slot and those offsets
+(``debezium-kill``); every other start drops both. Clean runs keep the reference's properties.
 """
 
 from __future__ import annotations
@@ -55,6 +62,14 @@ RABBITMQ_ROUTING_KEY = "quorum"
 START_TIMEOUT = 120.0
 STOP_GRACE = 30.0
 MARKER = ".unpacked"
+OFFSETS_FILE = "offsets.dat"  # durable offsets, relative to the JVM's working directory
+# What a fault run changes in method.md §1.5 (recorded in its run.json), key -> value.
+DURABLE = {
+    "debezium.source.slot.drop.on.stop": "false",
+    "debezium.source.offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+    "debezium.source.offset.storage.file.filename": OFFSETS_FILE,
+}
+RELEASE_WAIT_S = 30.0  # a killed JVM's walsender lets go of the slot well within this
 
 
 def dist_dir(settings: Settings) -> Path:
@@ -103,10 +118,11 @@ COMPOSE_ENDPOINTS = {"pg_host": "postgres", "pg_port": 5432, "kafka_bootstrap": 
                      "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080}
 
 
-def render_properties(settings: Settings, sink: str, *, compose: bool = False) -> str:
+def render_properties(settings: Settings, sink: str, *, compose: bool = False, durable: bool = False) -> str:
     """``application.properties`` for ``sink``: method.md §1.5 with this stack's endpoints.
 
-    ``compose=True`` renders the file docker-compose.yml mounts (container-network endpoints).
+    ``compose=True`` renders the file docker-compose.yml mounts (container-network endpoints);
+    ``durable=True`` overrides the keys of :data:`DURABLE` (fault runs only).
     """
     s = settings
     values: dict[str, object] = {
@@ -122,7 +138,20 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False) -
     if compose:
         values.update(COMPOSE_ENDPOINTS)
     text = (resources.files("lab.stack") / "templates" / f"debezium-{sink}.properties").read_text()
-    return string.Template(text).substitute({k: _escape(v) for k, v in values.items()})
+    rendered = string.Template(text).substitute({k: _escape(v) for k, v in values.items()})
+    return with_overrides(rendered, DURABLE) if durable else rendered
+
+
+def with_overrides(text: str, overrides: dict[str, str]) -> str:
+    """``text`` (properties) with each key of ``overrides`` set: in place, else appended."""
+    lines, todo = [], dict(overrides)
+    for line in text.splitlines():
+        key = line.split("=", 1)[0].strip()
+        if key in todo and not line.lstrip().startswith("#"):
+            line = f"{key}={_escape(todo.pop(key))}"
+        lines.append(line)
+    lines += [f"{k}={_escape(v)}" for k, v in todo.items()]
+    return "\n".join(lines) + "\n"
 
 
 def http_port(settings: Settings, sink: str) -> int:
@@ -149,17 +178,25 @@ class DebeziumService:
         provision_dist(self.settings)
 
     # Start / stop ---------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the JVM and return once its slot streams; a no-op when already running."""
+    def start(self, *, durable: bool = False, resume: bool = False) -> None:
+        """Start the JVM and return once its slot streams; a no-op when already running.
+
+        ``durable``: the :data:`DURABLE` properties (fault runs). ``resume``: keep the slot and
+        the offsets file of the previous JVM (a restart after ``debezium-kill``); otherwise both
+        are dropped and the instance starts fresh.
+        """
         if proc.running(self.state_dir) is not None:
             return
         setting = f"LAB_DEBEZIUM_{self.sink.upper()}_HTTP_PORT"
         proc.require_free(self.http_port, f"Debezium Server ({self.sink} sink)", setting)
-        self._require_upstream()
+        self._require_upstream(resume=resume)
         home = provision_dist(self.settings)
         config = self.state_dir / "config"
         config.mkdir(parents=True, exist_ok=True)
-        write_private(config / "application.properties", render_properties(self.settings, self.sink))
+        if not resume:
+            (self.state_dir / OFFSETS_FILE).unlink(missing_ok=True)
+        write_private(config / "application.properties",
+                      render_properties(self.settings, self.sink, durable=durable))
         jhome = java_home(self.settings)
         runner = next(home.glob("debezium-server-*runner.jar"))
         classpath = ":".join([str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")])
@@ -191,6 +228,19 @@ class DebeziumService:
         log.info("debezium-%s streaming on slot %s after %.1f s",
                  self.sink, self.slot, self.last_start_s)
 
+    def kill(self) -> int | None:
+        """SIGKILL the JVM (a fault), wait until it is gone; its pid, or None if none ran.
+        Its slot and offsets stay for a :meth:`start` with ``resume=True``."""
+        jvm = proc.running(self.state_dir)
+        if jvm is None:
+            return None
+        with contextlib.suppress(psutil.NoSuchProcess):
+            jvm.kill()
+        if proc.wait_gone([jvm], timeout=10):
+            raise StackError(f"Debezium Server ({self.sink}) pid {jvm.pid} survived SIGKILL for 10 s")
+        (self.state_dir / "started.json").unlink(missing_ok=True)
+        return jvm.pid
+
     def stop(self, *, purge: bool = False) -> None:
         """SIGTERM with a 30 s grace (so the slot is dropped on stop), then drop this sink's slot."""
         if proc.terminate(self.state_dir, timeout=STOP_GRACE):
@@ -204,7 +254,7 @@ class DebeziumService:
         if purge:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
-    def _require_upstream(self) -> None:
+    def _require_upstream(self, *, resume: bool = False) -> None:
         s = self.settings
         try:
             with psycopg.connect(s.pg_dsn, autocommit=True, connect_timeout=3) as conn:
@@ -212,6 +262,10 @@ class DebeziumService:
                     "SELECT count(*) FROM pg_publication WHERE pubname = %s", (PUBLICATION,)
                 ).fetchone()
                 holder = slots.active_pid(conn, self.slot)
+                deadline = time.monotonic() + (RELEASE_WAIT_S if resume else 0.0)
+                while holder is not None and time.monotonic() < deadline:  # a killed JVM's walsender
+                    time.sleep(0.1)
+                    holder = slots.active_pid(conn, self.slot)
         except psycopg.OperationalError:
             raise StackError(
                 f"PostgreSQL is not reachable at {s.host}:{s.pg_port}; start the stack first "
@@ -229,7 +283,8 @@ class DebeziumService:
             raise StackError(f"{what} is not reachable at {s.host}:{port}; start the stack first "
                              "(`lab stack up`)")
         # a stale, idle slot from a killed run would replay old rows: start from a fresh one
-        slots.drop_slots(s.pg_dsn, self.slot)
+        if not resume:
+            slots.drop_slots(s.pg_dsn, self.slot)
 
     # Introspection --------------------------------------------------------------------------
     def processes(self) -> list[psutil.Process]:

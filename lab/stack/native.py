@@ -106,10 +106,33 @@ class NativeStack:
     def status(self) -> list[ServiceStatus]:
         return [s.status() for s in [*self.services, *self.debezium.values()]]
 
-    def start_debezium(self, sink: str) -> DebeziumService:
+    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumService:
+        """Start one Debezium instance (:meth:`DebeziumService.start`: ``durable`` in fault runs,
+        ``resume`` to restart it from its kept slot and offsets)."""
         service = self.debezium[check_sink(sink)]
-        service.start()
+        service.start(durable=durable, resume=resume)
         return service
+
+    def kill_debezium(self, sink: str) -> int | None:
+        """SIGKILL one Debezium instance (a fault); its pid, or None when none ran."""
+        return self.debezium[check_sink(sink)].kill()
+
+    def service(self, name: str) -> NativeService:
+        """One always-on service by name (``postgres``, ``kafka``, ``rabbitmq``)."""
+        found = {s.name: s for s in self.services}
+        if name not in found:
+            raise StackError(f"unknown service {name!r}: choose one of {', '.join(found)}")
+        return found[name]
+
+    def stop_service(self, name: str) -> None:
+        """Stop one always-on service, keeping its data (a fault: ``broker-restart``,
+        ``postgres-restart``; PostgreSQL's is a fast shutdown). Its slots, topics, queues and
+        offsets survive for :meth:`start_service`."""
+        self.service(name).stop()
+
+    def start_service(self, name: str) -> None:
+        """Start one always-on service again; returns once it serves."""
+        self.service(name).start()
 
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()

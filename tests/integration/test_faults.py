@@ -22,6 +22,7 @@ from lab.runner import run_scenario
 from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.debezium import DURABLE
 
 pytestmark = pytest.mark.integration
 M, RATE, N = 2000, 200.0, 2  # 10 s of sends; the fault starts 3 s after the gate
@@ -31,21 +32,29 @@ FAULTS = {
     "sink-outage": "sink-outage@3s+3s",
     "walsender-kill": "walsender-kill:1@3s",
     "consumer-slow": "consumer-slow=20ms:1@3s+3s",
+    "debezium-kill": "debezium-kill@3s",
+    "broker-restart": "broker-restart@3s+2s",
+    "big-transaction": "big-transaction@3s",
+    "postgres-restart": "postgres-restart@3s+1s",
 }
 PIPELINES = ("wal", "wal-sharded", "kafka", "rabbitmq")
+BROKERS = ("kafka", "rabbitmq")
 # Where a kill can lose what the dead consumer had claimed but not worked (the inbox claims by
 # consumer name and RabbitMQ redelivers to anyone; docs/benchmarks.md "Faults"): the loss must then
 # be counted, attributed to the dead consumer's claims, and fail the run.
 MAY_LOSE = {("rabbitmq", "consumer-kill")}
+# The same where a restart makes consumers exit and the lab replaces them (the survivor's claim of
+# a requeued delivery fails): every lost id must then be claimed by some consumer, never unclaimed.
+MAY_LOSE |= {("rabbitmq", "broker-restart"), ("rabbitmq", "postgres-restart")}
 FIRST_EVENT = {"consumer-kill": "kill", "consumer-dead": "stop", "sink-outage": "stop",
-               "walsender-kill": "walsender terminated", "consumer-slow": "slow"}
+               "walsender-kill": "walsender terminated", "consumer-slow": "slow",
+               "debezium-kill": "debezium killed", "broker-restart": "service stopped",
+               "big-transaction": "big transaction begins", "postgres-restart": "service stopped"}
 
 
 CASES = [(p, k) for p in PIPELINES for k in FAULTS
-         # not in this slice: with the reference's slot.drop.on.stop=true, Debezium Server drops its slot
-         # when it restarts its task after the walsender is terminated, then refuses its offset and
-         # exits (docs/benchmarks.md "Faults")
-         if not (k == "walsender-kill" and p in ("kafka", "rabbitmq"))]
+         if (p in BROKERS or k not in ("debezium-kill", "broker-restart"))
+         and (k != "postgres-restart" or p in ("wal", "kafka"))]
 
 
 def run(settings: Settings, **kw: object) -> dict:
@@ -57,33 +66,52 @@ def run(settings: Settings, **kw: object) -> dict:
 @pytest.mark.parametrize(("pipeline", "kind"), CASES, ids=[f"{p}-{k}" for p, k in CASES])
 def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind: str) -> None:
     t0 = time.monotonic()
-    r = run(settings, pipeline=pipeline, fault=FAULTS[kind])
+    spec = FAULTS[kind] if not (kind == "walsender-kill" and pipeline in BROKERS) else "walsender-kill@3s"
+    r = run(settings, pipeline=pipeline, fault=spec,  # Debezium's walsender has no target
+            **({"drain_timeout_s": 900} if kind == "big-transaction" else {}))
     f = r["fault"]
     acc = f["accounting"] or {}
     print(f"\nFAULT {pipeline} {f['spec']} ({time.monotonic() - t0:.0f} s): " + json.dumps({
         k: acc.get(k) for k in ("messages", "work_calls", "distinct", "once", "repeated", "extra_calls",
-                                "max_burst", "lost", "lost_claimed_by", "time_to_resume_s", "per_consumer")
+                                "max_burst", "lost", "lost_claimed_by", "time_to_resume_s", "per_consumer",
+                                "big_transaction")
     }) + " events " + json.dumps([(e["t_s"], e["what"]) for e in f["events"]])
       + " wal " + json.dumps({k: (v["retained_bytes_max"], v["recovered_after_s"])
-                              for k, v in f["wal_summary"].items()}) + f" error={r['error']}")
+                              for k, v in f["wal_summary"].items()}) + " slots " + json.dumps(r.get("slots"))
+      + " counters " + json.dumps({k: r["counters"].get(k) for k in ("sent", "send_failed", "skipped")})
+      + f" error={r['error']}")
+    extra = f["extra_rows"]  # a big transaction's rows, beside the M sent
     assert f["events"] and f["events"][0]["what"] == FIRST_EVENT[kind]
+    # a fault run's Debezium keeps its slot on stop and its offsets in a file (docs/benchmarks.md)
+    assert f["debezium_properties"] == (DURABLE if pipeline in BROKERS else None)
     assert acc["adds_up"], acc
     assert acc["work_calls"] == r["counters"]["work_calls"]
     assert acc["once"] + acc["repeated"] == acc["distinct"]
     assert acc["distinct"] + acc["extra_calls"] == acc["work_calls"]
     assert sum(c["calls"] for c in acc["per_consumer"].values()) == acc["work_calls"]
     assert set(acc["per_consumer"]) <= {str(i) for i in range(N)}
+    rows = M + extra  # every message sent and every row of a big transaction
+    if kind == "postgres-restart":  # a refused INSERT is a message not sent, never a lost one
+        sent, failed = r["counters"]["sent"], r["counters"]["send_failed"]
+        assert sent + failed == M and acc["not_sent"] == failed
+        rows = sent + acc["rows_without_reply"]
+        assert 0 <= acc["rows_without_reply"] <= failed
     with psycopg.connect(settings.pg_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == M
-    assert acc["messages"] == M and acc["foreign"] == 0
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == rows
+    assert acc["messages"] == rows and acc["foreign"] == 0
+    assert extra == (100_000 if kind == "big-transaction" else 0)
     if (pipeline, kind) in MAY_LOSE and acc["lost"]:
         assert not r["success"] and f"lost={acc['lost']}" in r["error"]
-        assert acc["distinct"] + acc["lost"] == M
-        if pipeline == "rabbitmq":  # every lost id had been claimed by the killed consumer's name
+        assert acc["distinct"] + acc["lost"] == rows
+        if kind == "consumer-kill":  # every lost id had been claimed by the killed consumer's name
             assert acc["lost_claimed_by"] == {"dbz-quorum-1": acc["lost"]}
+        else:  # claimed by a consumer that exited, never unclaimed
+            assert "(unclaimed)" not in acc["lost_claimed_by"], acc["lost_claimed_by"]
+            exited = {e["consumer"] for e in f["events"] if e["what"] == "consumer exited"}
+            assert set(acc["lost_claimed_by"]) <= {f"dbz-quorum-{i}" for i in exited}
         return
     assert acc["lost"] == 0, f"lost {acc['lost']} (claimed by {acc['lost_claimed_by']})"
-    assert acc["distinct"] == M
+    assert acc["distinct"] == rows
     assert r["success"], r["error"]
     assert f["wal"], "WAL retained per slot was sampled"
     if kind in ("consumer-dead", "sink-outage"):
@@ -95,6 +123,31 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
         assert acc["per_consumer"]["1"]["calls"] > 0 and acc["time_to_resume_s"] is not None
     if kind == "walsender-kill":
         assert [e["what"] for e in f["events"]] == ["walsender terminated", "slot held again"]
+        assert acc["time_to_resume_s"] is not None
+    if kind == "debezium-kill":
+        assert [e["what"] for e in f["events"]] == ["debezium killed", "debezium restarted", "slot held again"]
+        killed, restarted, _ = f["events"]
+        assert restarted["pid"] and killed["pid"] not in restarted["pid"]
+        assert not psutil.pid_exists(killed["pid"]) or psutil.Process(killed["pid"]).status() == psutil.STATUS_ZOMBIE
+        assert acc["time_to_resume_s"] > 0
+        assert (settings.stack_dir / f"debezium-{pipeline}" / "offsets.dat").stat().st_size > 0  # resumed from it
+    if kind in ("broker-restart", "postgres-restart"):
+        what = [e["what"] for e in f["events"]]
+        assert what[:2] == ["service stopped", "service started"]
+        # Debezium's, after PostgreSQL's start
+        assert (what.count("slot held again") == 1) == (pipeline in BROKERS and kind == "postgres-restart")
+        service = pipeline if kind == "broker-restart" else "postgres"
+        assert {e.get("service") for e in f["events"][:2]} == {service}
+        assert acc["time_to_resume_s"] is not None
+        # every consumer that exited (its connection broke) was replaced, and is ready
+        exits = what.count("consumer exited")
+        assert what.count("replacement ready") == exits, what
+    if kind == "big-transaction":
+        assert [e["what"] for e in f["events"]] == ["big transaction begins", "big transaction committed"]
+        big = acc["big_transaction"]
+        assert big["rows"] == big["worked"] == extra and big["lost"] == 0 and big["all_worked_after_s"] > 0
+        # decoded by every slot: the direct readers' and Debezium's (spill reported, not asserted)
+        assert all(st["total_txns"] >= 1 for st in r["slots"].values()), r["slots"]
 
 
 def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settings: Settings) -> None:
@@ -219,3 +272,13 @@ def test_slot_invalidation_of_a_sharded_reader_loses_rows_of_its_shards(stack: o
     late = [i for i, t in created.items() if t > exited + 5 and i % 64 in state["shards"]]
     assert not lost & set(late), "rows of its shards sent after the takeover were worked"
     assert _keep_size(settings) == ("4096MB", "configuration file")
+
+
+def test_a_failed_restart_starts_the_stopped_broker(stack: object, settings: Settings) -> None:
+    """The run fails (drain deadline) while Kafka is stopped for 10 min: the cleanup starts it
+    again, and the next run uses it."""
+    r = run(settings, pipeline="kafka", fault="broker-restart@1s+600s", drain_timeout_s=15)
+    assert not r["success"] and "not drained" in r["error"]
+    what = [e["what"] for e in r["fault"]["events"]]
+    assert what[0] == "service stopped" and "started by cleanup" in what and "service started" not in what
+    assert stack.kafka.processes()  # type: ignore[attr-defined]

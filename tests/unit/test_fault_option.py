@@ -18,6 +18,12 @@ from lab.scenario import Fault, Scenario, parse_fault
     ("slot-invalidation:1@3s", Fault("slot-invalidation", 1, 3.0, 0.0, 0.0, 32)),
     ("slot-invalidation=64MB@3s", Fault("slot-invalidation", None, 3.0, 0.0, 0.0, 64)),
     ("slot-invalidation=1GB:0@3s", Fault("slot-invalidation", 0, 3.0, 0.0, 0.0, 1024)),
+    ("debezium-kill@3s", Fault("debezium-kill", None, 3.0, 0.0)),
+    ("broker-restart@3s", Fault("broker-restart", None, 3.0, 0.0)),
+    ("broker-restart@3s+2s", Fault("broker-restart", None, 3.0, 2.0)),
+    ("postgres-restart@1s+500ms", Fault("postgres-restart", None, 1.0, 0.5)),
+    ("big-transaction@3s", Fault("big-transaction", None, 3.0, 0.0, rows=100_000)),
+    ("big-transaction=5000@3s", Fault("big-transaction", None, 3.0, 0.0, rows=5000)),
 ])
 def test_parses(spec: str, want: Fault) -> None:
     assert parse_fault(spec) == want
@@ -37,6 +43,12 @@ def test_parses(spec: str, want: Fault) -> None:
     ("slot-invalidation:1@1s+5s", "takes no +DURATION"),
     ("consumer-slow=0ms:1@1s+1s", "needs a positive extra time"),
     ("consumer-slow:1@1s", "needs +DURATION"),
+    ("debezium-kill@1s+1s", "takes no +DURATION"),
+    ("big-transaction@1s+1s", "takes no +DURATION"),
+    ("debezium-kill:0@1s", "takes no :TARGET"),
+    ("broker-restart=5@1s", "only consumer-slow (=X"),
+    ("big-transaction=5ms@1s", "big-transaction=ROWS needs a positive whole number"),
+    ("big-transaction=0@1s", "big-transaction=ROWS needs a positive whole number"),
 ])
 def test_bad_input_is_one_clear_line(spec: str, says: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -62,3 +74,12 @@ def test_scenario_validates_and_fills_the_default_target() -> None:
     with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
         Scenario(pipeline="kafka", fault="slot-invalidation@1s")
     assert Scenario(pipeline="wal-sharded", consumers=2, fault="slot-invalidation@1s").parsed_fault.target == 0
+
+
+def test_debezium_faults_need_a_broker_pipeline() -> None:
+    for kind in ("debezium-kill@3s", "broker-restart@3s+1s"):
+        with pytest.raises(ValueError, match="needs Debezium and a broker"):
+            Scenario(pipeline="wal", fault=kind)
+        assert Scenario(pipeline="rabbitmq", fault=kind).parsed_fault.target is None
+    assert Scenario(pipeline="wal-sharded", fault="big-transaction@1s").parsed_fault.rows == 100_000
+    assert Scenario(pipeline="wal", fault="postgres-restart@1s").parsed_fault.kind == "postgres-restart"
