@@ -139,9 +139,11 @@ class NativeStack:
                 log.info("dropped replication slots %s", ", ".join(dropped))
 
     def status(self) -> list[ServiceStatus]:
-        """One line per node: the cluster's Kafka nodes each on their own."""
+        """One line per node: the cluster's Kafka nodes each on their own, and the other
+        topology's nodes too while they run (a status asked without ``--topology``)."""
         out = []
-        for service in [*self.services, *self.debezium.values()]:
+        other = [s for s in self._other_topology() if s.processes()]
+        for service in [*self.services, *other, *self.debezium.values()]:
             statuses = getattr(service, "statuses", None)
             out += statuses() if statuses is not None else [service.status()]
         return out

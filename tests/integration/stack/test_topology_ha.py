@@ -67,9 +67,21 @@ def lab(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def ha() -> Iterator[NativeStack]:
     settings = ha_settings()
+    with pytest.MonkeyPatch.context() as mp:
+        # three more JVMs on two shared cores: starts take longer (Debezium needed 101 s of its
+        # 120 s under load); these tests check the topology, not how fast it starts
+        mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
+        mp.setattr("lab.stack.rabbitmq.START_TIMEOUT", 300.0)
+        mp.setattr("lab.stack.kafka.HA_START_TIMEOUT", 300.0)
+        yield from _ha_stack(settings)
+
+
+def _ha_stack(settings: Settings) -> Iterator[NativeStack]:
     stack = NativeStack(settings)
     stack.down(purge=True)
+    t0 = time.monotonic()
     stack.up()
+    print(f"\nha stack up (cold: initdb, format, base backup) in {time.monotonic() - t0:.1f} s")
     try:
         yield stack
     finally:
@@ -167,6 +179,9 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
 @pytest.mark.parametrize("pipeline", ["wal", "kafka"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
+    per = {k: round(v * 1000 / M, 3) for k, v in r["cpu_s"].items()}
+    print(f"\n{pipeline} c2 m{M} under ha: {r['cpu_ms_per_msg']} ms CPU/msg, window {r['window_s']} s, "
+          f"per participant (ms/msg) {per}, slots {r['slots']}")
     assert r["success"], r["error"]
     c = r["counters"]
     assert c["sent"] == c["processed"] == c["work_calls"] == c["work_distinct"] == M
