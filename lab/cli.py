@@ -180,7 +180,7 @@ def _print_run(result: dict[str, object]) -> None:
     cpu = s["cpu_s"]
     if isinstance(cpu, dict):
         for name, seconds in cpu.items():
-            sys.stdout.write(f"  {name:<14} {seconds:>9.2f} CPU-s\n")
+            sys.stdout.write(f"  {name:<16} {seconds:>9.2f} CPU-s\n")
     sys.stdout.write(
         "  sent {sent} failed {send_failed} processed {processed} skipped {skipped} "
         "work {work_calls}/{work_distinct} claims {claims_min}/{claims_max}\n".format(**s)
@@ -366,14 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
     ssub.add_parser("provision", help="fetch and cache every artifact (idempotent)").set_defaults(
         handler=_stack_provision
     )
-    ssub.add_parser("up", help="start PostgreSQL, Kafka and RabbitMQ (idempotent)").set_defaults(
-        handler=_stack_up
-    )
-    down = ssub.add_parser("down", help="stop everything the lab started")
+    up = ssub.add_parser("up", help="start PostgreSQL, Kafka and RabbitMQ (idempotent)")
+    _topology_option(up)
+    up.set_defaults(handler=_stack_up)
+    down = ssub.add_parser("down", help="stop everything the lab started (the nodes of either topology)")
     down.add_argument("--purge", action="store_true", help="also delete all data under .stack/")
+    _topology_option(down)
     down.set_defaults(handler=_stack_down)
     status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    _topology_option(status)
     status.set_defaults(handler=_stack_status)
     ssub.add_parser(
         "env", help="shell exports to connect (PG* with PGPASSFILE, Kafka, AMQP); no secret printed"
@@ -387,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     images.set_defaults(handler=_stack_images)
     run = sub.add_parser("run", help="one measured run of a pipeline")
     _scenario_options(run)
+    _topology_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
                      help="a fault run ends its fault and fails before any slot retains this much WAL "
@@ -404,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
     bstack.add_argument("--idle-s", type=float, default=30.0, help="idle measurement (default 30 s)")
+    _topology_option(bstack)
     bstack.set_defaults(handler=_bench_stack)
     brun = bsub.add_parser("run", help="repeat one scenario: median ms CPU/msg per participant")
     _scenario_options(brun)
@@ -421,6 +425,14 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
     bh.set_defaults(handler=_bench_harness)
     return parser
+
+
+def _topology_option(parser: argparse.ArgumentParser) -> None:
+    from lab.settings import TOPOLOGIES
+
+    parser.add_argument("--topology", choices=TOPOLOGIES, default=None,
+                        help="single: one node per service; ha: three Kafka KRaft nodes and a PostgreSQL "
+                             "standby with failover slots (native backend; default: LAB_TOPOLOGY, else single)")
 
 
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:
@@ -467,7 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     handler: Handler = args.handler
     try:
-        return handler(args, get_settings())
+        settings = get_settings()
+        if getattr(args, "topology", None):
+            settings = settings.replace(topology=args.topology)
+        return handler(args, settings)
     except (StackError, ValueError) as exc:
         sys.stderr.write(f"lab: error: {exc}\n")
         return 2

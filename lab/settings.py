@@ -91,6 +91,9 @@ class Settings:
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
     # A fault run fails (and ends its fault) before any slot retains this much WAL (issue 14, Safety)
     max_retained_wal: int = 2 * 1024**3
+    # single: one node per service (the reference's stack) | ha: three Kafka KRaft nodes and a
+    # PostgreSQL streaming standby with failover slots (issue 15; the native backend only)
+    topology: str = "single"
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
     docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
@@ -131,11 +134,16 @@ class Settings:
             cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
             max_retained_wal=(parse_size(env["LAB_MAX_RETAINED_WAL"], "LAB_MAX_RETAINED_WAL")
                               if env.get("LAB_MAX_RETAINED_WAL") else d.max_retained_wal),
+            topology=env.get("LAB_TOPOLOGY", d.topology) or d.topology,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
             compose_images=env.get("LAB_COMPOSE_IMAGES", d.compose_images),
         )
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"LAB_TOPOLOGY={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -188,8 +196,27 @@ class Settings:
         return self.stack_dir / "run.lock"
 
     @property
+    def ha(self) -> bool:
+        return self.topology == "ha"
+
+    @property
+    def kafka_nodes(self) -> list[tuple[int, int, int]]:
+        """``(node id, broker port, controller port)`` of every Kafka node of the topology:
+        the configured ports for the single node; under ``ha`` nodes 1-3 on those ports
+        + 10·id (so a stack's ports and the test stack's, 300 above, never meet)."""
+        if not self.ha:
+            return [(1, self.kafka_port, self.kafka_controller_port)]
+        step = HA_PORT_STEP
+        return [(i, self.kafka_port + step * i, self.kafka_controller_port + step * i) for i in (1, 2, 3)]
+
+    @property
+    def pg_standby_port(self) -> int:
+        """The PostgreSQL standby's port under ``ha``: the primary's + 1."""
+        return self.pg_port + 1
+
+    @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.service_host}:{self.kafka_port}"
+        return ",".join(f"{self.service_host}:{port}" for _, port, _ in self.kafka_nodes)
 
     @property
     def amqp_url(self) -> str:
@@ -220,6 +247,8 @@ class Settings:
 
 
 SECRET_NAMES = ("pg", "rabbitmq")
+TOPOLOGIES = ("single", "ha")
+HA_PORT_STEP = 10
 
 
 def write_private(path: Path, text: str) -> None:
@@ -271,7 +300,7 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
-    "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
+    "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL", "topology": "LAB_TOPOLOGY",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

@@ -32,7 +32,7 @@ import psutil
 from lab.measure.cgroups import attached, choose_cpu_method, tree_pids
 from lab.measure.sampler import Participant, Sampler
 from lab.settings import Settings, child_env
-from lab.measure.services import Source, service_sources
+from lab.measure.services import Source, service_names, service_sources
 from lab.stack import children, get_stack
 from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 IDLE_SECONDS = 30.0
 SERVICES = ("postgres", "kafka", "rabbitmq")
+HA_SERVICES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3")  # issue 15's ha topology
 
 
 def _participant(name: str, roots: Source, settings: Settings, method: str) -> Participant:
@@ -104,7 +105,7 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
     started: list[str] = []
     try:
         web = _start_web(settings)
-        roots: dict[str, Source] = dict(service_sources(stack, SERVICES))
+        roots: dict[str, Source] = dict(service_sources(stack, service_names(stack)))
         roots["web"] = [web]
         if debezium:
             for sink in stack.debezium:
@@ -138,7 +139,7 @@ def idle_rates_for(record: Mapping[str, Any], *, cdc_sink: str | None) -> dict[s
     """The idle CPU rates that apply to a run: the services, the web service, and the Debezium
     instance the run used (``cdc_sink``; none for direct readers and broker-native runs)."""
     rates = dict(record.get("cpu_s_per_s") or {})
-    out = {n: float(rates[n]) for n in (*SERVICES, "web") if n in rates}
+    out = {n: float(rates[n]) for n in (*SERVICES, *HA_SERVICES, "web") if n in rates}
     if cdc_sink and f"debezium-{cdc_sink}" in rates:
         out["debezium"] = float(rates[f"debezium-{cdc_sink}"])
     return out

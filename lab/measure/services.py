@@ -21,10 +21,19 @@ Source = list[psutil.Process] | Counter
 GroupFor = Callable[[str, list[psutil.Process]], CpuGroup | None]
 
 
+SINGLE_SERVICES = ("postgres", "kafka", "rabbitmq")
+
+
+def service_names(stack: Any) -> tuple[str, ...]:
+    """The stack's always-on participants: one per node (the ``ha`` topology's ``kafka-1``..3
+    and ``postgres-standby``; the compose backend runs the single topology only)."""
+    return tuple(getattr(stack, "service_names", SINGLE_SERVICES))
+
+
 def service_sources(stack: Any, names: tuple[str, ...]) -> dict[str, Source]:
     """Name -> the service's process roots (native) or its container counter (compose).
 
-    Names: ``postgres``, ``kafka``, ``rabbitmq``, ``debezium`` (both instances) and
+    Names: those of :func:`service_names`, ``debezium`` (both instances) and
     ``debezium-<sink>`` (one instance).
     """
     counters = getattr(stack, "counters", None)
@@ -56,8 +65,10 @@ def is_local(stack: Any) -> bool:
 
 
 def stack_record(stack: Any) -> dict[str, Any]:
-    """What a run stores about its stack: ``backend`` and, for containers, ``images`` (service
+    """What a run stores about its stack: ``backend``, ``topology`` and, for containers, ``images`` (service
     -> image id, the content digest of the image each container ran), ``engine`` (version) and
     ``container_cpu`` (service -> how its counter was read: ``cgroup`` or ``engine api``)."""
     record = getattr(stack, "record", None)
-    return {"backend": getattr(stack, "backend", "native"), **(record() if record else {"images": None})}
+    return {"backend": getattr(stack, "backend", "native"),
+            "topology": getattr(stack, "topology", "single"),  # issue 15; compose: single only
+            **(record() if record else {"images": None})}

@@ -95,12 +95,15 @@ class ReplicationStream:
     def status_lsn(self) -> int:
         return self._status_lsn
 
-    async def create_slot(self, name: str) -> int:
-        """Create a permanent pgoutput slot without a snapshot; returns its consistent point."""
+    async def create_slot(self, name: str, *, failover: bool = False) -> int:
+        """Create a permanent pgoutput slot without a snapshot; returns its consistent point.
+
+        ``failover``: a slot the primary's standbys synchronise (``sync_replication_slots``,
+        PostgreSQL 17+), so that a promoted standby carries it.
+        """
+        options = sql.SQL("SNAPSHOT 'nothing', FAILOVER true" if failover else "SNAPSHOT 'nothing'")
         cur = await self.conn.execute(
-            sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'nothing')").format(
-                sql.Identifier(name)
-            )
+            sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput ({})").format(sql.Identifier(name), options)
         )
         row = await cur.fetchone()
         assert row is not None

@@ -80,6 +80,7 @@ from lab.pipelines.base import Item, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
+from lab.stack.kafka import replication
 from lab.workload.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,6 @@ log = logging.getLogger(__name__)
 TOPIC = f"{TOPIC_PREFIX['kafka']}.public.messages"
 DIRECT_TOPIC = "messages"  # the broker-native stand's topic (lab.pipelines.producers writes it)
 PARTITIONS_PER_CONSUMER = 2
-REPLICATION_FACTOR = 1
 GROUP_PREFIX = "dbz-kafka-"
 DIRECT_GROUP_PREFIX = "kafka-"
 METADATA_TIMEOUT = 10.0  # seconds per cluster-wide metadata request
@@ -138,6 +138,13 @@ def group_id(admin: AdminClient, timeout: float, topic: str = TOPIC,
     return f"{prefix}{uuid.UUID(int=bits)}"
 
 
+def replica_counts(admin: AdminClient, topic: str, timeout: float = METADATA_TIMEOUT) -> dict[str, int]:
+    """The fewest replicas and in-sync replicas of any partition of ``topic``, as Kafka reports them."""
+    desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result()
+    return {"replicas_min": min(len(p.replicas) for p in desc.partitions),
+            "isr_min": min(len(p.isr) for p in desc.partitions)}
+
+
 def _poll(check: Any, deadline: float, what: str) -> None:
     while not check():
         if time.monotonic() > deadline:
@@ -160,6 +167,8 @@ class KafkaPipeline:
         self.partitions = PARTITIONS_PER_CONSUMER * scenario.consumers
         self.topic, self.prefix = names(scenario)
         self.direct = scenario.producer == "direct"
+        self.replication = replication(settings)  # topology (issue 15): 1 replica, or 3 with 2 in sync
+        self.replicas: dict[str, int] | None = None
         self.group: str | None = None
         self.assignment: list[int] = []  # partitions per member when the gate passed
         self._admin_client: AdminClient | None = None
@@ -175,7 +184,9 @@ class KafkaPipeline:
             "producer": self.scenario.producer,
             "topic": self.topic,
             "partitions": self.partitions,
-            "replication_factor": REPLICATION_FACTOR,
+            "replication_factor": self.replication["replication_factor"],
+            "min_insync_replicas": self.replication["min_insync_replicas"],
+            "replicas_at_start": self.replicas,  # read back from the cluster once the topic exists
             "group_id": self.group,
             "consumer_config": {k: v for k, v in consumer_config(self.settings, self.group).items()
                                 if k != "bootstrap.servers"},
@@ -201,7 +212,10 @@ class KafkaPipeline:
             self._delete_topic()
             _poll(lambda: partition_count(admin, topic) is None, deadline,
                   f"topic {topic} still in cluster metadata after delete")
-            future = admin.create_topics([NewTopic(topic, n, REPLICATION_FACTOR)])[topic]
+            rep = self.replication
+            new = NewTopic(topic, n, rep["replication_factor"],
+                           config={"min.insync.replicas": str(rep["min_insync_replicas"])})
+            future = admin.create_topics([new])[topic]
             try:
                 future.result()
                 break
@@ -211,8 +225,12 @@ class KafkaPipeline:
                     raise
         _poll(lambda: partition_count(admin, topic) == n, deadline,
               f"topic {topic} does not show {n} partitions in cluster metadata")
+        rf = self.replication["replication_factor"]
+        _poll(lambda: replica_counts(admin, topic)["isr_min"] >= rf, deadline,
+              f"topic {topic} has partitions with fewer than {rf} replicas in sync")
+        self.replicas = replica_counts(admin, topic)  # what the cluster reports (run.json)
         self.group = group_id(admin, METADATA_TIMEOUT, topic, self.prefix)
-        log.info("topic %s: %d partitions, group %s", topic, n, self.group)
+        log.info("topic %s: %d partitions, %s, group %s", topic, n, self.replicas, self.group)
 
     def _delete_topic(self) -> None:
         try:

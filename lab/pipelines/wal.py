@@ -130,7 +130,7 @@ class WalSource:
             stream = await ReplicationStream.connect(self.settings.pg_dsn)
             try:
                 if create:
-                    await stream.create_slot(self.slot)
+                    await stream.create_slot(self.slot, failover=self.settings.ha)
                     create = False
                 await stream.start(self.slot, PUBLICATION, protocol_version(stream.server_version_num),
                                    binary=True)

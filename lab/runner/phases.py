@@ -106,13 +106,32 @@ class RunPhases:
         try:
             async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
                 cur = await conn.execute(query)
-                return {
+                stats = {
                     name: {"total_txns": txns, "total_bytes": total, "spill_bytes": spill, "stream_bytes": stream}
                     for name, txns, total, spill, stream in await cur.fetchall()
                 }
         except psycopg.Error as exc:  # informative only: never fails a run
             log.warning("could not read pg_stat_replication_slots: %s", exc)
             return {}
+        await self._standby_copies(stats)
+        return stats
+
+    async def _standby_copies(self, stats: dict[str, dict[str, Any]]) -> None:
+        """Under the ``ha`` topology (issue 15): each slot's copy on the standby at the drain's end,
+        ``synced`` (slot sync persisted it: a promoted standby carries it), ``temporary`` (still
+        waiting for the slot to pass the standby's catalog xmin: a failover now would lose it) or
+        ``absent``. Informative only."""
+        standby = getattr(self.stack, "standby", None)
+        if standby is None or not stats:
+            return
+        try:
+            copies = {s["slot"]: s for s in await asyncio.to_thread(standby.slots)}
+        except psycopg.Error as exc:
+            log.warning("could not read the standby's slots: %s", exc)
+            return
+        for name, v in stats.items():
+            copy = copies.get(name)
+            v["standby"] = "absent" if copy is None else "temporary" if copy["temporary"] else "synced"
 
     async def measure_latency(self, sent: dict[str, Any]) -> None:
         """End-to-end latency of every worked message (:mod:`lab.measure.latency`), read after the drain

@@ -21,7 +21,7 @@ import psutil
 from lab.measure import cgroups
 from lab.measure.cgroups import attached, tree_pids
 from lab.measure.sampler import Participant
-from lab.measure.services import service_participants
+from lab.measure.services import service_names, service_participants
 from lab.pg.slots import drop_slots
 from lab.settings import child_env
 from lab.stack import children
@@ -79,7 +79,7 @@ class RunProcesses:
                 return None
             return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
 
-        parts = service_participants(self.stack, ("postgres", "kafka", "rabbitmq", "debezium"), group)
+        parts = service_participants(self.stack, (*service_names(self.stack), "debezium"), group)
         self.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
         for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))

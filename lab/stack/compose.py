@@ -43,6 +43,7 @@ Counter = Callable[[], tuple[float, float]]
 
 class ComposeStack:
     backend = "compose"
+    topology = "single"  # the ha topology (issue 15) is native only: up refuses it
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -97,6 +98,9 @@ class ComposeStack:
 
     def up(self) -> None:
         """Create and start PostgreSQL, Kafka and RabbitMQ, wait until healthy, apply the schema."""
+        if self.settings.ha:
+            raise StackError("the compose backend runs the single topology only; the ha topology "
+                             "(issue 15) needs the native backend: LAB_BACKEND=native")
         if self.settings.compose_images == "local":
             missing = missing_images(self.client)
             if missing:

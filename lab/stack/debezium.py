@@ -16,7 +16,10 @@ both and drops every ``dbz_`` slot. The properties file holds both passwords and
 with mode 0600; a run's instance dies with its runner (:func:`lab.stack.proc.tied`).
 
 Beyond method.md §1.5 the properties only add the HTTP bind (127.0.0.1, the sink's port) and a
-plain-text console log (the dist logs JSON lines by default); neither touches the data path.
+plain-text console log (the dist logs JSON lines by default); neither touches the data path. Under
+the ``ha`` topology (issue 15) ``slot.failover=true`` makes Debezium create its slot as a failover
+slot (synchronised to the standby) and the Kafka sink's bootstrap lists the three nodes; the
+producer's ``acks=all`` is the reference's in both topologies.
 
 A fault run (issue 14) starts Debezium ``durable`` (:data:`DURABLE`): the slot is kept when its
 task stops and the offsets go to a file in the instance's directory, so that a restarted task or
@@ -130,6 +133,8 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False, d
         "pg_host": s.host, "pg_port": s.pg_port, "pg_user": s.pg_user,
         "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
+        # ha (issue 15): the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
+        "slot_failover": str(s.ha).lower(),
         "kafka_bootstrap": s.kafka_bootstrap,
         "amqp_host": s.host, "amqp_port": s.amqp_port, "amqp_user": s.rabbitmq_user,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
@@ -277,7 +282,7 @@ class DebeziumService:
         if holder is not None:
             raise StackError(f"replication slot {self.slot} is held by pid {holder}; stop the "
                              f"other Debezium Server (`lab stack debezium stop {self.sink}`)")
-        port, what = ((s.kafka_port, "Kafka") if self.sink == "kafka"
+        port, what = ((s.kafka_nodes[0][1], "Kafka") if self.sink == "kafka"
                       else (s.amqp_port, "RabbitMQ"))
         if not proc.port_open(port, s.host):
             raise StackError(f"{what} is not reachable at {s.host}:{port}; start the stack first "

@@ -1,4 +1,9 @@
-"""Kafka for the native stack: one KRaft node (broker + controller in one JVM) on loopback.
+"""Kafka for the native stack: KRaft nodes (broker + controller in one JVM each) on loopback.
+
+``single`` topology: one node, ``kafka``. ``ha`` topology (issue 15): :class:`KafkaCluster`, three
+nodes ``kafka-1``..``kafka-3`` with their own ports (:attr:`Settings.kafka_nodes`), data dirs and
+JVMs, a static controller quorum of all three, internal topics and the default replication factor
+3 with ``min.insync.replicas=2``. Each node is its own participant of the CPU metric.
 
 The broker's classpath is ``org.apache.kafka:kafka_2.13`` plus its runtime dependencies and the
 log4j2 backend the Apache distribution ships, copied by Maven into
@@ -7,7 +12,9 @@ log4j2 backend the Apache distribution ships, copied by Maven into
 
 JVM flags follow ``kafka-server-start.sh``/``kafka-run-class.sh`` defaults, which the
 ``apache/kafka`` and confluent-local images also use: ``-Xmx1G -Xms1G`` and G1 with a 20 ms pause
-target. The heap is left at 1 GiB so the broker's memory and GC behaviour match the reference.
+target. The heap is left at 1 GiB so the broker's memory and GC behaviour match the reference;
+under ``ha`` each of the three nodes has the same 1 GiB heap (measured idle RSS 378-422 MB per
+node: three nodes plus Debezium's 1 GiB heap fit a 2-core, 24 GB machine with room to spare).
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ import string
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from typing import ClassVar
 
 import psutil
 
@@ -45,7 +52,15 @@ JVM_OPTS = (
 )
 _java_version = functools.cache(java_version)
 START_TIMEOUT = 90.0
+HA_START_TIMEOUT = 180.0  # three JVMs starting at once on two cores, and the quorum's election
 STOP_TIMEOUT = 30.0
+HA_REPLICATION = {"replication_factor": 3, "min_insync_replicas": 2}
+SINGLE_REPLICATION = {"replication_factor": 1, "min_insync_replicas": 1}
+
+
+def replication(settings: Settings) -> dict[str, int]:
+    """Replication factor and ``min.insync.replicas`` of the topology's topics."""
+    return dict(HA_REPLICATION if settings.ha else SINGLE_REPLICATION)
 
 
 def _template(name: str) -> str:
@@ -60,13 +75,37 @@ def _cluster_id() -> str:
             return cid
 
 
+def server_properties(settings: Settings, node_id: int, data_dir: Path) -> str:
+    """``server.properties`` of node ``node_id`` of the topology's KRaft quorum."""
+    s = settings
+    _, port, controller_port = next(n for n in s.kafka_nodes if n[0] == node_id)
+    rep = replication(s)
+    return string.Template(_template("kafka-server.properties")).substitute(
+        node_id=node_id,
+        voters=",".join(f"{i}@{s.host}:{c}" for i, _, c in s.kafka_nodes),
+        port=port,
+        controller_port=controller_port,
+        data_dir=data_dir,
+        replication_factor=rep["replication_factor"],
+        min_isr=rep["min_insync_replicas"],
+    )
+
+
 class KafkaService:
-    """Apache Kafka ``settings.kafka_version``, single KRaft node, PLAINTEXT on 127.0.0.1."""
+    """Apache Kafka ``settings.kafka_version``, one KRaft node, PLAINTEXT on 127.0.0.1.
 
-    name: ClassVar[str] = "kafka"
+    ``node``: None for the single topology's node ``kafka``; 1-3 for node ``kafka-<node>`` of the
+    ``ha`` cluster (start the cluster with :class:`KafkaCluster`).
+    """
 
-    def __init__(self, settings: Settings) -> None:
+    name: str = "kafka"
+
+    def __init__(self, settings: Settings, node: int | None = None) -> None:
         self.settings = settings
+        self.node_id = node or 1
+        self.name = "kafka" if node is None else f"kafka-{node}"
+        _, self.port, self.controller_port = next(n for n in settings.kafka_nodes if n[0] == self.node_id)
+        self.bootstrap = f"{settings.service_host}:{self.port}"
         self.state_dir = settings.stack_dir / self.name
         self.data_dir = self.state_dir / "data"
         self.config_dir = self.state_dir / "config"
@@ -142,19 +181,16 @@ class KafkaService:
     def _render_config(self) -> Path:
         self.config_dir.mkdir(parents=True, exist_ok=True)
         server = self.config_dir / "server.properties"
-        server.write_text(string.Template(_template("kafka-server.properties")).substitute(
-            port=self.settings.kafka_port,
-            controller_port=self.settings.kafka_controller_port,
-            data_dir=self.data_dir,
-        ))
+        server.write_text(server_properties(self.settings, self.node_id, self.data_dir))
         (self.config_dir / "log4j2.properties").write_text(_template("kafka-log4j2.properties"))
         return server
 
-    def _format(self, server: Path) -> None:
-        """Format the KRaft metadata dir once (static quorum; skipped when already formatted)."""
+    def _format(self, server: Path, cid: str | None = None) -> None:
+        """Format the KRaft metadata dir once (static quorum; skipped when already formatted);
+        ``cid``: the cluster's id (every node of a cluster shares it), else a new one."""
         if (self.data_dir / "meta.properties").exists():
             return
-        cid = _cluster_id()
+        cid = cid or _cluster_id()
         log.info("formatting Kafka storage in %s (cluster id %s)", self.data_dir, cid)
         res = subprocess.run(
             [*self._jvm_args(), "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(server)],
@@ -170,46 +206,53 @@ class KafkaService:
     def start(self) -> None:
         """Start the broker (no-op if ours runs) and wait until it answers a metadata request."""
         if proc.running(self.state_dir) is not None:
-            log.info("kafka already running")
+            log.info("%s already running", self.name)
             return
-        s = self.settings
-        proc.require_free(s.kafka_port, "Kafka", "LAB_KAFKA_PORT")
-        proc.require_free(
-            s.kafka_controller_port, "the Kafka controller", "LAB_KAFKA_CONTROLLER_PORT"
-        )
-        self.provision()
-        server = self._render_config()
-        self._format(server)
         t0 = time.monotonic()
-        p = proc.spawn(
-            [*self._jvm_args(), "kafka.Kafka", server],
-            state_dir=self.state_dir, log_path=self.out_path, env=self._env(), cwd=self.state_dir,
-        )
+        p = self.spawn()
         try:
-            self._wait_ready(p)
+            self.wait_ready(p)
         except StackError:
             proc.terminate(self.state_dir, timeout=5)
             raise
         self.last_start_s = round(time.monotonic() - t0, 2)
-        log.info("kafka up on %s in %.1f s", s.kafka_bootstrap, self.last_start_s)
+        log.info("%s up on %s in %.1f s", self.name, self.bootstrap, self.last_start_s)
 
-    def _wait_ready(self, p: psutil.Process) -> None:
+    def spawn(self, cluster_id: str | None = None) -> psutil.Process:
+        """Check the ports, render the config, format once and start the JVM; no waiting."""
+        what = "Kafka" if self.name == "kafka" else f"Kafka node {self.name}"
+        hint = "" if self.name == "kafka" else f" + {self.port - self.settings.kafka_port}"
+        proc.require_free(self.port, what, "LAB_KAFKA_PORT" + hint)
+        proc.require_free(self.controller_port, f"the controller of {what}", "LAB_KAFKA_CONTROLLER_PORT" + hint)
+        server = self.prepare(cluster_id)
+        return proc.spawn(
+            [*self._jvm_args(), "kafka.Kafka", server],
+            state_dir=self.state_dir, log_path=self.out_path, env=self._env(), cwd=self.state_dir,
+        )
+
+    def prepare(self, cluster_id: str | None = None) -> Path:
+        """Render the config and format the data dir once; returns the config's path."""
+        self.provision()
+        server = self._render_config()
+        self._format(server, cluster_id)
+        return server
+
+    def wait_ready(self, p: psutil.Process, *, brokers: int = 1, timeout: float = START_TIMEOUT) -> None:
+        """Until this node answers a metadata request listing ``brokers`` brokers."""
         from confluent_kafka.admin import AdminClient
 
         admin: list[AdminClient] = []
 
         def ready() -> bool:
-            if not proc.port_open(self.settings.kafka_port):
+            if not proc.port_open(self.port):
                 return False
             if not admin:
-                admin.append(AdminClient({
-                    "bootstrap.servers": self.settings.kafka_bootstrap, "logger": log,
-                }))
-            return bool(admin[0].list_topics(timeout=2).brokers)
+                admin.append(AdminClient({"bootstrap.servers": self.bootstrap, "logger": log}))
+            return len(admin[0].list_topics(timeout=2).brokers) >= brokers
 
         try:
             proc.wait_until(
-                ready, timeout=START_TIMEOUT, what="Kafka", proc=p, log_path=self.out_path
+                ready, timeout=timeout, what=self.name, proc=p, log_path=self.out_path
             )
         except StackError as e:
             raise StackError(f"{e} | last error in {self.log_path}: {self._last_error()}") from None
@@ -228,7 +271,7 @@ class KafkaService:
     def stop(self, *, purge: bool = False) -> None:
         """SIGTERM (controlled shutdown), SIGKILL after 30 s; ``purge`` deletes all state."""
         if proc.terminate(self.state_dir, timeout=STOP_TIMEOUT):
-            log.info("kafka stopped")
+            log.info("%s stopped", self.name)
         if purge:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -250,11 +293,12 @@ class KafkaService:
             name=self.name,
             state="running" if procs else "stopped",
             pids=[p.pid for p in procs],
-            endpoint=self.settings.kafka_bootstrap,
+            endpoint=self.bootstrap,
             version=self.settings.kafka_version,
             rss_mb=proc.tree_rss_mb(procs) if procs else None,
             detail={
-                "controller": f"{self.settings.host}:{self.settings.kafka_controller_port}",
+                "node_id": self.node_id,
+                "controller": f"{self.settings.host}:{self.controller_port}",
                 "cluster_id": self._cluster_id_on_disk(),
                 "data_dir": str(self.data_dir),
                 "log": str(self.log_path),
@@ -262,3 +306,75 @@ class KafkaService:
                 "start_s": self.last_start_s,
             },
         )
+
+
+class KafkaCluster:
+    """The ``ha`` topology's three KRaft nodes, started and stopped together.
+
+    The nodes are spawned together (none can serve before a majority of the controller quorum is
+    up), formatted with one cluster id, and ready when each lists all three brokers. They are
+    stopped together too: stopped one after the other, the last node would wait for a quorum
+    that is gone before its controlled shutdown gives up.
+    """
+
+    name: str = "kafka"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.nodes = [KafkaService(settings, node) for node, _, _ in settings.kafka_nodes]
+        self.last_start_s: float | None = None
+
+    def provision(self) -> None:
+        self.nodes[0].provision()
+
+    def _cluster_id(self) -> str:
+        """The id a formatted node already has, else a new one for all three."""
+        for node in self.nodes:
+            cid = node._cluster_id_on_disk()
+            if cid:
+                return cid
+        return _cluster_id()
+
+    def start(self) -> None:
+        if all(node.processes() for node in self.nodes):
+            return
+        t0 = time.monotonic()
+        cid = self._cluster_id()
+        spawned: list[tuple[KafkaService, psutil.Process]] = []
+        with ThreadPoolExecutor(len(self.nodes)) as pool:  # one JVM each: format them at once
+            for f in [pool.submit(node.prepare, cid) for node in self.nodes if not node.processes()]:
+                f.result()
+        try:
+            for node in self.nodes:
+                running = node.processes()
+                spawned.append((node, running[0] if running else node.spawn(cid)))
+            for node, p in spawned:
+                node.wait_ready(p, brokers=len(self.nodes), timeout=HA_START_TIMEOUT)
+        except BaseException:
+            self.stop()
+            raise
+        self.last_start_s = round(time.monotonic() - t0, 2)
+        log.info("kafka cluster up on %s in %.1f s", self.settings.kafka_bootstrap, self.last_start_s)
+
+    def stop(self, *, purge: bool = False) -> None:
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            for f in [pool.submit(node.stop, purge=purge) for node in self.nodes]:
+                f.result()
+
+    def processes(self) -> list[psutil.Process]:
+        return [p for node in self.nodes for p in node.processes()]
+
+    def status(self) -> ServiceStatus:
+        """The cluster in one line (``statuses`` has one per node)."""
+        procs = self.processes()
+        return ServiceStatus(
+            name=self.name, state="running" if len(procs) == len(self.nodes) else
+            "degraded" if procs else "stopped",
+            pids=[p.pid for p in procs], endpoint=self.settings.kafka_bootstrap,
+            version=self.settings.kafka_version, rss_mb=proc.tree_rss_mb(procs) if procs else None,
+            detail={"nodes": [n.name for n in self.nodes], "start_s": self.last_start_s,
+                    **replication(self.settings)},
+        )
+
+    def statuses(self) -> list[ServiceStatus]:
+        return [node.status() for node in self.nodes]

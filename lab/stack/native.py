@@ -2,6 +2,13 @@
 
 PostgreSQL, Kafka and RabbitMQ run for as long as the stack is up (an idle broker is still a
 participant, method.md §1.6); each Debezium Server instance runs only during its own run.
+
+``settings.topology`` chooses the nodes: ``single`` (one of each, the reference's stack) or
+``ha`` (issue 15): three Kafka KRaft nodes (:class:`lab.stack.kafka.KafkaCluster`) and a
+PostgreSQL streaming standby with failover slots (:mod:`lab.stack.standby`), each node a
+participant of its own (``kafka-1``..``kafka-3``, ``postgres-standby``). RabbitMQ stays one node
+under ``ha`` for now (its three-node cluster is not built yet). One stack dir runs one topology
+at a time: ``up`` refuses, in one line, while nodes of the other one run.
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ from lab.settings import Settings
 from lab.stack import children
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
-from lab.stack.kafka import KafkaService
+from lab.stack.kafka import KafkaCluster, KafkaService
 from lab.stack.postgres import PostgresService
 from lab.stack.provision import java_home
 from lab.stack.rabbitmq import RabbitMQService
+from lab.stack.standby import PostgresStandby, configure_primary
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +40,29 @@ class NativeStack:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.topology = settings.topology
         self.postgres = PostgresService(settings)
-        self.kafka = KafkaService(settings)
+        self.standby = PostgresStandby(settings) if settings.ha else None
+        self.kafka: KafkaService | KafkaCluster = KafkaCluster(settings) if settings.ha else KafkaService(settings)
         self.rabbitmq = RabbitMQService(settings)
         self.debezium = {sink: DebeziumService(settings, sink) for sink in DEBEZIUM_SINKS}
 
     @property
     def services(self) -> list[NativeService]:
         """The always-on services, in start order."""
-        return [self.postgres, self.kafka, self.rabbitmq]
+        standby = [self.standby] if self.standby is not None else []
+        return [self.postgres, *standby, self.kafka, self.rabbitmq]  # type: ignore[list-item]
+
+    def _other_topology(self) -> list[NativeService]:
+        """The services of the topology not chosen (they share this stack dir)."""
+        s = self.settings.replace(topology="single" if self.settings.ha else "ha")
+        return [PostgresStandby(s), KafkaCluster(s)] if s.ha else [KafkaService(s)]  # type: ignore[list-item]
+
+    @property
+    def service_names(self) -> tuple[str, ...]:
+        """The always-on participants, a name per node (``kafka-1``..3 and ``postgres-standby``
+        under ``ha``)."""
+        return tuple(self.participants())[:-1]  # all but debezium
 
     def endpoints(self) -> Endpoints:
         s = self.settings
@@ -56,29 +78,42 @@ class NativeStack:
     def up(self) -> None:
         """Start what is not running; on failure stop what this call started, then re-raise."""
         self.provision()
+        other = [s.name for s in self._other_topology() if s.processes()]
+        if other:
+            now = "single" if self.settings.ha else "ha"
+            raise StackError(f"this stack runs topology {now} ({', '.join(other)}); stop it first "
+                             f"(`lab stack down --topology {now}`)")
         started: list[NativeService] = []
         try:
             for service in self.services:
-                if service.processes():
-                    continue
-                log.info("starting %s", service.name)
-                started.append(service)
-                service.start()
+                if not self._running(service):
+                    log.info("starting %s", service.name)
+                    started.append(service)
+                    service.start()
+                if service is self.postgres:  # the topology's slot and setting on the primary
+                    configure_primary(self.settings)
         except BaseException:
             for service in reversed(started):
                 with contextlib.suppress(Exception):
                     service.stop()
             raise
 
+    def _running(self, service: NativeService) -> bool:
+        if isinstance(service, KafkaCluster):
+            return len(service.processes()) == len(service.nodes)
+        return bool(service.processes())
+
     def down(self, *, purge: bool = False) -> None:
         """Stop everything this stack started (by pid), a killed run's processes first
-        (:mod:`lab.stack.children`); returns once all exited. ``purge`` also deletes all state."""
+        (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
+        ``purge`` also deletes all state."""
         errors: list[str] = []
         try:
             children.stop_all(self.settings)
         except Exception as exc:
             errors.append(str(exc))
-        for service in [*self.debezium.values(), *reversed(self.services)]:
+        # the other topology's nodes too: `down` stops whatever this stack dir runs
+        for service in [*self.debezium.values(), *self._other_topology(), *reversed(self.services)]:
             if service is self.postgres:
                 self._drop_slots(errors)
             try:
@@ -104,7 +139,14 @@ class NativeStack:
                 log.info("dropped replication slots %s", ", ".join(dropped))
 
     def status(self) -> list[ServiceStatus]:
-        return [s.status() for s in [*self.services, *self.debezium.values()]]
+        """One line per node: the cluster's Kafka nodes each on their own, and the other
+        topology's nodes too while they run (a status asked without ``--topology``)."""
+        out = []
+        other = [s for s in self._other_topology() if s.processes()]
+        for service in [*self.services, *other, *self.debezium.values()]:
+            statuses = getattr(service, "statuses", None)
+            out += statuses() if statuses is not None else [service.status()]
+        return out
 
     def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumService:
         """Start one Debezium instance (:meth:`DebeziumService.start`: ``durable`` in fault runs,
@@ -140,9 +182,11 @@ class NativeStack:
     def participants(self) -> dict[str, list[psutil.Process]]:
         """Participant name -> roots of its process trees (empty when not running)."""
         debezium = [p for d in self.debezium.values() for p in d.processes()]
-        return {
-            "postgres": self.postgres.processes(),
-            "kafka": self.kafka.processes(),
-            "rabbitmq": self.rabbitmq.processes(),
-            "debezium": debezium,
-        }
+        out = {"postgres": self.postgres.processes()}
+        if self.standby is not None:
+            out["postgres-standby"] = self.standby.processes()
+        if isinstance(self.kafka, KafkaCluster):
+            out |= {node.name: node.processes() for node in self.kafka.nodes}
+        else:
+            out["kafka"] = self.kafka.processes()
+        return out | {"rabbitmq": self.rabbitmq.processes(), "debezium": debezium}

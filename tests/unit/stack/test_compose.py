@@ -50,7 +50,7 @@ def test_same_kafka_jvm_and_broker_settings_as_native() -> None:
     assert env["KAFKA_HEAP_OPTS"].split() == list(kafka.HEAP_OPTS)
     assert env["KAFKA_JVM_PERFORMANCE_OPTS"].split() == list(kafka.JVM_OPTS)
     assert _services()["kafka"]["image"] == f"apache/kafka:{Settings().kafka_version}"
-    native = (ROOT / "lab/stack/templates/kafka-server.properties").read_text()
+    native = kafka.server_properties(Settings(), 1, ROOT)  # the single topology's node
     props = dict(ln.split("=", 1) for ln in native.splitlines() if re.match(r"^[a-z.]+=\d+$", ln))
     assert props  # the replication factors, ISR and group delay
     for name, value in props.items():

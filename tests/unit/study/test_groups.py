@@ -30,10 +30,18 @@ def test_runs_of_different_cpu_methods_are_never_pooled() -> None:
                                            ("reset", ["discard", "none", "discard"]),
                                            ("consumer_layout", ["processes", "tasks", "processes"]),
                                            ("backend", ["native", "compose", "native"]),
-                                           ("fault", ["", "consumer-kill:1@3s", ""])])
+                                           ("fault", ["", "consumer-kill:1@3s", ""]),
+                                           ("topology", ["single", "ha", "single"])])
 def test_every_comparability_key_splits_groups(column: str, values: list) -> None:
     with pytest.raises(groups.NotComparable, match="refusing to pool"):
         costmodel.headline(runs(**{column: values}))
+
+
+def test_runs_stored_before_topology_count_as_single_and_ha_is_named() -> None:
+    assert len(costmodel.measured(runs(topology=[None, "single", None]))) == 3
+    with pytest.raises(groups.NotComparable) as err:
+        costmodel.measured(runs(topology=[None, "ha", "single"]))
+    assert "ha topology" in str(err.value) and "single topology" in str(err.value)
 
 
 def test_failed_and_warmup_runs_do_not_decide_the_group() -> None:

@@ -1,0 +1,210 @@
+"""The fault-tolerant topology (issue 15, first slice) on its own real native stack.
+
+Three Kafka KRaft nodes and a PostgreSQL streaming standby with failover slots, started by the
+lab on ports 400 above the configured ones (the session's single-topology stack uses 300), so
+both may exist side by side. The module brings the stack up once, runs the ``wal`` and ``kafka``
+pipelines at N = 2, checks what Kafka and the standby report, and ends with ``lab stack down``.
+Heavy (three Kafka JVMs): run it on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from lab.pg.replication import ReplicationStream
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.stack.base import StackError
+from lab.stack.native import NativeStack
+from lab.stack.proc import tied
+from lab.stack.standby import STANDBY_SLOT
+from tests.conftest import lab_env
+
+pytestmark = pytest.mark.integration
+OFFSET = 400
+M = 1000
+NODES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3")
+SYNC_TIMEOUT = 120.0
+
+
+def ha_settings() -> Settings:
+    base = Settings.from_env()
+    o = OFFSET
+    return base.replace(
+        topology="ha",
+        stack_dir=base.stack_dir / "test-ha",
+        data_dir=base.stack_dir / "test-ha" / "data",
+        pg_port=base.pg_port + o,
+        kafka_port=base.kafka_port + o,
+        kafka_controller_port=base.kafka_controller_port + o,
+        amqp_port=base.amqp_port + o,
+        rabbitmq_dist_port=base.rabbitmq_dist_port + o,
+        rabbitmq_epmd_port=base.rabbitmq_epmd_port + o,
+        rabbitmq_node="ha-" + base.rabbitmq_node,
+        web_port=base.web_port + o,
+        debezium_kafka_http_port=base.debezium_kafka_http_port + o,
+        debezium_rabbitmq_http_port=base.debezium_rabbitmq_http_port + o,
+    )
+
+
+def lab(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lab", *args], env=lab_env(settings), capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def ha() -> Iterator[NativeStack]:
+    settings = ha_settings()
+    with pytest.MonkeyPatch.context() as mp:
+        # three more JVMs on two shared cores: starts take longer (Debezium needed 101 s of its
+        # 120 s under load); these tests check the topology, not how fast it starts
+        mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
+        mp.setattr("lab.stack.rabbitmq.START_TIMEOUT", 300.0)
+        mp.setattr("lab.stack.kafka.HA_START_TIMEOUT", 300.0)
+        yield from _ha_stack(settings)
+
+
+def _ha_stack(settings: Settings) -> Iterator[NativeStack]:
+    stack = NativeStack(settings)
+    stack.down(purge=True)
+    t0 = time.monotonic()
+    stack.up()
+    print(f"\nha stack up (cold: initdb, format, base backup) in {time.monotonic() - t0:.1f} s")
+    try:
+        yield stack
+    finally:
+        from lab.measure.cgroups import remove_scope
+
+        stack.down(purge=True)
+        remove_scope(settings)
+
+
+def run(settings: Settings, **kw: Any) -> dict[str, Any]:
+    return asyncio.run(run_scenario(Scenario(**{"messages": M, "cooldown_s": 0, **kw}), settings))
+
+
+def standby_slot(stack: NativeStack, name: str) -> dict[str, Any] | None:
+    assert stack.standby is not None
+    return next((s for s in stack.standby.slots() if s["slot"] == name), None)
+
+
+def wait_synced(stack: NativeStack, name: str, *, write: bool = False) -> dict[str, Any]:
+    """The standby's copy of slot ``name`` once slot sync has persisted it (synced, not temporary).
+
+    ``write``: keep committing outbox rows and logging a running-xacts record meanwhile, so that a
+    streaming slot's catalog xmin moves past the standby's (slot sync persists a copy only then).
+    """
+    deadline = time.monotonic() + SYNC_TIMEOUT
+    while True:
+        slot = standby_slot(stack, name)
+        if slot is not None and slot["synced"] and not slot["temporary"]:
+            return slot
+        assert time.monotonic() < deadline, f"slot {name} not synchronised to the standby: {slot}"
+        if write:
+            with psycopg.connect(stack.settings.pg_dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO messages (content) VALUES ('ha slot sync check')")
+                conn.execute("SELECT pg_log_standby_snapshot()")
+        time.sleep(1)
+
+
+def test_status_lists_every_node_running(ha: NativeStack) -> None:
+    res = lab(ha.settings, "stack", "status", "--json", "--topology", "ha")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    for name in ("postgres", *NODES, "rabbitmq"):
+        assert rows[name]["state"] == "running", name
+        assert rows[name]["pids"] and rows[name]["rss_mb"] > 10, name
+    assert len({rows[f"kafka-{i}"]["endpoint"] for i in (1, 2, 3)}) == 3
+    assert rows["postgres-standby"]["detail"]["in_recovery"] is True
+    # the three nodes form one cluster: each lists all three brokers
+    for _, port, _ in ha.settings.kafka_nodes:
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+        assert len(admin.list_topics(timeout=10).brokers) == 3
+    # the primary streams to the standby through its physical slot, and waits for it
+    with psycopg.connect(ha.settings.pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SHOW synchronized_standby_slots").fetchone()[0] == STANDBY_SLOT
+        row = conn.execute("SELECT slot_type, active FROM pg_replication_slots WHERE slot_name = %s",
+                           (STANDBY_SLOT,)).fetchone()
+    assert row == ("physical", True)
+
+
+def test_single_topology_is_refused_while_ha_runs(ha: NativeStack) -> None:
+    with pytest.raises(StackError, match="runs topology ha"):
+        NativeStack(ha.settings.replace(topology="single")).up()
+
+
+def test_a_readers_failover_slot_is_synchronised_to_the_standby(ha: NativeStack) -> None:
+    name = "load_test_slot_ha_check"
+
+    async def create() -> None:
+        stream = await ReplicationStream.connect(ha.settings.pg_dsn)
+        try:
+            await stream.create_slot(name, failover=ha.settings.ha)  # what the wal readers do under ha
+        finally:
+            await stream.close()
+
+    asyncio.run(create())
+    try:
+        with psycopg.connect(ha.settings.pg_dsn, autocommit=True) as conn:
+            failover = conn.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = %s",
+                                    (name,)).fetchone()
+        assert failover == (True,)
+        assert wait_synced(ha, name)["failover"] is True
+    finally:
+        with psycopg.connect(ha.settings.pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+
+
+def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: NativeStack) -> None:
+    with tied():
+        debezium = ha.start_debezium("kafka")
+    try:
+        assert wait_synced(ha, debezium.slot, write=True)["failover"] is True
+    finally:
+        ha.stop_debezium("kafka")
+
+
+@pytest.mark.parametrize("pipeline", ["wal", "kafka"])
+def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
+    r = run(ha.settings, pipeline=pipeline, consumers=2)
+    per = {k: round(v * 1000 / M, 3) for k, v in r["cpu_s"].items()}
+    print(f"\n{pipeline} c2 m{M} under ha: {r['cpu_ms_per_msg']} ms CPU/msg, window {r['window_s']} s, "
+          f"per participant (ms/msg) {per}, slots {r['slots']}")
+    assert r["success"], r["error"]
+    c = r["counters"]
+    assert c["sent"] == c["processed"] == c["work_calls"] == c["work_distinct"] == M
+    assert r["topology"] == "ha" and r["backend"] == "native"
+    for name in ("postgres", *NODES, "consumers"):
+        assert r["cpu_s"][name] > 0, name  # each node its own participant, and it did work
+    assert "rabbitmq" in r["cpu_s"] and "kafka" not in r["cpu_s"]
+    # each slot's copy on the standby at the drain's end is recorded (a short run's slot may not
+    # be persisted yet: slot sync waits until it passes the standby's catalog xmin)
+    assert r["slots"] and all(v["standby"] in ("synced", "temporary", "absent") for v in r["slots"].values())
+    if pipeline == "kafka":
+        ps = r["pipeline_settings"]
+        assert ps["replication_factor"] == 3 and ps["min_insync_replicas"] == 2
+        assert ps["replicas_at_start"]["replicas_min"] == 3 and ps["replicas_at_start"]["isr_min"] >= 2
+
+
+def test_down_stops_every_node(ha: NativeStack) -> None:
+    roots = [p for procs in ha.participants().values() for p in procs]
+    tree = roots + [c for p in roots for c in p.children(recursive=True)]
+    assert len(roots) >= 6
+    res = lab(ha.settings, "stack", "down")  # no --topology: down stops either topology's nodes
+    assert res.returncode == 0, res.stderr
+    _, alive = psutil.wait_procs(tree, timeout=15)
+    assert alive == []
+    rows = json.loads(lab(ha.settings, "stack", "status", "--json", "--topology", "ha").stdout)
+    assert {r["name"] for r in rows} >= {"postgres", *NODES} and all(r["state"] == "stopped" for r in rows)
