@@ -38,3 +38,9 @@ def test_the_docs_name_the_defaults_the_code_has(doc: str) -> None:
     args = web.parser().parse_args(["--port", "1", "--dsn", "x"])
     assert args.http == web.DEFAULT_HTTP
     assert senders.parser().parse_args(["--url", "u", "--messages", "1", "--out", "o"]).client == senders.DEFAULT_CLIENT
+
+
+def test_the_recorded_harness_names_the_defaults() -> None:
+    from lab.workload import HARNESS, senders
+
+    assert HARNESS.startswith(f"{senders.DEFAULT_CLIENT} senders, {web.DEFAULT_HTTP} insert listener")
