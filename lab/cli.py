@@ -299,8 +299,8 @@ def _bench_harness(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study.harness import bench_harness
 
     arms = [a for a in args.arms.split(",") if a]
-    out = bench_harness(settings, messages=args.messages, senders=args.senders, repeats=args.repeats, arms=arms,
-                        say=_say)
+    out = bench_harness(settings, messages=args.messages, senders=args.senders, repeats=args.repeats,
+                        arms=arms, say=_say)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 

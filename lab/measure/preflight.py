@@ -27,7 +27,8 @@ SERVICE_GROUPS = ("postgres", "kafka", "rabbitmq")
 
 def check_clean(settings: Settings, stack: Any) -> None:
     """Raise :class:`StackError` (one line, with the pid) if a run may not start now."""
-    ports = {"the web service": settings.web_port, "the web service's control listener": settings.control_port}
+    ports = {"the web service": settings.web_port,
+             "the web service's control listener": settings.control_port}
     ours: set[int] = set()
     if getattr(stack, "backend", "native") == "native":  # containers publish their own ports
         ours = {p.pid for d in stack.debezium.values() for p in d.processes()}

@@ -48,8 +48,8 @@ class RunProcesses:
         """The web service (and the speed probe beside it); returns once the service answers
         on its control listener, which it starts after its insert listener."""
         s, st = self.scenario, self.settings
-        web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--control-port", str(st.control_port),
-                    "--dsn", st.pg_dsn, "--reset", s.reset]
+        web_args = ["-m", "lab.workload.web", "--port", str(st.web_port),
+                    "--control-port", str(st.control_port), "--dsn", st.pg_dsn, "--reset", s.reset]
         if s.work_delay_ms:
             web_args += ["--work-delay-ms", str(s.work_delay_ms)]
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)

@@ -13,7 +13,8 @@ a raw asyncio protocol that sends prebuilt request bytes and reads only the stat
 aiohttp's CPU per request (``lab bench harness``); ``--client aiohttp`` is one aiohttp session.
 The raw client keeps all 200 requests queued at the web's insert listener, which is why the web
 answers the work and stats calls on a listener and process of its own (:mod:`lab.workload.web`).
-A 2xx response counts as sent, anything else (status or exception) as send_failed. The window starts at the wall-clock time of the first successful completion.
+A 2xx response counts as sent, anything else (status or exception) as send_failed. The window
+starts at the wall-clock time of the first successful completion.
 
 Start gate: the process polls for ``--start-file`` every 20 ms (one ``stat`` per tick, nothing
 else runs before the gate) and starts sending once it exists; the runner creates the file when the
