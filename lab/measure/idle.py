@@ -74,8 +74,8 @@ def _start_web(settings: Settings) -> psutil.Popen:
     proc = children.spawn(settings, "idle-web", argv, log_path=settings.stack_dir / "idle-web.log",
                           env=child_env(settings), cwd=settings.root)
     try:
-        # the control listener starts after the pool (up to 60 s) and the insert listener
-        wait_until(lambda: port_open(settings.control_port), timeout=90, what="the idle web service",
+        # the control listener starts after the pool (up to 120 s) and the insert listener
+        wait_until(lambda: port_open(settings.control_port), timeout=150, what="the idle web service",
                    proc=proc)
     except BaseException:
         _stop_web(settings, proc)

@@ -28,9 +28,9 @@ from lab.stack import children
 from lab.stack.proc import tail
 
 Progress = Callable[[str, dict[str, Any]], None]
-# The web opens its 220 connections (its own limit: 60 s), then starts its control listener,
+# The web opens its 220 connections (its own limit: 120 s), then starts its control listener,
 # which answering means ready: on a loaded machine that took over 30 s.
-WEB_READY_S = 90.0
+WEB_READY_S = 150.0
 
 
 class RunError(RuntimeError):

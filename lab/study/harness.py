@@ -60,7 +60,7 @@ def _inserts_only(settings: Settings, web_argv: list[str], senders_argv: list[st
             web = subprocess.Popen([sys.executable, *web_argv], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             watched = psutil.Process(web.pid)
-            proc.wait_until(lambda: proc.port_open(settings.web_port), timeout=60, what="web",
+            proc.wait_until(lambda: proc.port_open(settings.web_port), timeout=150, what="web",
                             proc=watched, log_path=Path(tmp) / "web.log")
             time.sleep(1.0)  # the pool finishes opening
             cpu0 = sum(watched.cpu_times()[:2])

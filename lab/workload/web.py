@@ -74,6 +74,7 @@ DEFAULT_HTTP = HTTP_SERVERS[0]
 DEFAULT_POOL = 220
 APPLICATION_NAME = "lab-web"  # how its connections show in pg_stat_activity
 CONTROL_STOP_S = 10.0
+POOL_OPEN_S = 120.0  # 220 connections; a machine at load 40 took over 60 s
 _BINARY = pq.Format.BINARY
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
@@ -240,7 +241,7 @@ async def serve(
         dsn, min_size=pool_size, max_size=pool_size, open=False,
         kwargs={"autocommit": True, "application_name": APPLICATION_NAME}, name="web",
     )
-    await pool.open(wait=True, timeout=60)  # the port only listens once every connection is up
+    await pool.open(wait=True, timeout=POOL_OPEN_S)  # the port listens once every connection is up
     inserter = Inserter(pool, reset=reset == "discard", prepare=prepare)
     raw: PostServer | None = None
     runner: web.AppRunner | None = None
