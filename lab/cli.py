@@ -314,7 +314,9 @@ def _bench_options(args: argparse.Namespace, settings: Settings) -> int:
 def _bench_harness(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study.harness import bench_harness
 
-    out = bench_harness(settings, messages=args.messages, senders=args.senders, repeats=args.repeats, say=_say)
+    arms = [a for a in args.arms.split(",") if a]
+    out = bench_harness(settings, messages=args.messages, senders=args.senders, repeats=args.repeats,
+                        arms=arms, say=_say)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 
@@ -423,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--messages", type=int, default=20_000)
     bh.add_argument("--senders", type=int, default=200)
     bh.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
+    bh.add_argument("--arms", default="naive,real_inserts,real_run",
+                    help="comma-separated, naive always runs; also real_inserts_aiohttp_client, "
+                         "real_inserts_aiohttp_server")
     bh.set_defaults(handler=_bench_harness)
     return parser
 

@@ -67,7 +67,7 @@ class Consumer:
         self.scenario = scenario
         self.index = index
         self.source = source
-        self.work_url = settings.web_url + "/send-email"
+        self.work_url = settings.control_url + "/send-email"
         self.stop = asyncio.Event()
         self.processed = 0
         self.failures = 0

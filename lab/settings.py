@@ -83,7 +83,8 @@ class Settings:
     rabbitmq_node: str = "fanoutlab@localhost"
     rabbitmq_version: str = "4.0"  # 4.0: Debian 13's, from a lab-built root | 3.10: the host's Debian 12 package
 
-    web_port: int = 28080
+    web_port: int = 28080  # the web service's insert listener (the senders')
+    web_control_port: int | None = None  # its work/stats listener; None: web_port + 1
     debezium_kafka_http_port: int = 28083
     debezium_rabbitmq_http_port: int = 28084
     debezium_version: str = "3.6.1.Final"
@@ -125,6 +126,7 @@ class Settings:
             rabbitmq_node=env.get("LAB_RABBITMQ_NODE", d.rabbitmq_node),
             rabbitmq_version=env.get("LAB_RABBITMQ_VERSION", d.rabbitmq_version),
             web_port=_int(env, "LAB_WEB_PORT", d.web_port),
+            web_control_port=_int(env, "LAB_WEB_CONTROL_PORT", 0) or None,
             debezium_kafka_http_port=_int(env, "LAB_DEBEZIUM_KAFKA_HTTP_PORT", d.debezium_kafka_http_port),
             debezium_rabbitmq_http_port=_int(
                 env, "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT", d.debezium_rabbitmq_http_port
@@ -243,7 +245,18 @@ class Settings:
 
     @property
     def web_url(self) -> str:
+        """The web service's insert listener (``POST /load/messages``: the senders)."""
         return f"http://{self.host}:{self.web_port}"
+
+    @property
+    def control_port(self) -> int:
+        return self.web_control_port or self.web_port + 1
+
+    @property
+    def control_url(self) -> str:
+        """The web service's other listener: the consumers' work calls and the runner's
+        ``/load/*`` calls, served by a process of its own (lab.workload.web)."""
+        return f"http://{self.host}:{self.control_port}"
 
 
 SECRET_NAMES = ("pg", "rabbitmq")
@@ -296,7 +309,7 @@ _ENV_NAMES = {
     "kafka_version": "LAB_KAFKA_VERSION", "amqp_port": "LAB_AMQP_PORT",
     "rabbitmq_dist_port": "LAB_RABBITMQ_DIST_PORT", "rabbitmq_epmd_port": "LAB_RABBITMQ_EPMD_PORT",
     "rabbitmq_node": "LAB_RABBITMQ_NODE", "rabbitmq_version": "LAB_RABBITMQ_VERSION",
-    "web_port": "LAB_WEB_PORT",
+    "web_port": "LAB_WEB_PORT", "web_control_port": "LAB_WEB_CONTROL_PORT",
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",

@@ -31,6 +31,7 @@ def test_settings() -> Settings:
         rabbitmq_epmd_port=base.rabbitmq_epmd_port + o,
         rabbitmq_node="test-" + base.rabbitmq_node,
         web_port=base.web_port + o,
+        web_control_port=base.control_port + o,
         debezium_kafka_http_port=base.debezium_kafka_http_port + o,
         debezium_rabbitmq_http_port=base.debezium_rabbitmq_http_port + o,
     )

@@ -69,11 +69,15 @@ def sample_idle(settings: Settings, roots: Mapping[str, Source], seconds: float,
 
 def _start_web(settings: Settings) -> psutil.Popen:
     require_free(settings.web_port, "the web service", "LAB_WEB_PORT")
-    argv = [sys.executable, "-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn]
+    require_free(settings.control_port, "the web service's control listener", "LAB_WEB_CONTROL_PORT")
+    argv = [sys.executable, "-m", "lab.workload.web", "--port", str(settings.web_port),
+            "--control-port", str(settings.control_port), "--dsn", settings.pg_dsn]
     proc = children.spawn(settings, "idle-web", argv, log_path=settings.stack_dir / "idle-web.log",
                           env=child_env(settings), cwd=settings.root)
     try:
-        wait_until(lambda: port_open(settings.web_port), timeout=30, what="the idle web service", proc=proc)
+        # the control listener starts after the pool (up to 120 s) and the insert listener
+        wait_until(lambda: port_open(settings.control_port), timeout=150, what="the idle web service",
+                   proc=proc)
     except BaseException:
         _stop_web(settings, proc)
         raise

@@ -3,7 +3,7 @@
 A run starts only when
 
 * no process recorded by an earlier run (:mod:`lab.stack.children`) is alive,
-* the ports it binds are free: the web service's and both Debezium HTTP ports (a Debezium of
+* the ports it binds are free: the web service's two and both Debezium HTTP ports (a Debezium of
   this stack may hold its own port: the run's reset stops it),
 * its participant cgroups are empty, except the stack services' own groups (the groups are
   per stack, :func:`lab.measure.cgroups.cgroup_scope`).
@@ -28,7 +28,8 @@ SERVICE_GROUPS = ("postgres", "postgres-standby", "kafka", "kafka-1", "kafka-2",
 
 def check_clean(settings: Settings, stack: Any) -> None:
     """Raise :class:`StackError` (one line, with the pid) if a run may not start now."""
-    ports = {"the web service": settings.web_port}
+    ports = {"the web service": settings.web_port,
+             "the web service's control listener": settings.control_port}
     ours: set[int] = set()
     if getattr(stack, "backend", "native") == "native":  # containers publish their own ports
         ours = {p.pid for d in stack.debezium.values() for p in d.processes()}

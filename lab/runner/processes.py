@@ -28,6 +28,9 @@ from lab.stack import children
 from lab.stack.proc import tail
 
 Progress = Callable[[str, dict[str, Any]], None]
+# The web opens its 220 connections (its own limit: 120 s), then starts its control listener,
+# which answering means ready: on a loaded machine that took over 30 s.
+WEB_READY_S = 150.0
 
 
 class RunError(RuntimeError):
@@ -42,10 +45,11 @@ class RunProcesses:
                               env=child_env(self.settings), cwd=self.settings.root)
 
     async def start_web(self) -> None:
-        """The web service (and the speed probe beside it); returns once the service answers."""
+        """The web service (and the speed probe beside it); returns once the service answers
+        on its control listener, which it starts after its insert listener."""
         s, st = self.scenario, self.settings
-        web_args = ["-m", "lab.workload.web", "--port", str(st.web_port), "--dsn", st.pg_dsn,
-                    "--reset", s.reset]
+        web_args = ["-m", "lab.workload.web", "--port", str(st.web_port),
+                    "--control-port", str(st.control_port), "--dsn", st.pg_dsn, "--reset", s.reset]
         if s.work_delay_ms:
             web_args += ["--work-delay-ms", str(s.work_delay_ms)]
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
@@ -93,16 +97,17 @@ class RunProcesses:
         return parts
 
     async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
-        """One call to the web service on a kept-alive connection (the drain loop polls it)."""
+        """One call to the web service's control listener on a kept-alive connection (the drain
+        loop polls it); never queued behind the senders' inserts, which the other listener serves."""
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        async with self._http.request(method, self.settings.web_url + path) as r:
+        async with self._http.request(method, self.settings.control_url + path) as r:
             if r.status >= 300:
                 raise RunError(f"web service answered {r.status} to {method} {path}")
             return await r.json() if r.status == 200 else {}
 
     async def _wait_web(self) -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WEB_READY_S
         while True:
             if self.procs["web"].poll() is not None:
                 raise RunError(
@@ -113,7 +118,7 @@ class RunProcesses:
                 return
             except (aiohttp.ClientError, OSError, TimeoutError):
                 if time.monotonic() > deadline:
-                    raise RunError("web service did not answer within 30 s") from None
+                    raise RunError(f"web service did not answer within {WEB_READY_S:.0f} s") from None
                 await asyncio.sleep(0.1)
 
     def spawn_consumer(self, group: list[int]) -> psutil.Popen:

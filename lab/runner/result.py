@@ -11,6 +11,7 @@ from lab.measure.latency import achieved_rate
 from lab.measure.provenance import client_versions, provenance
 from lab.measure.sampler import Sampler, Snapshot
 from lab.measure.services import stack_record
+from lab.workload import HARNESS
 from lab.pipelines.versions import broker_client_versions
 
 
@@ -133,6 +134,7 @@ class RunResult:
             **provenance(root=self.settings.root, cpu_method=self.cpu_method, services=self._versions(),
                          clients=client_versions() | broker_client_versions(), window=self.host_window),
             **stack_record(self.stack),
+            "harness": HARNESS,
             "lab_version": __version__,
         }
 

@@ -5,8 +5,9 @@ pipeline and N: the producer (web or direct), the open-loop ``rate`` (0: closed 
 delay, the message count, the topology of the load (``senders``, ``batch_size``) and the
 ``cpu_method`` the run was measured with (:mod:`lab.measure.provenance`; runs stored before it was
 recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout`` and the stack's
-``backend`` (native or compose), the injected ``fault`` (issue 14) and the stack's ``topology``
-(issue 15: ``single`` nodes or the fault-tolerant ``ha`` ones). :func:`check` refuses a mixture in one line;
+``backend`` (native or compose), the injected ``fault`` (issue 14), the stack's ``topology``
+(issue 15: ``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
+senders implementation, issue 12 §5). :func:`check` refuses a mixture in one line;
 :func:`select` picks one comparable group for an analysis (``series_id=""``: the newest series)
 and names it.
 """
@@ -18,13 +19,15 @@ from typing import Any
 
 import pandas as pd
 
+from lab.workload import HARNESS_BEFORE
+
 KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",
-        "reset", "consumer_layout", "backend", "fault", "topology")
+        "reset", "consumer_layout", "backend", "fault", "topology", "harness")
 # A run stored before a field existed was measured the way the lab worked then: no reset on a
 # reused connection, one process per consumer, the native stack.
 DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded",
                             "reset": "none", "consumer_layout": "processes", "backend": "native", "fault": "",
-                            "topology": "single"}
+                            "topology": "single", "harness": HARNESS_BEFORE}
 
 
 class NotComparable(ValueError):
@@ -71,6 +74,8 @@ def describe(group: dict[str, Any]) -> str:
             parts.append(f"fault {v}" if v else "no fault")
         elif k == "topology":
             parts.append(f"{v} topology")
+        elif k == "harness":
+            parts.append(f"harness: {v}")
     return ", ".join(parts)
 
 

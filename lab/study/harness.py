@@ -1,16 +1,20 @@
 """``lab bench harness``: the lab's web + senders against a naive baseline, in one sitting.
 
-Three measurements per round, alternating, on the same PostgreSQL (``messages`` truncated
-before each), each reported as web + senders CPU in ms per message:
+Per round, the chosen arms one after the other (the order of ``ARMS``), on the same PostgreSQL
+(``messages`` truncated before each), each reported as web + senders CPU in ms per message:
 
 * ``naive``: :mod:`lab.workload.naive` (aiohttp + psycopg-pool web, aiohttp senders; inserts
   only). The senders report their own CPU over the send phase; the web's is read with psutil
   over the same phase.
-* ``real_inserts`` / ``real_inserts_raw``: the lab's web (:mod:`lab.workload.web`, with its
-  default reset) and senders (:mod:`lab.workload.senders`, aiohttp or raw client), inserts only,
+* ``real_inserts``: the lab's web (:mod:`lab.workload.web`, its defaults: raw insert listener,
+  the reset) and senders (:mod:`lab.workload.senders`, its default raw client), inserts only,
   measured the same way: like for like.
-* ``real_run``: ``lab run --pipeline wal --consumers 1`` (its web also serves the work calls);
-  ``web`` + ``senders`` from the run's sampled window, as the issue's figure was taken.
+* ``real_inserts_aiohttp_client`` / ``real_inserts_aiohttp_server``: the same with the other
+  client (``--client aiohttp``) or the other insert listener (``--http aiohttp``); not run
+  unless asked for (``arms``).
+* ``real_run``: ``lab run --pipeline wal --consumers 1`` with every default (its web also
+  serves the work calls, on its control listener); ``web`` + ``senders`` from the run's sampled
+  window, as the issue's figure was taken.
 
 The result is each figure's median, and the real ones as ratios of the naive one.
 """
@@ -25,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +60,7 @@ def _inserts_only(settings: Settings, web_argv: list[str], senders_argv: list[st
             web = subprocess.Popen([sys.executable, *web_argv], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             watched = psutil.Process(web.pid)
-            proc.wait_until(lambda: proc.port_open(settings.web_port), timeout=60, what="web",
+            proc.wait_until(lambda: proc.port_open(settings.web_port), timeout=150, what="web",
                             proc=watched, log_path=Path(tmp) / "web.log")
             time.sleep(1.0)  # the pool finishes opening
             cpu0 = sum(watched.cpu_times()[:2])
@@ -88,19 +92,26 @@ def _naive(settings: Settings, messages: int, senders: int) -> float:
     )
 
 
-def _real_inserts(settings: Settings, messages: int, senders: int, client: str = "aiohttp") -> float:
+def _real_inserts(settings: Settings, messages: int, senders: int, *, client: str | None = None,
+                  http: str | None = None) -> float:
+    """The lab's web and senders, inserts only; ``None``: the module's default."""
     return _inserts_only(
         settings,
-        ["-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
+        ["-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn,
+         *(["--http", http] if http else [])],
         ["-m", "lab.workload.senders", "--url", settings.web_url, "--messages", str(messages),
-         "--senders", str(senders), "--client", client],
+         "--senders", str(senders), *(["--client", client] if client else [])],
         lambda _, out: float(json.loads(out.read_text())["cpu_s"]),
         messages,
     )
 
 
-def _real_inserts_raw(settings: Settings, messages: int, senders: int) -> float:
-    return _real_inserts(settings, messages, senders, client="raw")
+def _real_inserts_aiohttp_client(settings: Settings, messages: int, senders: int) -> float:
+    return _real_inserts(settings, messages, senders, client="aiohttp")
+
+
+def _real_inserts_aiohttp_server(settings: Settings, messages: int, senders: int) -> float:
+    return _real_inserts(settings, messages, senders, http="aiohttp")
 
 
 def _real_run(settings: Settings, messages: int, senders: int) -> float:
@@ -111,15 +122,27 @@ def _real_run(settings: Settings, messages: int, senders: int) -> float:
     return (r["cpu_s"]["web"] + r["cpu_s"]["senders"]) * 1000 / messages
 
 
+ARMS: dict[str, Callable[[Settings, int, int], float]] = {
+    "naive": _naive, "real_inserts": _real_inserts,
+    "real_inserts_aiohttp_client": _real_inserts_aiohttp_client,
+    "real_inserts_aiohttp_server": _real_inserts_aiohttp_server,
+    "real_run": _real_run,
+}
+DEFAULT_ARMS = ("naive", "real_inserts", "real_run")
+
+
 def bench_harness(settings: Settings, *, messages: int = 20_000, senders: int = 200, repeats: int = 3,
-                  say: Say = lambda _: None) -> dict[str, Any]:
-    """``repeats`` rounds of naive, real inserts-only and a real run; medians and ratios."""
-    arms = {"naive": _naive, "real_inserts": _real_inserts, "real_inserts_raw": _real_inserts_raw,
-            "real_run": _real_run}
-    got: dict[str, list[float]] = {name: [] for name in arms}
+                  arms: Sequence[str] = DEFAULT_ARMS, say: Say = lambda _: None) -> dict[str, Any]:
+    """``repeats`` rounds of the ``arms`` (naive first, whatever the order given); medians, and
+    each real arm's median as a ratio of the naive one."""
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}: choose from {', '.join(ARMS)}")
+    chosen = {name: arm for name, arm in ARMS.items() if name in arms or name == "naive"}
+    got: dict[str, list[float]] = {name: [] for name in chosen}
     loads = []
     for i in range(repeats):
-        for name, arm in arms.items():
+        for name, arm in chosen.items():
             say(f"round {i + 1}/{repeats}: {name}")
             got[name].append(round(arm(settings, messages, senders), 4))
             loads.append(round(os.getloadavg()[0], 2))
@@ -127,8 +150,6 @@ def bench_harness(settings: Settings, *, messages: int = 20_000, senders: int = 
     return {
         "messages": messages, "senders": senders, "repeats": repeats,
         "web_plus_senders_ms_per_msg": got, "median": med,
-        "ratio_real_inserts_to_naive": round(med["real_inserts"] / med["naive"], 3),
-        "ratio_real_inserts_raw_to_naive": round(med["real_inserts_raw"] / med["naive"], 3),
-        "ratio_real_run_to_naive": round(med["real_run"] / med["naive"], 3),
+        **{f"ratio_{name}_to_naive": round(med[name] / med["naive"], 3) for name in med if name != "naive"},
         "loadavg_1m": loads, "host_cpus": psutil.cpu_count(),
     }

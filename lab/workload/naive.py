@@ -41,7 +41,7 @@ def create_app(dsn: str, pool_size: int = POOL) -> web.Application:
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         async with AsyncConnectionPool(dsn, min_size=pool_size, max_size=pool_size,
                                        kwargs={"autocommit": True}) as pool:
-            await pool.wait(timeout=60)
+            await pool.wait(timeout=120)  # a loaded machine took over 60 s for 220 connections
             app["pool"] = pool
             yield
 

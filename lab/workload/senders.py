@@ -8,11 +8,13 @@ Run as its own measured process::
 Faithful to the reference: one shared keep-alive pool of at most ``senders + 16`` connections, body
 ``{"content":"helloworld"}`` with only Host, Content-Type and Content-Length headers (like .NET
 HttpClient's bare request), 30 s timeout, **no retries** and no warm-up request (connections are
-opened by the first real sends). ``--client aiohttp`` (the default) is one aiohttp session;
-``--client raw`` is :mod:`lab.workload.rawhttp`, a raw asyncio protocol that sends prebuilt request
-bytes and reads only the status: cheaper (``lab bench harness``), but on a heavily loaded machine
-it keeps the web's queue fuller, and the runner's 10 s stats timeout tripped, so it is opt-in. A 2xx response counts as sent, anything else (status or exception)
-as send_failed. The window starts at the wall-clock time of the first successful completion.
+opened by the first real sends). ``--client raw`` (the default) is :mod:`lab.workload.rawhttp`,
+a raw asyncio protocol that sends prebuilt request bytes and reads only the status, at a quarter of
+aiohttp's CPU per request (``lab bench harness``); ``--client aiohttp`` is one aiohttp session.
+The raw client keeps all 200 requests queued at the web's insert listener, which is why the web
+answers the work and stats calls on a listener and process of its own (:mod:`lab.workload.web`).
+A 2xx response counts as sent, anything else (status or exception) as send_failed. The window
+starts at the wall-clock time of the first successful completion.
 
 Start gate: the process polls for ``--start-file`` every 20 ms (one ``stat`` per tick, nothing
 else runs before the gate) and starts sending once it exists; the runner creates the file when the
@@ -163,13 +165,14 @@ async def _progress(path: Path, t: Tally) -> None:
         tmp.replace(path)
 
 
-CLIENTS = ("aiohttp", "raw")
+CLIENTS = ("raw", "aiohttp")  # the first is the default
+DEFAULT_CLIENT = CLIENTS[0]
 HEADERS = {"Content-Type": "application/json"}
 SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")  # like .NET HttpClient's bare request
 
 
 class _AiohttpPost:
-    """``await post()`` -> status, over one aiohttp session (the default client)."""
+    """``await post()`` -> status, over one aiohttp session (``--client aiohttp``)."""
 
     def __init__(self, target: str, limit: int) -> None:
         self.target = target
@@ -190,13 +193,15 @@ class _AiohttpPost:
 
 async def run_senders(
     url: str, messages: int, senders: int, gate: asyncio.Event | None = None,
-    *, rate: float = 0.0, progress: Path | None = None, client: str = "aiohttp",
+    *, rate: float = 0.0, progress: Path | None = None, client: str = DEFAULT_CLIENT,
 ) -> SendResult:
     """POST exactly ``messages`` times to ``url``/load/messages from ``senders`` closed loops.
 
     Waits for ``gate`` (if given) before the first request; no request is made before it.
     ``rate > 0`` switches to open-loop sends at ``rate`` msg/s over ``senders + 16`` connections.
     """
+    if client not in CLIENTS:
+        raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
     target = url.rstrip("/") + "/load/messages"
     t = Tally(messages)
     c: RawPost | _AiohttpPost = (RawPost(target, BODY, limit=senders + 16, timeout=TIMEOUT_S)
@@ -293,16 +298,21 @@ def run_and_write(main: Callable[[], Awaitable[SendResult]], out: Path) -> int:
     return 0 if result.error is None else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.workload.senders", description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True, help="web service base URL, e.g. http://127.0.0.1:28080")
     p.add_argument("--messages", type=int, required=True)
     p.add_argument("--senders", type=int, default=200)
     p.add_argument("--rate", type=float, default=0.0,
                    help="open-loop msg/s (latency mode); default 0 = closed loop")
-    p.add_argument("--client", choices=CLIENTS, default="aiohttp",
-                   help="HTTP client: aiohttp (default) or raw (lab.workload.rawhttp, leaner)")
+    p.add_argument("--client", choices=CLIENTS, default=DEFAULT_CLIENT,
+                   help="HTTP client: raw (default; lab.workload.rawhttp, leaner) or aiohttp")
     add_gate_options(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     if a.messages < 0 or a.senders < 1 or a.rate < 0:
         p.error("--messages and --rate must be >= 0, --senders >= 1")

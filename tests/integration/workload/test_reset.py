@@ -53,10 +53,9 @@ def test_discard_and_insert_go_out_before_any_reply(db: psycopg.Connection, sett
     async def one() -> tuple[object, ...] | None:
         conn = await psycopg.AsyncConnection.connect(settings.pg_dsn, autocommit=True)
         try:
-            cur = conn.cursor(binary=True)
             with open(trace, "w") as f:
                 conn.pgconn.trace(f.fileno())
-                row = await insert_row(conn, cur, "traced", reset=True)
+                row = await insert_row(conn, "traced", reset=True)
                 conn.pgconn.untrace()
             return row
         finally:
@@ -128,7 +127,9 @@ def test_pg_producer_writes_exactly_m_rows(db: psycopg.Connection, settings: Set
 
 def test_harness_baseline_and_lab_inserts_only(db: psycopg.Connection, settings: Settings) -> None:
     """lab bench harness's inserts-only arms: each writes exactly M rows (checked inside)."""
-    from lab.study.harness import _naive, _real_inserts_raw
+    from lab.study.harness import _naive, _real_inserts, _real_inserts_aiohttp_client, _real_inserts_aiohttp_server
 
     assert _naive(settings, 300, 10) > 0
-    assert _real_inserts_raw(settings, 300, 10) > 0
+    assert _real_inserts(settings, 300, 10) > 0
+    assert _real_inserts_aiohttp_client(settings, 300, 10) > 0
+    assert _real_inserts_aiohttp_server(settings, 300, 10) > 0

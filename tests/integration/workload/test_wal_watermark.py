@@ -48,18 +48,19 @@ def reader_pair(stack: object, settings: Settings, tmp_path: Path) -> Iterator[C
     env = child_env(settings)
     out = open(tmp_path / "procs.log", "ab")  # noqa: SIM115 - closed below
     web = subprocess.Popen([sys.executable, "-m", "lab.workload.web", "--port", str(settings.web_port),
+                            "--control-port", str(settings.control_port),
                             "--dsn", settings.pg_dsn, "--pool", "4", "--test-hold"],
                            env=env, stdout=out, stderr=subprocess.STDOUT)
     procs = [web]
 
     def post(path: str, body: dict | None = None) -> None:
-        req = urllib.request.Request(settings.web_url + path, data=json.dumps(body or {}).encode(),
+        req = urllib.request.Request(settings.control_url + path, data=json.dumps(body or {}).encode(),
                                      method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10):
             pass
 
     try:
-        wait_for("the web service", lambda: _answers(settings.web_url + "/load/stats"))
+        wait_for("the web service", lambda: _answers(settings.control_url + "/load/stats"))
         scenario = json.dumps(Scenario(pipeline="wal", consumers=2).as_parameters())
         for i in range(2):
             procs.append(subprocess.Popen(
@@ -107,7 +108,7 @@ def test_a_held_row_keeps_its_slot_below_its_commit_until_its_work_is_done(
             return {name: parse_lsn(v) for name, v in rows}
 
         def calls() -> int:
-            return _get(settings.web_url + "/load/stats")["calls"]
+            return _get(settings.control_url + "/load/stats")["calls"]
 
         before_a = lsn()
         with conn.transaction():  # A's work is held before A can be streamed (at its commit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -77,10 +79,10 @@ def test_reset_is_a_scenario_field_and_a_producer_option(capsys: pytest.CaptureF
 
 
 def test_web_refuses_a_prepared_insert_with_discard(capsys: pytest.CaptureFixture[str]) -> None:
-    from lab.workload.web import create_app, main
+    from lab.workload.web import main, serve
 
     with pytest.raises(ValueError, match="--prepare needs --reset none"):
-        create_app("host=unused", prepare=True)
+        asyncio.run(serve("127.0.0.1", 1, "host=unused", prepare=True))
     with pytest.raises(SystemExit) as exc:
         main(["--port", "1", "--dsn", "x", "--prepare"])
     assert exc.value.code == 2 and "--prepare needs --reset none" in capsys.readouterr().err

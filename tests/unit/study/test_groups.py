@@ -77,3 +77,11 @@ def test_runs_stored_before_a_field_count_as_the_old_behaviour() -> None:
     df = runs(reset=["discard", None, None])  # two runs from before the reset existed: no reset
     with pytest.raises(groups.NotComparable, match="no reset on reuse"):
         costmodel.headline(df)
+
+
+def test_runs_of_the_old_harness_are_never_pooled_with_the_lean_one() -> None:
+    from lab.workload import HARNESS
+
+    df = runs(harness=[HARNESS, None, None])  # two runs from before the field: the old harness
+    with pytest.raises(groups.NotComparable, match="harness: aiohttp senders"):
+        costmodel.headline(df)
