@@ -83,7 +83,7 @@ from lab.runner.processes import RunError
 from lab.stack import children
 from lab.stack.debezium import DURABLE, SLOT
 from lab.stack.proc import tied
-from lab.workload.web import INSERT
+from lab.workload.web import INSERT_QUERY
 
 log = logging.getLogger(__name__)
 WAL_SAMPLE_S = 1.0
@@ -543,7 +543,7 @@ class FaultInjector:
         async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn) as conn:
             self._event("big transaction begins", rows=rows)
             async with conn.transaction(), conn.cursor() as cur:
-                await cur.executemany(INSERT, [("helloworld",)] * rows, returning=True)
+                await cur.executemany(INSERT_QUERY, [("helloworld",)] * rows, returning=True)
                 ids = []
                 while True:
                     ids += [r[0] for r in await cur.fetchall()]

@@ -64,6 +64,9 @@ log = logging.getLogger("lab.workload.web")  # not __name__: that is "__main__" 
 
 # The INSERT as psycopg converts "... VALUES (%s) ..." for a str: $1, an untyped text parameter.
 INSERT = b"INSERT INTO messages (content) VALUES ($1) RETURNING id, created_at"
+# The same statement in psycopg's placeholder style, for a psycopg cursor (the big-transaction
+# fault); tests/unit/workload/test_web_statement.py holds its conversion equal to INSERT.
+INSERT_QUERY = b"INSERT INTO messages (content) VALUES (%s) RETURNING id, created_at"
 INSERT_TYPES = (0,)
 INSERT_FORMATS = (pq.Format.TEXT,)
 PREPARED = b"lab_insert"

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_insert_text_types_and_formats_are_psycopgs_conversion() -> None:
     q = PostgresQuery(Transformer())
-    q.convert(b"INSERT INTO messages (content) VALUES (%s) RETURNING id, created_at", ("helloworld",))
+    q.convert(web.INSERT_QUERY, ("helloworld",))
     assert q.query == web.INSERT
     assert tuple(q.types) == web.INSERT_TYPES
     assert tuple(q.formats) == web.INSERT_FORMATS
