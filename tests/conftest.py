@@ -17,23 +17,26 @@ from lab.settings import Settings, child_env
 TEST_PORT_OFFSET = 300
 
 
-def test_settings() -> Settings:
+def test_settings(offset: int = TEST_PORT_OFFSET, name: str = "test", **extra: object) -> Settings:
+    """The environment's settings moved to a stack of their own: ``<stack_dir>/<name>``, every port
+    + ``offset``, the RabbitMQ node ``<name>-<node>``; ``extra`` overrides any field."""
     base = Settings.from_env()
-    o = TEST_PORT_OFFSET
+    o = offset
     return base.replace(
-        stack_dir=base.stack_dir / "test",
-        data_dir=base.stack_dir / "test" / "data",
+        stack_dir=base.stack_dir / name,
+        data_dir=base.stack_dir / name / "data",
         pg_port=base.pg_port + o,
         kafka_port=base.kafka_port + o,
         kafka_controller_port=base.kafka_controller_port + o,
         amqp_port=base.amqp_port + o,
         rabbitmq_dist_port=base.rabbitmq_dist_port + o,
         rabbitmq_epmd_port=base.rabbitmq_epmd_port + o,
-        rabbitmq_node="test-" + base.rabbitmq_node,
+        rabbitmq_node=f"{name}-{base.rabbitmq_node}",
         web_port=base.web_port + o,
         web_control_port=base.control_port + o,
         debezium_kafka_http_port=base.debezium_kafka_http_port + o,
         debezium_rabbitmq_http_port=base.debezium_rabbitmq_http_port + o,
+        **extra,
     )
 
 

@@ -31,6 +31,7 @@ from lab.stack.native import NativeStack
 from lab.stack.proc import tied
 from lab.stack.standby import STANDBY_SLOT
 from tests.conftest import lab_env
+from tests.conftest import test_settings as moved_settings
 
 pytestmark = pytest.mark.integration
 OFFSET = 400
@@ -40,23 +41,7 @@ SYNC_TIMEOUT = 120.0
 
 
 def ha_settings() -> Settings:
-    base = Settings.from_env()
-    o = OFFSET
-    return base.replace(
-        topology="ha",
-        stack_dir=base.stack_dir / "test-ha",
-        data_dir=base.stack_dir / "test-ha" / "data",
-        pg_port=base.pg_port + o,
-        kafka_port=base.kafka_port + o,
-        kafka_controller_port=base.kafka_controller_port + o,
-        amqp_port=base.amqp_port + o,
-        rabbitmq_dist_port=base.rabbitmq_dist_port + o,
-        rabbitmq_epmd_port=base.rabbitmq_epmd_port + o,
-        rabbitmq_node="ha-" + base.rabbitmq_node,
-        web_port=base.web_port + o,
-        debezium_kafka_http_port=base.debezium_kafka_http_port + o,
-        debezium_rabbitmq_http_port=base.debezium_rabbitmq_http_port + o,
-    )
+    return moved_settings(OFFSET, "test-ha", topology="ha")
 
 
 def lab(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
