@@ -145,6 +145,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
             row["slots"] = len(value)
         elif not isinstance(value, Mapping | list):
             row[key] = value
+    if isinstance(run.get("consumer_layout"), str):  # what ran, over the scenario's (maybe "auto")
+        row["consumer_layout"] = run["consumer_layout"]
     return row
 
 

@@ -30,7 +30,13 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
 * ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows.
 
-A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
+A fault run needs ``producer="web"`` and one process per consumer: ``consumer_layout="auto"`` (the
+default) gives it that, ``tasks`` is refused.
+
+``consumer_layout``: ``tasks`` runs the N consumers as asyncio tasks of one process (one shared AMQP
+connection for RabbitMQ), as the reference did; ``processes`` one OS process each (per-consumer CPU
+and RSS, and what a fault needs); ``auto`` (the default) is ``tasks``, or ``processes`` when a
+fault is injected (:attr:`Scenario.layout`).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from typing import Any
 PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
-CONSUMER_LAYOUTS = ("processes", "tasks")
+CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
                "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
@@ -153,7 +159,7 @@ class Scenario:
     seed: int = 0  # for anything randomised in a series
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
-    consumer_layout: str = "processes"  # processes: one OS process per consumer | tasks: N asyncio tasks, one process
+    consumer_layout: str = "auto"  # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
 
     def __post_init__(self) -> None:
@@ -191,8 +197,8 @@ class Scenario:
             self._check_fault(parse_fault(self.fault))
 
     def _check_fault(self, f: Fault) -> None:
-        if self.producer != "web" or self.consumer_layout != "processes":
-            raise ValueError("a fault needs producer='web' and consumer_layout='processes' "
+        if self.producer != "web" or self.layout != "processes":
+            raise ValueError("a fault needs producer='web' and consumer_layout='processes' or 'auto' "
                              "(one OS process per consumer)")
         if f.target is not None and f.target >= self.consumers:
             raise ValueError(f"fault {self.fault!r}: no consumer {f.target} among {self.consumers} "
@@ -206,6 +212,15 @@ class Scenario:
         if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded"):
             raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
                              "(pipeline wal or wal-sharded)")
+
+    @property
+    def layout(self) -> str:
+        """The consumer layout a run uses: ``consumer_layout``, with ``auto`` resolved to ``tasks``
+        (as the reference ran its consumers; measured cheaper, docs/benchmarks.md "Consumer
+        layout") or to ``processes`` when a fault is injected (it needs one process per consumer)."""
+        if self.consumer_layout != "auto":
+            return self.consumer_layout
+        return "processes" if self.fault else "tasks"
 
     @property
     def parsed_fault(self) -> Fault | None:

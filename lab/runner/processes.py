@@ -138,7 +138,7 @@ class RunProcesses:
     async def start_consumers(self) -> None:
         s = self.scenario
         # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
-        layout = [[i] for i in range(s.consumers)] if s.consumer_layout == "processes" else [list(range(s.consumers))]
+        layout = [[i] for i in range(s.consumers)] if s.layout == "processes" else [list(range(s.consumers))]
         for group in layout:
             self.consumers.append(self.spawn_consumer(group))
         deadline = time.monotonic() + s.ready_timeout_s

@@ -110,6 +110,7 @@ class RunResult:
             "run_id": self.run_id,
             "started_at": started_at,
             "scenario": s.as_parameters(),
+            "consumer_layout": s.layout,  # what ran: the scenario's ``auto`` resolved (lab.scenario)
             "pipeline_settings": self.pipeline.describe(),
             "success": success,
             "error": error,

@@ -23,9 +23,9 @@ def run(settings: Settings, **kw: object) -> dict:
     return asyncio.run(run_scenario(Scenario(**{"messages": M, "cooldown_s": 0, **kw}), settings))
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
-    r = run(settings, pipeline="wal", consumers=n)
+@pytest.mark.parametrize(("n", "layout"), [(1, "auto"), (2, "auto"), (4, "processes")])
+def test_wal_fan_out(stack: object, settings: Settings, n: int, layout: str) -> None:
+    r = run(settings, pipeline="wal", consumers=n, consumer_layout=layout)
     c = r["counters"]
     assert r["success"], r["error"]
     assert c["sent"] == c["processed"] == c["work_calls"] == c["work_distinct"] == M
@@ -47,7 +47,14 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
     assert r["cpu_s"]["postgres"] > 0 and r["cpu_s"]["consumers"] > 0 and r["cpu_s"]["web"] > 0
     total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
     assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / M, rel=1e-3)
-    assert len(r["consumers"]) == n and all("cpu_s" in x for x in r["consumers"])
+    assert len(r["consumers"]) == n
+    # the default layout is tasks: one process, its CPU on the first consumer's row; processes: one each
+    assert r["consumer_layout"] == ("tasks" if layout == "auto" else layout)
+    pids = {x["pid"] for x in r["consumers"]}
+    if r["consumer_layout"] == "tasks":
+        assert len(pids) == 1 and "cpu_s" in r["consumers"][0]
+    else:
+        assert len(pids) == n and all("cpu_s" in x for x in r["consumers"])
     # nothing left behind for the next run
     with psycopg.connect(settings.pg_dsn) as conn:
         left = conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0]
@@ -55,7 +62,7 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int) -> None:
     # stored, with its timeline
     df = load_runs(settings=settings)
     row = df[df["run_id"] == r["run_id"]].iloc[0]
-    assert row["success"] and row["consumers"] == n
+    assert row["success"] and row["consumers"] == n and row["consumer_layout"] == r["consumer_layout"]
     samples = read_samples(r["run_id"], settings=settings)
     assert {"postgres", "consumers", "host"} <= set(samples["participant"])
 

@@ -83,3 +83,13 @@ def test_debezium_faults_need_a_broker_pipeline() -> None:
         assert Scenario(pipeline="rabbitmq", fault=kind).parsed_fault.target is None
     assert Scenario(pipeline="wal-sharded", fault="big-transaction@1s").parsed_fault.rows == 100_000
     assert Scenario(pipeline="wal", fault="postgres-restart@1s").parsed_fault.kind == "postgres-restart"
+
+
+def test_the_default_layout_is_tasks_and_processes_under_a_fault() -> None:
+    # auto: the reference's tasks (measured cheaper), one process per consumer when a fault needs it
+    assert Scenario().consumer_layout == "auto" and Scenario(consumers=4).layout == "tasks"
+    assert Scenario(consumers=2, fault="consumer-kill:1@3s").layout == "processes"
+    assert Scenario(consumers=2, consumer_layout="processes").layout == "processes"
+    assert Scenario(consumers=2, consumer_layout="tasks").layout == "tasks"
+    with pytest.raises(ValueError, match="unknown consumer_layout 'threads'"):
+        Scenario(consumer_layout="threads")

@@ -48,3 +48,14 @@ def test_the_senders_record_is_flattened_beside_the_scenario_sender_count(tmp_pa
     assert row["senders"] == 200  # the scenario's count is not overwritten
     assert row["senders.send_p95_ms"] == 42.0 and row["senders.last_send_mono"] == 7.5
     assert "senders.nested" not in row.index
+
+
+def test_the_layout_that_ran_wins_over_the_scenarios_auto(tmp_path: Path) -> None:
+    settings = Settings().replace(data_dir=tmp_path)
+    for rid, stored in (("a", {"consumer_layout": "tasks"}), ("b", {})):
+        run = _run(rid, "2026-01-0" + ("1" if rid == "a" else "2"))
+        run["scenario"] = {**run["scenario"], "consumer_layout": "auto"}  # type: ignore[dict-item]
+        write_run({**run, **stored}, settings=settings)
+    rows = load_runs(settings=settings).set_index("run_id")
+    assert rows.loc["a", "consumer_layout"] == "tasks"  # resolved, as the analysis must group it
+    assert rows.loc["b", "consumer_layout"] == "auto"  # nothing recorded: the scenario's value stays
