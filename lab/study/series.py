@@ -206,7 +206,10 @@ def _existing(series_id: str, settings: Settings) -> dict[Scenario, list[dict[st
         params = run.get("scenario") or {}
         if not set(params) <= names:
             continue  # stored by another version of Scenario: not the same cell
-        # a field added later takes its default (e.g. producer="web" for runs stored before it)
+        # a field added later takes its default (e.g. producer="web" for runs stored before it),
+        # except the layout: runs stored before it existed ran one process per consumer, and the
+        # default is now auto (tasks), so they are not cells of a series planned today
+        params = {"consumer_layout": "processes", **params}
         try:
             out[Scenario(**params)].append(run)
         except (TypeError, ValueError):

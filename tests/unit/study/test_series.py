@@ -195,3 +195,16 @@ def test_one_stack_serves_one_lab_process_at_a_time(tmp_path: Path) -> None:
     assert free.returncode == 0, free.stdout + free.stderr  # released: the empty series runs
     with pytest.raises(ValueError, match="idle_s"):
         asyncio.run(series.run_series([], settings, series_id="x", idle_s=-1))
+
+
+def test_a_run_stored_before_the_layout_field_is_not_a_cell_of_todays_plan(tmp_path: Path) -> None:
+    # such a run had one process per consumer; today's default (auto) runs tasks
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    cell = Scenario(pipeline="wal", consumers=2, messages=300)
+    old = _stored(settings, cell, "s1", ok=True, stamp="2026-01-01T00")
+    params = dict(old["scenario"])
+    del params["consumer_layout"]
+    write_run({**old, "run_id": old["run_id"] + "-old", "scenario": params}, settings=settings)
+    found = series._existing("s1", settings)
+    assert len(found[cell]) == 1  # only the run that recorded auto
+    assert len(found[cell.replace(consumer_layout="processes")]) == 1
