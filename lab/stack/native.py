@@ -120,10 +120,11 @@ class NativeStack:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{service.name}: {exc}")
-        if purge:
+        if purge and not errors:  # a node that did not stop keeps its pid file: down can find it again
             shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
         if errors:
-            raise StackError("could not stop cleanly: " + "; ".join(errors))
+            kept = f"; state kept in {self.settings.stack_dir} (not purged)" if purge else ""
+            raise StackError("could not stop cleanly: " + "; ".join(errors) + kept)
 
     def _drop_slots(self, errors: list[str]) -> None:
         """Drop every replication slot of the stack's private cluster (a killed run's readers'
