@@ -60,6 +60,8 @@ from lab.settings import Settings, get_settings
 log = logging.getLogger("lab.consumer")
 STOP_GRACE_S = 5.0  # SIGTERM -> exit, at the latest
 CLOSE_TIMEOUT_S = 3.0  # closing the source (broker and database connections)
+WORK_TIMEOUT_S = 30.0  # one work call, from sending it to its answer
+WORK_ATTEMPTS = 3  # a work call that timed out is made again, at most this many times in all
 
 
 class Consumer:
@@ -75,6 +77,7 @@ class Consumer:
         self.last_work_mono: float | None = None
         self.last_work_at: float | None = None
         self.slow_s = 0.0  # consumer-slow: extra time per message, switched by SIGUSR1/SIGUSR2
+        self.work_retries = 0  # work calls made again after a timeout (see work_again)
 
     async def run(self, ready: Path) -> None:
         s = self.scenario
@@ -82,7 +85,7 @@ class Consumer:
         connector = aiohttp.TCPConnector(limit=1, force_close=False)
         async with aiohttp.ClientSession(
             connector=connector,
-            timeout=aiohttp.ClientTimeout(total=30),
+            timeout=aiohttp.ClientTimeout(total=WORK_TIMEOUT_S),
             headers={"Content-Type": "application/json"},
             skip_auto_headers=("User-Agent",),
         ) as http:
@@ -110,9 +113,12 @@ class Consumer:
                 else:
                     body = orjson.dumps({"id": item.id, "content": item.content, "createdAt": item.created_at,
                                          "by": by})
-                async with post(url, data=body) as resp:
-                    ok = 200 <= resp.status < 300
-                    await resp.read()
+                try:
+                    async with post(url, data=body) as resp:
+                        ok = 200 <= resp.status < 300
+                        await resp.read()
+                except TimeoutError:
+                    ok = await self.work_again(post, url, body)
                 if not ok:
                     self.failures += 1
                 else:
@@ -125,12 +131,35 @@ class Consumer:
                 if not pending:
                     await self.source.idle()
 
+    async def work_again(self, post: Any, url: str, body: bytes) -> bool:
+        """A work call timed out: make it again, up to :data:`WORK_ATTEMPTS` calls in all.
+
+        The usual cause is not a slow web service but this process having been stopped
+        (``consumer-dead``, ``sink-outage``: SIGSTOP) across the call's deadline, which the event
+        loop finds passed as soon as it runs again, although the answer may already wait in the
+        socket. The first call may therefore have landed: calling again is at-least-once, and the
+        web service counts the repeat as a duplicate. Raises the last timeout when every call
+        timed out."""
+        for attempt in range(2, WORK_ATTEMPTS + 1):
+            self.work_retries += 1
+            log.warning("work call timed out; calling again (%d of %d)", attempt, WORK_ATTEMPTS)
+            try:
+                async with post(url, data=body) as resp:
+                    ok = 200 <= resp.status < 300
+                    await resp.read()
+                return ok
+            except TimeoutError:
+                if attempt == WORK_ATTEMPTS:
+                    raise
+        return False
+
     def result(self, error: str | None) -> dict[str, Any]:
         return {
             "index": self.index,
             "pid": os.getpid(),
             "processed": self.processed,
             "failures": self.failures,
+            "work_retries": self.work_retries,
             "skipped": self.source.skipped,
             "db_ops": self.source.db_ops,
             "decoded_bytes": self.source.decoded_bytes,
