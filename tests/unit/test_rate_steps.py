@@ -53,8 +53,19 @@ def test_lab_run_takes_the_staircase_and_refuses_messages_with_it(capsys: pytest
     assert "must increase strictly" in capsys.readouterr().err
 
 
-def _staircase(plan, stop: Path | None, stop_after_s: float | None = None):
+def _staircase(plan, stop: Path | None, stop_after_s: float | None = None,
+               monkeypatch: pytest.MonkeyPatch | None = None):
+    """Run the senders' staircase on a fake POST: (tally, when each POST started, each one's due
+    time), times relative to the staircase's start."""
     calls: list[float] = []
+    dues: list[float] = []
+    real_send = senders._send
+
+    async def send(post, t, due):  # the real _send, recording the due time it was given
+        dues.append(due)
+        await real_send(post, t, due)
+
+    monkeypatch.setattr(senders, "_send", send)
 
     async def post() -> int:
         calls.append(time.monotonic())
@@ -67,22 +78,50 @@ def _staircase(plan, stop: Path | None, stop_after_s: float | None = None):
         start = time.monotonic()
         await senders._staircase(post, t, plan, stop)
         calls[:] = [c - start for c in calls]
+        dues[:] = [d - start for d in dues]
         return t
 
-    return asyncio.run(main()), calls
+    return asyncio.run(main()), calls, dues
 
 
-def test_the_senders_follow_the_staircase(tmp_path: Path) -> None:
+def test_the_senders_follow_the_staircase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = step_plan((50.0, 100.0), 0.4)  # 20 then 40 messages
-    t, calls = _staircase(plan, tmp_path / "stop")
+    t, calls, dues = _staircase(plan, tmp_path / "stop", monkeypatch=monkeypatch)
     assert (t.sent, t.failed, t.steps) == (60, 0, 2)
-    assert calls[19] == pytest.approx(19 / 50, abs=0.05)  # the first step's last message
-    assert calls[20] == pytest.approx(0.4, abs=0.05)  # the second step starts on time ...
-    assert calls[-1] == pytest.approx(0.4 + 39 / 100, abs=0.05)  # ... at twice the rate
+    want = [j / 50 for j in range(20)] + [0.4 + j / 100 for j in range(40)]
+    assert dues == pytest.approx(want, abs=2e-3)  # the schedule: 50 msg/s, then 100 msg/s from 0.4 s
+    assert all(c >= d - 1e-3 for c, d in zip(calls, dues, strict=True))  # never sent before it is due
+    assert calls[-1] < 2.0  # and not wildly late (a loaded machine may delay it a little)
+    assert len(t.latency) == 60 and min(t.latency) >= 0  # latency counted from each due time
 
 
-def test_a_stop_file_ends_the_staircase_at_the_next_step(tmp_path: Path) -> None:
+def test_a_stop_file_ends_the_staircase_at_the_next_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = step_plan((50.0, 100.0, 200.0), 0.4)
-    t, calls = _staircase(plan, tmp_path / "stop", stop_after_s=0.2)  # during the first step
+    t, calls, _ = _staircase(plan, tmp_path / "stop", stop_after_s=0.2, monkeypatch=monkeypatch)
     assert (t.sent, t.steps) == (20, 1)  # that step is finished, no further one starts
     assert len(calls) == 20
+
+
+def test_lab_run_prints_every_step_and_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    step = {"rate": 200.0, "achieved_rate": 199.5, "delivered_per_s": 150.0, "lag_end": 900, "oldest_age_s": 4.5,
+            "lag_slope": 48.0, "sustainable": False, "failed": ["lag grows 48.0 msg/s > 10"],
+            "latency_ms": {"p50": 10.0, "p99": 40.0}, "latency_from_due_ms": {"p99": 45.0},
+            "cpu_ms_per_msg": {"total": 1.25, "web": 0.2}}
+    result = {"run_id": "r1", "scenario": {"pipeline": "wal", "consumers": 1, "messages": 900, "rate": 0.0,
+                                           "rate_steps": "100,200"},
+              "counters": {}, "success": True, "error": None, "window_s": 7.0, "cpu_ms_per_msg": 1.0,
+              "cpu_s": {"web": 1.0}, "mem_mb": {}, "steps": [{**step, "rate": 100.0, "sustainable": True,
+                                                              "failed": []}, step],
+              "max_sustainable_rate": 100.0,
+              "staircase": {"limit_found": True, "stop": {"after_step": 1, "lag": 900}}}
+    summary = cli._summary(result)
+    assert summary["max_sustainable_rate"] == 100.0
+    assert summary["steps"][1] == {"rate": 200.0, "achieved_rate": 199.5, "delivered_per_s": 150.0,
+                                   "lag_end": 900, "oldest_age_s": 4.5, "lag_slope": 48.0, "sustainable": False,
+                                   "p50_ms": 10.0, "p99_ms": 40.0, "due_p99_ms": 45.0, "cpu_ms_per_msg": 1.25,
+                                   "failed": ["lag grows 48.0 msg/s > 10"]}
+    cli._print_run(result)
+    out = capsys.readouterr().out
+    assert "max sustainable rate 100.0 msg/s; stopped early after step 1 (lag 900)" in out
+    assert "step     200 msg/s: achieved 199.5" in out and "NOT: lag grows 48.0 msg/s > 10" in out
+    assert "step     100 msg/s" in out and ": sustainable" in out
