@@ -94,7 +94,8 @@ def test_senders_that_fall_behind_make_a_step_unsustainable() -> None:
 
 
 def test_judge_each_criterion_alone() -> None:
-    ok = {"achieved_rate": 500.0, "lag_end": 0, "lag_slope": 0.0, "consumers": 2, "batch_size": 100}
+    ok = {"achieved_rate": 500.0, "lag_end": 0, "lag_slope": 0.0, "consumers": 2, "batch_size": 100,
+          "step_s": 100.0}  # long steps: 5 % of the rate binds criterion 2
     assert steps.judge(500.0, **ok) == (True, [])
     assert steps.lag_bound(500.0, 2, 100) == 1200.0
     assert steps.judge(500.0, **{**ok, "lag_end": 1200})[0]  # at the bound: held
@@ -105,6 +106,30 @@ def test_judge_each_criterion_alone() -> None:
     bad, why = steps.judge(500.0, **{**ok, "achieved_rate": 474.9})
     assert not bad and why == ["achieved 474.9 msg/s < 475"]
     assert not steps.judge(500.0, **{**ok, "achieved_rate": None})[0]
+
+
+def test_the_slope_allows_what_one_batch_per_consumer_can_fake_in_half_a_step() -> None:
+    # 8 s steps at 250 msg/s, N = 1: one batch of 100 over 4 s is 25 msg/s, above 5 % (12.5)
+    assert steps.slope_limit(250.0, 1, 100, 8.0) == 25.0
+    assert steps.slope_limit(2000.0, 1, 100, 8.0) == 100.0  # 5 % binds at a high rate
+    assert steps.slope_limit(250.0, 4, 100, 8.0) == 100.0  # a batch per consumer
+    kw = {"achieved_rate": 250.0, "lag_end": 50, "consumers": 1, "batch_size": 100, "step_s": 8.0}
+    assert steps.judge(250.0, lag_slope=24.0, **kw)[0]
+    assert steps.judge(250.0, lag_slope=26.0, **kw) == (False, ["lag grows 26.0 msg/s > 25"])
+
+
+def test_a_batching_saw_tooth_alone_is_sustainable() -> None:
+    """Work in claim batches of 100 at 250 msg/s (a batch every 0.4 s): the lag climbs to 100 and
+    drops to 0 again and again; with 8 s steps that is no trend."""
+    plan = step_plan((250.0, 500.0), 8.0)
+    due = steps.due_times(plan, GATE)
+    created = {i + 1: d + 0.001 for i, d in enumerate(due)}
+    worked = [due[(k // 100) * 100 + 99] + 0.02 if (k // 100) * 100 + 99 < len(due) else due[-1] + 0.02
+              for k in range(len(due))]  # a batch is worked once its 100th row exists
+    rows = steps.step_rows(plan, gate_at=GATE, step_s=8.0, created_at=created, arrival_ids=list(created),
+                           arrival_t=worked, consumers=1, batch_size=100)
+    assert all(r["sustainable"] for r in rows), [r["failed"] for r in rows]
+    assert max(r["lag_end"] for r in rows) <= 100 and rows[0]["latency_ms"]["p99"] > 350  # batching's wait
 
 
 def test_max_sustainable_rate_is_the_top_of_the_leading_sustainable_run() -> None:
