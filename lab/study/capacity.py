@@ -7,7 +7,7 @@ low step warms the path, and in a report the stack has just run the other series
 
 :func:`plan` builds the series, :func:`capacity_table` gives one row per pipeline x N (the maximum
 sustainable rate, median over repeats; ``≥`` when every step held), :func:`steps_table` one row per
-step, and :func:`capacity_figure` latency and delivered rate against the target rate.
+step, and :func:`capacity_figure` delivered rate, latency and CPU per message against the target rate.
 """
 
 from __future__ import annotations
@@ -108,21 +108,22 @@ def capacity_table(results: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def capacity_figure(results: Iterable[Mapping[str, Any]]) -> Figure:
-    """Per pipeline: delivered msg/s (top) and p99 latency from the due time (bottom, log) against
-    the target rate, one line per N; a hollow marker is an unsustainable step."""
+    """Per pipeline, against the target rate: delivered msg/s (top), p99 latency from the due time
+    (middle, log) and ms CPU per message of all participants (bottom), one line per N; a hollow
+    marker is an unsustainable step."""
     steps = steps_table(results)
     pipes = [p for p in PIPELINE_NAMES if p in set(steps["pipeline"])] or ["(no runs)"]
-    fig = Figure(figsize=(3.2 * len(pipes) + 0.6, 6.0), layout="constrained")
-    axes = fig.subplots(2, len(pipes), sharex=True, squeeze=False)
+    fig = Figure(figsize=(3.2 * len(pipes) + 0.6, 8.4), layout="constrained")
+    axes = fig.subplots(3, len(pipes), sharex=True, squeeze=False)
     for k, pipeline in enumerate(pipes):
-        top, bottom = axes[0][k], axes[1][k]
+        top, bottom, cost = axes[0][k], axes[1][k], axes[2][k]
         g = steps[steps["pipeline"] == pipeline]
         for m, (n, cell) in enumerate(g.groupby("consumers")):
             for run_id, run in cell.groupby("run_id"):
                 style = {"color": _COLORS.get(pipeline, "C7"), "marker": _MARKERS[m % len(_MARKERS)],
                          "alpha": 0.5 + 0.5 * (m + 1) / (g["consumers"].nunique() or 1)}
                 label = f"N = {n}" if run_id == cell["run_id"].iloc[0] else None
-                for ax, y in ((top, "delivered_per_s"), (bottom, "due_p99_ms")):
+                for ax, y in ((top, "delivered_per_s"), (bottom, "due_p99_ms"), (cost, "cpu_ms_per_msg")):
                     ax.plot(run["rate"], run[y], "-", label=label if ax is top else None, **style)
                     bad = run[~run["sustainable"].astype(bool)]
                     ax.plot(bad["rate"], bad[y], linestyle="none", markerfacecolor="white", **style)
@@ -134,7 +135,10 @@ def capacity_figure(results: Iterable[Mapping[str, Any]]) -> Figure:
         top.grid(True, alpha=0.3)
         bottom.set_yscale("log")
         bottom.grid(True, which="both", alpha=0.3)
-        bottom.set_xlabel("target rate (msg/s)")
+        cost.grid(True, alpha=0.3)
+        cost.set_ylim(bottom=0)
+        cost.set_xlabel("target rate (msg/s)")
     axes[0][0].set_ylabel("delivered (msg/s)")
     axes[1][0].set_ylabel("p99 due → work call (ms)")
+    axes[2][0].set_ylabel("ms CPU / msg (all participants)")
     return fig

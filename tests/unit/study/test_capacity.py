@@ -59,7 +59,7 @@ def test_steps_table_and_figure() -> None:
     assert list(a["sustainable"]) == [True, True, False] and list(a["p99_ms"]) == [80, 90, 5000]
     assert list(a["cpu_ms_per_msg"])[:2] == [2.0, 1.5]
     fig = capacity.capacity_figure(RESULTS)
-    assert len(fig.axes) == 2 * 3  # wal, kafka, rabbitmq (its failed run's steps are still shown)
+    assert len(fig.axes) == 3 * 3  # wal, kafka, rabbitmq (its failed run's steps are still shown)
     assert capacity.capacity_figure([]).axes
 
 
