@@ -125,3 +125,16 @@ def test_lab_run_prints_every_step_and_the_verdict(capsys: pytest.CaptureFixture
     assert "max sustainable rate 100.0 msg/s; stopped early after step 1 (lag 900)" in out
     assert "step     200 msg/s: achieved 199.5" in out and "NOT: lag grows 48.0 msg/s > 10" in out
     assert "step     100 msg/s" in out and ": sustainable" in out
+
+
+def test_the_runner_tests_each_step_but_the_last_half_a_second_before_its_end() -> None:
+    from lab.measure.steps import STOP_LEAD_S
+    from lab.runner.phases import _StopWatch
+
+    w = _StopWatch(Scenario(rate_steps="100,200,400", step_s=10), gate=100.0)
+    assert STOP_LEAD_S == 0.5
+    assert not w.due(109.4) and w.due(109.5)
+    w.step = 1
+    assert not w.due(119.4) and w.due(119.5)
+    w.step = 2  # the last step: nothing would follow it
+    assert not w.due(1e9)
