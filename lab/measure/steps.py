@@ -40,7 +40,8 @@ climbed from the bottom and the first unsustainable step ends the search (a late
 sustainable again is not counted). None when the first step already fails; ``limit_found`` is
 False when every step held (the maximum is then at least the top step's rate).
 
-**Early stop** (the runner, :mod:`lab.runner.phases`): ``STOP_LEAD_S`` before each step's end the
+**Early stop** (the runner, :mod:`lab.runner.phases`): ``min(STOP_LEAD_S, step_s / 4)`` before each
+step's end (time for a loaded runner to answer before the senders reach the next step) the
 runner reads the lag (rows of ``messages`` − distinct ids worked) and, when it is above criterion 1's
 bound, tells the senders to start no further step. That runtime test is criterion 1 only and taken a
 little early; the per-step verdict above is computed after the run from the exact times.
@@ -64,7 +65,7 @@ SLOPE_FRACTION = 0.05  # criterion 2: ... and grows by at most this fraction of 
 #                       (or one claim batch per consumer over the half step, batching's own noise)
 RATE_TOLERANCE = 0.05  # criterion 3: the achieved send rate is within this fraction of the target
 SLOPE_EVERY_S = 0.1  # lag(t) is sampled this often for the slope
-STOP_LEAD_S = 0.5  # the runner's early-stop test, this long before a step's scheduled end
+STOP_LEAD_S = 1.0  # the runner's early-stop test, this long before a step's end (at most a quarter step)
 
 Plan = Sequence[tuple[float, float, int]]  # (rate, offset_s, messages) per step
 

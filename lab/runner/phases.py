@@ -27,8 +27,9 @@ QUIET_S = 15.0  # a fault run whose work calls stopped for this long (fault over
 
 
 class _StopWatch:
-    """When the drain loop tests the staircase's next step (:data:`lab.measure.steps.STOP_LEAD_S`
-    before its scheduled end, counted from the runner's gate); the last step is never tested."""
+    """When the drain loop tests the staircase's next step (:data:`lab.measure.steps.STOP_LEAD_S`,
+    at most a quarter step, before its scheduled end, counted from the runner's gate); the last
+    step is never tested."""
 
     def __init__(self, scenario: Any, gate: float) -> None:
         self.plan, self.step_s, self.gate, self.step = scenario.staircase, scenario.step_s, gate, 0
@@ -36,7 +37,7 @@ class _StopWatch:
     def due(self, now: float) -> bool:
         if self.step >= len(self.plan) - 1:
             return False
-        return now >= self.gate + self.plan[self.step][1] + self.step_s - STOP_LEAD_S
+        return now >= self.gate + self.plan[self.step][1] + self.step_s - min(STOP_LEAD_S, self.step_s / 4)
 
 
 class RunPhases:

@@ -127,14 +127,16 @@ def test_lab_run_prints_every_step_and_the_verdict(capsys: pytest.CaptureFixture
     assert "step     100 msg/s" in out and ": sustainable" in out
 
 
-def test_the_runner_tests_each_step_but_the_last_half_a_second_before_its_end() -> None:
+def test_the_runner_tests_each_step_but_the_last_a_second_before_its_end() -> None:
     from lab.measure.steps import STOP_LEAD_S
     from lab.runner.phases import _StopWatch
 
     w = _StopWatch(Scenario(rate_steps="100,200,400", step_s=10), gate=100.0)
-    assert STOP_LEAD_S == 0.5
-    assert not w.due(109.4) and w.due(109.5)
+    assert STOP_LEAD_S == 1.0
+    assert not w.due(108.9) and w.due(109.0)
     w.step = 1
-    assert not w.due(119.4) and w.due(119.5)
+    assert not w.due(118.9) and w.due(119.0)
     w.step = 2  # the last step: nothing would follow it
     assert not w.due(1e9)
+    short = _StopWatch(Scenario(rate_steps="100,200", step_s=2), gate=0.0)
+    assert not short.due(1.49) and short.due(1.5)  # at most a quarter step early
