@@ -93,6 +93,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from lab.runner import run_scenario
 
     fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
+    if args.rate_steps and args.messages is not None:
+        raise ValueError("--rate-steps sets the message count itself (rate x --step-s per step): drop --messages")
     scenario = Scenario(**fields)  # validates: one clear line on bad input
     if args.max_retained_wal is not None:
         settings = settings.replace(max_retained_wal=parse_size(args.max_retained_wal, "--max-retained-wal"))
@@ -142,13 +144,27 @@ def _summary(result: dict[str, object]) -> dict[str, object]:
         "mem_mb": result["mem_mb"],
     }
     out.update({k: counters.get(k) for k in SUMMARY_COUNTERS})
-    for key in ("latency_ms", "latency_from_due_ms", "achieved_rate"):
+    for key in ("latency_ms", "latency_from_due_ms", "achieved_rate", "max_sustainable_rate", "staircase"):
         if key in result:
             out[key] = result[key]
+    if result.get("steps") is not None:
+        out["steps"] = [step_line(st) for st in result["steps"]]  # type: ignore[union-attr]
     fault = result.get("fault")
     if isinstance(fault, dict):
         out["fault"] = fault_line(fault)
     return out
+
+
+STEP_FIELDS = ("rate", "achieved_rate", "delivered_per_s", "lag_end", "oldest_age_s", "lag_slope", "sustainable")
+
+
+def step_line(step: dict[str, object]) -> dict[str, object]:
+    """One staircase step as ``lab run`` shows it (run.json's ``steps[i]``, shortened)."""
+    lat, due, cpu = (step.get(k) or {} for k in ("latency_ms", "latency_from_due_ms", "cpu_ms_per_msg"))
+    return {**{k: step.get(k) for k in STEP_FIELDS},
+            "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"),  # type: ignore[union-attr]
+            "due_p99_ms": due.get("p99"), "cpu_ms_per_msg": cpu.get("total"),  # type: ignore[union-attr]
+            "failed": step.get("failed")}
 
 
 FAULT_FIELDS = ("lost", "extra_calls", "max_burst", "once", "repeated", "distinct", "work_calls",
@@ -190,6 +206,21 @@ def _print_run(result: dict[str, object]) -> None:
     goal = f" (target {target:g})" if target else ""
     sys.stdout.write(f"  latency {_p50_p99(s.get('latency_ms'))}{due}\n"
                      f"  achieved {s.get('achieved_rate') or '-'} msg/s{goal}\n")
+    steps = s.get("steps")
+    if isinstance(steps, list):
+        stair = s.get("staircase") or {}
+        top = s.get("max_sustainable_rate")
+        found = "" if stair.get("limit_found") else " (every step held: at least that)"  # type: ignore[union-attr]
+        stop = stair.get("stop")  # type: ignore[union-attr]
+        sys.stdout.write(f"  max sustainable rate {top if top is not None else '-'} msg/s{found}"
+                         + (f"; stopped early after step {stop['after_step']} (lag {stop['lag']})" if stop else "")
+                         + "\n")
+        for st in steps:
+            sys.stdout.write(
+                "    step {rate:>7g} msg/s: achieved {achieved_rate}, delivered {delivered_per_s}, lag {lag_end} "
+                "(oldest {oldest_age_s} s, slope {lag_slope}/s), p50 {p50_ms} p99 {p99_ms} ms (due p99 "
+                "{due_p99_ms}), {cpu_ms_per_msg} ms CPU/msg: {verdict}\n".format(
+                    **st, verdict="sustainable" if st["sustainable"] else "NOT: " + "; ".join(st["failed"])))
     fault = s.get("fault")
     if isinstance(fault, dict):
         sys.stdout.write(

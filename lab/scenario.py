@@ -37,11 +37,19 @@ default) gives it that, ``tasks`` is refused.
 connection for RabbitMQ), as the reference did; ``processes`` one OS process each (per-consumer CPU
 and RSS, and what a fault needs); ``auto`` (the default) is ``tasks``, or ``processes`` when a
 fault is injected (:attr:`Scenario.layout`).
+
+``rate_steps`` (issue 14) is a load **staircase**: ``"R1,R2,..."`` (strictly increasing msg/s, a
+string because fields are primitives), each rate held open-loop for ``step_s`` seconds (default
+20 s). Step i sends ``round(Ri * step_s)`` messages, message j of it due at
+``gate + i * step_s + j / Ri``; ``messages`` is then derived (the sum over the steps: a given value
+is replaced) and ``rate`` must stay 0. What a step measures and when it is sustainable:
+:mod:`lab.measure.steps`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +139,27 @@ def parse_fault(spec: str) -> Fault:
     return Fault(kind, target, start, duration, extra, keep)
 
 
+def parse_rate_steps(text: str) -> tuple[float, ...]:
+    """``"200,400,800"`` -> ``(200.0, 400.0, 800.0)``; ValueError with one clear line unless every
+    rate is a positive number and they increase strictly."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        rates = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"rate_steps {text!r} is not a comma-separated list of msg/s like 200,400,800") from None
+    if not all(math.isfinite(r) and r > 0 for r in rates):
+        raise ValueError(f"rate_steps {text!r}: every rate must be a positive finite number of msg/s")
+    if any(b <= a for a, b in zip(rates, rates[1:])):
+        raise ValueError(f"rate_steps {text!r}: the rates must increase strictly (a staircase up)")
+    return rates
+
+
+def step_plan(rates: tuple[float, ...], step_s: float) -> list[tuple[float, float, int]]:
+    """The staircase's schedule: ``(rate, offset_s from the gate, messages)`` per step; a step
+    sends ``round(rate * step_s)`` messages (at least 1), message j due at ``offset + j / rate``."""
+    return [(r, i * step_s, max(1, round(r * step_s))) for i, r in enumerate(rates)]
+
+
 def _megabytes(text: str, spec: str) -> int:
     m = _SIZE.fullmatch(text.strip())
     if m is None or int(m["value"]) < 1:
@@ -161,6 +190,8 @@ class Scenario:
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
     consumer_layout: str = "auto"  # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
+    rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none
+    step_s: float = 20.0  # how long each rate of rate_steps is held
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINE_NAMES:
@@ -195,6 +226,21 @@ class Scenario:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.fault:
             self._check_fault(parse_fault(self.fault))
+        if self.rate_steps:
+            self._derive_staircase()
+
+    def _derive_staircase(self) -> None:
+        rates = parse_rate_steps(self.rate_steps)
+        if self.rate:
+            raise ValueError("rate_steps and rate exclude each other: a staircase sets its own rates")
+        if self.producer != "web":
+            raise ValueError("rate_steps needs producer='web': the direct producers are closed-loop only")
+        if self.fault:
+            raise ValueError("rate_steps and fault exclude each other (one experiment per run)")
+        if not 1 <= self.step_s <= 3600:
+            raise ValueError(f"step_s must be between 1 and 3600 s, got {self.step_s}")
+        # frozen: the one derived field is set here, once, from the staircase
+        object.__setattr__(self, "messages", sum(n for _, _, n in step_plan(rates, self.step_s)))
 
     def _check_fault(self, f: Fault) -> None:
         if self.producer != "web" or self.layout != "processes":
@@ -223,6 +269,11 @@ class Scenario:
         return "processes" if self.fault else "tasks"
 
     @property
+    def staircase(self) -> list[tuple[float, float, int]]:
+        """:func:`step_plan` of ``rate_steps`` (empty without a staircase)."""
+        return step_plan(parse_rate_steps(self.rate_steps), self.step_s) if self.rate_steps else []
+
+    @property
     def parsed_fault(self) -> Fault | None:
         """The parsed ``fault`` with its default target filled in, or None."""
         if not self.fault:
@@ -248,6 +299,9 @@ class Scenario:
     @property
     def slug(self) -> str:
         mode = f"r{self.rate:g}" if self.rate else f"s{self.senders}"
+        if self.rate_steps:
+            rates = parse_rate_steps(self.rate_steps)
+            mode = f"steps{rates[0]:g}-{rates[-1]:g}x{self.step_s:g}s"
         tail = "" if self.producer == "web" else f"-{self.producer}"
         if self.fault:
             tail += "-" + self.parsed_fault.kind  # type: ignore[union-attr]

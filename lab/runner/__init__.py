@@ -77,6 +77,8 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.ended: set[int] = set()  # consumers a fault ended for good (slot-invalidation)
         self.injector = FaultInjector(self) if scenario.fault else None
         self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
+        self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
+        self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""

@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from lab.measure.latency import due_latencies, message_latencies, summarize
+from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.measure.sampler import Sampler
 from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after
@@ -23,6 +24,20 @@ from lab.workload.inbox import id_sets, sets_equal
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many messages were worked
 QUIET_S = 15.0  # a fault run whose work calls stopped for this long (fault over) is settled
+
+
+class _StopWatch:
+    """When the drain loop tests the staircase's next step (:data:`lab.measure.steps.STOP_LEAD_S`,
+    at most a quarter step, before its scheduled end, counted from the runner's gate); the last
+    step is never tested."""
+
+    def __init__(self, scenario: Any, gate: float) -> None:
+        self.plan, self.step_s, self.gate, self.step = scenario.staircase, scenario.step_s, gate, 0
+
+    def due(self, now: float) -> bool:
+        if self.step >= len(self.plan) - 1:
+            return False
+        return now >= self.gate + self.plan[self.step][1] + self.step_s - min(STOP_LEAD_S, self.step_s / 4)
 
 
 class RunPhases:
@@ -48,6 +63,7 @@ class RunPhases:
         if self.injector is not None:
             self.injector.start(time.monotonic())
         senders_out = self.scratch / "senders.json"
+        stair = _StopWatch(s, time.monotonic()) if s.rate_steps else None
         quiet_since, last_calls = time.monotonic(), -1
         deadline = time.monotonic() + s.drain_timeout_s
         sent_result: dict[str, Any] | None = None
@@ -61,13 +77,16 @@ class RunPhases:
                 sent_result = json.loads(senders_out.read_text())
             stats = await self._web("/load/stats")
             now = time.monotonic()
+            if stair is not None and sent_result is None and stair.due(now):
+                await self._check_step(stair, stats["distinct"])
             if now - last_progress >= 1.0:
                 self.progress("drain", {"processed": stats["calls"]})
                 last_progress = now
             if stats["calls"] != last_calls:
                 quiet_since, last_calls = now, stats["calls"]
             if sent_result is not None:
-                settled = sent_result["sent"] + sent_result["send_failed"] >= s.messages
+                planned = sent_result.get("planned") or s.messages  # a staircase may stop early
+                settled = sent_result["sent"] + sent_result["send_failed"] >= planned
                 # a fault run may repeat calls: drained when every id was worked (distinct), or
                 # when nothing was worked for QUIET_S after the fault (what is missing is lost)
                 worked = stats["calls"] if self.injector is None else stats["distinct"]
@@ -93,6 +112,23 @@ class RunPhases:
             await self.injector.finish()
         self.edges["drained"] = sampler.snapshot()
         return sent_result
+
+    async def _check_step(self, stair: _StopWatch, worked: int) -> None:
+        """The staircase's early stop (:mod:`lab.measure.steps`): shortly before a step's end, its
+        lag (rows of ``messages`` − distinct ids worked) against criterion 1's bound; above it, the
+        senders start no further step."""
+        rate = stair.plan[stair.step][0]
+        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            rows = (await (await conn.execute("SELECT count(*) FROM messages")).fetchone())[0]
+        lag, bound = rows - worked, lag_bound(rate, self.scenario.consumers, self.scenario.batch_size)
+        if lag > bound:
+            (self.scratch / "stop").touch()
+            self.stair_stop = {"after_step": stair.step, "rate": rate, "lag": lag, "bound": bound,
+                               "at_s": round(time.monotonic() - stair.gate, 3)}
+            log.info("run %s: lag %d > %g at %g msg/s: the staircase stops", self.run_id, lag, bound, rate)
+            stair.step = len(stair.plan)  # nothing more to check
+        else:
+            stair.step += 1
 
     async def read_slot_stats(self) -> dict[str, dict[str, Any]]:
         """WAL decoded per slot (``pg_stat_replication_slots``), read after the consumers stopped
@@ -145,11 +181,20 @@ class RunPhases:
             arrivals = await self._web("/load/arrivals")
             ids = sorted(set(arrivals["ids"]))
             async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
-                cur = await conn.execute(
-                    "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)", (ids,)
-                )
+                if self.scenario.rate_steps:  # every row: the lag also counts rows never worked
+                    cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
+                else:
+                    cur = await conn.execute(
+                        "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)",
+                        (ids,))
                 created = dict(await cur.fetchall())
             self.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
+            if self.scenario.rate_steps and sent.get("gate_opened_at"):
+                self.stair_data = {"created_at": created, "arrivals": arrivals}
+                if sent.get("send_failed") == 0:
+                    plan = self.scenario.staircase[:sent.get("steps_sent") or 0]
+                    self.latency_from_due_ms = summarize(
+                        staircase_due_latencies(arrivals["ids"], arrivals["t"], plan, sent["gate_opened_at"]))
             if sent.get("rate") and sent.get("sent") == self.scenario.messages and sent.get("gate_opened_at"):
                 self.latency_from_due_ms = summarize(
                     due_latencies(arrivals["ids"], arrivals["t"], sent["gate_opened_at"], sent["rate"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lab import __version__
@@ -10,9 +11,13 @@ from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate
 from lab.measure.provenance import client_versions, provenance
 from lab.measure.sampler import Sampler, Snapshot
+from lab.measure.steps import step_rows
+from lab.measure.steps import summary as step_summary
 from lab.measure.services import stack_record
 from lab.workload import HARNESS
 from lab.pipelines.versions import broker_client_versions
+
+log = logging.getLogger(__name__)
 
 
 class RunResult:
@@ -35,7 +40,8 @@ class RunResult:
                            if c.get("error") and c.get("index") not in self.ended]  # ended: the fault's outcome
         if error is None and consumer_errors:
             error = "; ".join(consumer_errors)
-        m = s.messages
+        # a staircase the runner stopped early meant to send only the messages of its steps run
+        m = (sent.get("planned") or s.messages) if s.rate_steps else s.messages
         acc = self.accounting
         if self.injector is None:
             success = (
@@ -105,6 +111,7 @@ class RunResult:
             speed["cpu_s"] = probe_cpu_s
         total = sum(v for k, v in cpu_s.items() if k != "unattributed")
         span = t1 - t0 if t0 and t1 else None
+        stair = self._staircase(sampler, sent) if s.rate_steps else {}
         raw = round(total * 1000 / m, 4) if window else None
         return {
             "run_id": self.run_id,
@@ -122,10 +129,11 @@ class RunResult:
             "mem_mb": mem_mb,
             "mem_mb_max": mem_mb_max,
             "slots": self.slot_stats,
-            "idle": self._idle_block(cpu_s, span or 0.0),
+            "idle": self._idle_block(cpu_s, span or 0.0, m),
             "latency_ms": self.latency_ms,
             "latency_from_due_ms": self.latency_from_due_ms,
             "achieved_rate": achieved_rate(sent, span),
+            **stair,
             "counters": counters,
             **({"fault": self.injector.record(acc)} if self.injector is not None else {}),
             "senders": sent,
@@ -139,7 +147,31 @@ class RunResult:
             "lab_version": __version__,
         }
 
-    def _idle_block(self, cpu_s: dict[str, float], window_s: float) -> dict[str, Any] | None:
+    def _staircase(self, sampler: Sampler | None, sent: dict[str, Any]) -> dict[str, Any]:
+        """run.json's ``steps``, ``max_sustainable_rate`` and ``staircase`` (:mod:`lab.measure.steps`),
+        from the rows' ``created_at``, the work calls and the sampler's timeline; a failure to
+        compute them is logged and leaves ``steps`` None (the run's own verdict stands)."""
+        s, data = self.scenario, getattr(self, "stair_data", None)
+        rates = [r for r, _, _ in s.staircase]
+        out: dict[str, Any] = {"steps": None, "max_sustainable_rate": None,
+                               "staircase": {"rates": rates, "step_s": s.step_s, "stop": self.stair_stop}}
+        if data is None or not sent.get("gate_opened_at"):
+            return out
+        try:
+            steps = step_rows(
+                s.staircase[:sent.get("steps_sent") or 0], gate_at=sent["gate_opened_at"], step_s=s.step_s,
+                created_at=data["created_at"], arrival_ids=data["arrivals"]["ids"],
+                arrival_t=data["arrivals"]["t"], consumers=s.consumers, batch_size=s.batch_size,
+                timeline=sampler.timeline() if sampler is not None else None,
+                groups=sampler.groups if sampler is not None else None)
+        except Exception as exc:  # a measurement: never fails the run, never silent
+            log.warning("run %s: steps not measured: %s: %s", self.run_id, type(exc).__name__, exc)
+            return out
+        block = step_summary(steps, rates, stop=self.stair_stop)
+        return {"steps": steps, "max_sustainable_rate": block["max_sustainable_rate"],
+                "staircase": {**block, "step_s": s.step_s}}
+
+    def _idle_block(self, cpu_s: dict[str, float], window_s: float, messages: int) -> dict[str, Any] | None:
         """This run's cost with the series' idle baseline taken out (lab.measure.idle), or None."""
         if not self.idle or not cpu_s or window_s <= 0:
             return None
@@ -148,7 +180,7 @@ class RunResult:
         return {"measured_at": self.idle.get("measured_at"), "cpu_s_per_s": rates,
                 # a baseline read by another method than the run's is kept but says so
                 "cpu_method": self.idle.get("cpu_method", "cgroup"),
-                **net_of_idle(cpu_s, window_s, self.scenario.messages, rates)}
+                **net_of_idle(cpu_s, window_s, messages, rates)}
 
     def _versions(self) -> dict[str, str]:
         out = {}

@@ -2,7 +2,8 @@
 
 ``lab report --profile quick`` = :func:`build_report`: ``notebooks/series.ipynb`` runs (or
 resumes) the series, ``notebooks/analysis.ipynb`` analyses it, ``notebooks/latency.ipynb``
-measures latency at a fixed rate, ``notebooks/broker_native.ipynb`` the broker-native stand and
+measures latency at a fixed rate and the maximum sustainable rate (a load staircase per pipeline x N,
+:data:`CAPACITY`), ``notebooks/broker_native.ipynb`` the broker-native stand and
 ``notebooks/control.ipynb`` the control experiment (each resumable, under a series id derived from
 the study's); each writes its figures (PNG, SVG) and tables (CSV) into the report folder, and the
 four executed notebooks after the series become one
@@ -111,13 +112,22 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
                          "cooldown_s": 20.0}},
 }
 EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"}}
+# The maximum sustainable rate (issue 14): one load staircase per pipeline x N, in the latency
+# notebook (lab.study.capacity). quick: 8 runs of at most 32 s of sending each, about 8 more
+# minutes on 2 cores; smoke: 4 runs of 2 x 2 s.
+CAPACITY: dict[str, dict[str, Any]] = {
+    "smoke": {"rate_steps": "50,100", "step_s": 2.0, "steps_consumers": "1"},
+    "quick": {"rate_steps": "250,500,1000,2000", "step_s": 8.0, "steps_consumers": "1,4"},
+    "full": {"rate_steps": "250,500,1000,1500,2000,3000", "step_s": 20.0, "steps_consumers": "1,4,16"},
+    "reference": {"rate_steps": "250,500,1000,1500,2000,3000", "step_s": 20.0, "steps_consumers": "1,4,8"},
+}
 
 
 def report_series(series_id: str, profile: str) -> dict[str, str]:
     """The series a report runs: the study, its fixed-rate latency series, its broker-native one
     and its control experiment."""
     rate = EXTRAS[profile]["latency"]["rate"]
-    return {"series": series_id, "latency": f"{series_id}-rate{rate:g}",
+    return {"series": series_id, "latency": f"{series_id}-rate{rate:g}", "capacity": f"{series_id}-capacity",
             "broker_native": f"{series_id}-broker-native", "control": f"{series_id}-control"}
 
 
@@ -152,6 +162,7 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     execute_notebook("latency", out / "latency.ipynb", {
         **EXTRAS[profile]["latency"], "profile": profile, "pipelines": pipelines,
         "series_id": ids["latency"], "report_dir": str(out),
+        **CAPACITY[profile], "steps_series_id": ids["capacity"],
     }, settings=settings, echo=echo)
     execute_notebook("broker_native", out / "broker_native.ipynb", {
         **EXTRAS[profile]["broker_native"], "series_id": ids["broker_native"], "report_dir": str(out),

@@ -21,6 +21,13 @@ else runs before the gate) and starts sending once it exists; the runner creates
 consumers are ready. The measured process is silent: no progress output; ``--progress PATH``
 optionally rewrites a tiny JSON counter file at most once per second. The result is written once,
 atomically (temp file + rename), to ``--out``, also when every send failed or the run crashed.
+
+``--rate-steps R1,R2,... --step-s S`` (issue 14) is the open loop as a staircase: step i sends
+``round(Ri * S)`` messages, message j due at ``gate + i * S + j / Ri`` (:func:`lab.scenario.step_plan`;
+``--messages`` must be their sum). ``--stop-file PATH`` ends the staircase early: it is looked at
+once per step boundary (one ``stat``), and once it exists no further step starts; ``planned`` and
+``steps_sent`` in the result say how many messages and steps were meant to go. Nothing is added per
+message.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from lab.scenario import parse_rate_steps, step_plan
 from lab.workload.rawhttp import RawPost
 
 BODY = b'{"content":"helloworld"}'
@@ -68,12 +76,17 @@ class SendResult:
     send_p95_ms: float | None = None
     send_max_ms: float | None = None
     cpu_s: float | None = None  # this process's CPU from the gate to the end (self-reported)
+    rate_steps: str = ""  # a staircase (lab.scenario.step_plan): its rates, comma-separated
+    step_s: float = 0.0  # ... and how long each is held
+    planned: int | None = None  # staircase: messages of the steps that were started (< M if stopped early)
+    steps_sent: int | None = None  # staircase: steps started (fewer than its rates if stopped early)
     first_error: str | None = None
     error: str | None = None  # set when the run itself crashed
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.send_failed == 0 and self.sent == self.messages
+        expected = self.messages if self.planned is None else self.planned
+        return self.error is None and self.send_failed == 0 and self.sent == expected
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -87,11 +100,12 @@ class Tally:
     """Counters of a send phase, shared by its tasks (one event loop, no locks)."""
 
     __slots__ = ("failed", "first_error", "first_mono", "first_wall", "last_mono", "last_wall",
-                 "latency", "next_id", "remaining", "sent")
+                 "latency", "next_id", "remaining", "sent", "steps")
 
     def __init__(self, messages: int) -> None:
         self.remaining, self.next_id = messages, 0
         self.sent = self.failed = 0
+        self.steps = 0  # staircase: steps started
         self.first_wall = self.last_wall = self.first_mono = self.last_mono = None
         self.first_error: str | None = None
         self.latency = array("d")
@@ -157,6 +171,31 @@ async def _open_loop(post: Callable[[], Awaitable[int]], t: Tally, rate: float) 
     await asyncio.gather(*inflight)
 
 
+async def _staircase(post: Callable[[], Awaitable[int]], t: Tally,
+                     steps: list[tuple[float, float, int]], stop_file: Path | None) -> None:
+    """The open loop of :func:`_open_loop` step by step (``(rate, offset_s, messages)`` each, as
+    :func:`lab.scenario.step_plan`), counting the steps started in ``t.steps``. Before each step
+    after the first, one ``stat`` of ``stop_file``: once it exists the staircase ends there."""
+    clock, inflight = time.monotonic, set()
+    start = clock()
+    for rate, offset, n in steps:
+        if t.steps and stop_file is not None and stop_file.exists():
+            break
+        t.steps += 1
+        t0 = start + offset
+        for j in range(n):
+            due = t0 + j / rate
+            delay = due - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            t.remaining -= 1
+            task = asyncio.create_task(_send(post, t, due))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+    t.remaining = 0
+    await asyncio.gather(*inflight)
+
+
 async def _progress(path: Path, t: Tally) -> None:
     tmp = path.with_name(path.name + ".tmp")
     while True:
@@ -194,12 +233,17 @@ class _AiohttpPost:
 async def run_senders(
     url: str, messages: int, senders: int, gate: asyncio.Event | None = None,
     *, rate: float = 0.0, progress: Path | None = None, client: str = DEFAULT_CLIENT,
+    rate_steps: str = "", step_s: float = 0.0, stop_file: Path | None = None,
 ) -> SendResult:
     """POST exactly ``messages`` times to ``url``/load/messages from ``senders`` closed loops.
 
     Waits for ``gate`` (if given) before the first request; no request is made before it.
-    ``rate > 0`` switches to open-loop sends at ``rate`` msg/s over ``senders + 16`` connections.
+    ``rate > 0`` switches to open-loop sends at ``rate`` msg/s over ``senders + 16`` connections;
+    ``rate_steps`` (with ``step_s``) to the open-loop staircase (module docstring).
     """
+    steps = step_plan(parse_rate_steps(rate_steps), step_s) if rate_steps else []
+    if steps and sum(n for _, _, n in steps) != messages:
+        raise ValueError(f"--messages {messages} is not the staircase's {sum(n for _, _, n in steps)}")
     if client not in CLIENTS:
         raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
     target = url.rstrip("/") + "/load/messages"
@@ -209,15 +253,19 @@ async def run_senders(
     try:
         if gate is not None:
             await gate.wait()
-        work = (_open_loop(c.post, t, rate) if rate > 0 else
-                asyncio.gather(*(_closed_loop(c.post, t) for _ in range(senders))))
+        work = (_staircase(c.post, t, steps, stop_file) if steps else _open_loop(c.post, t, rate) if rate > 0
+                else asyncio.gather(*(_closed_loop(c.post, t) for _ in range(senders))))
         gate_at, cpu = await send_phase(t, progress, work)
     finally:
         if isinstance(c, RawPost):
             c.close()
         else:
             await c.aclose()
-    return tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
+    result = tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
+    if not steps:
+        return result
+    return dataclasses.replace(result, rate_steps=rate_steps, step_s=step_s, steps_sent=t.steps,
+                               planned=sum(n for _, _, n in steps[:t.steps]))
 
 
 async def send_phase(t: Tally, progress: Path | None, work: Awaitable[Any]) -> tuple[float, float]:
@@ -305,6 +353,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--senders", type=int, default=200)
     p.add_argument("--rate", type=float, default=0.0,
                    help="open-loop msg/s (latency mode); default 0 = closed loop")
+    p.add_argument("--rate-steps", default="", help="open-loop staircase R1,R2,... msg/s (with --step-s)")
+    p.add_argument("--step-s", type=float, default=20.0, help="seconds per staircase step (default 20)")
+    p.add_argument("--stop-file", type=Path, default=None,
+                   help="staircase: start no further step once this file exists")
     p.add_argument("--client", choices=CLIENTS, default=DEFAULT_CLIENT,
                    help="HTTP client: raw (default; lab.workload.rawhttp, leaner) or aiohttp")
     add_gate_options(p)
@@ -319,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     return run_and_write(lambda: gated(
         a.start_file,
         lambda gate: run_senders(a.url, a.messages, a.senders, gate, rate=a.rate, progress=a.progress,
-                                 client=a.client),
+                                 client=a.client, rate_steps=a.rate_steps, step_s=a.step_s,
+                                 stop_file=a.stop_file),
         lambda error: SendResult(url=a.url, messages=a.messages, senders=a.senders, sent=0,
                                  send_failed=0, rate=a.rate, error=error),
     ), a.out)

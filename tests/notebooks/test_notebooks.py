@@ -24,11 +24,11 @@ from lab.settings import Settings
 
 pytestmark = pytest.mark.notebooks
 FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
-           "broker_native", "control")
+           "broker_native", "control", "capacity")
 TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
           "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "crossover_article",
           "throughput_vs_published", "participants_vs_published", "agreement", "latency", "broker_native",
-          "control")
+          "control", "capacity", "capacity_steps")
 
 
 def _outputs(nb_path: Path) -> str:
@@ -85,7 +85,8 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     # one page: the study (ending with the article side by side), then latency at a fixed rate, the
     # broker-native stand and the control experiment
     at = [html.find(h) for h in ("The headline: ms CPU per message", "Against the article",
-                                  "Latency at a fixed rate", "Broker-native experiment", "Control experiment")]
+                                  "Latency at a fixed rate", "Maximum sustainable rate", "Broker-native experiment",
+                                  "Control experiment")]
     assert -1 not in at and at == sorted(at), at
 
 
@@ -197,3 +198,19 @@ def test_report_runs_the_control_experiment_at_the_profiles_size(smoke_report: t
     assert set(zip(table["pipeline"], table["consumers"], strict=True)) == {
         (p, int(n)) for p in size["pipelines"].split(",") for n in size["consumers"].split(",")}
     assert (table["msg_per_s"] > 0).all() and "transports indistinguishable" in _outputs(out / "control.ipynb")
+
+
+def test_report_finds_the_maximum_sustainable_rate_per_pipeline(smoke_report: tuple[Path, str]) -> None:
+    from lab.study.report import CAPACITY
+
+    out, sid = smoke_report
+    size = CAPACITY["smoke"]
+    cap = pd.read_csv(out / "capacity.csv")
+    cells = {(p, int(n)) for p in series.available_pipelines() for n in size["steps_consumers"].split(",")}
+    assert set(zip(cap["pipeline"], cap["consumers"], strict=True)) == cells and (cap["runs"] == 1).all()
+    steps = pd.read_csv(out / "capacity_steps.csv")
+    assert steps["run_ok"].all()  # every staircase run worked every message it sent
+    rates = [float(r) for r in size["rate_steps"].split(",")]
+    assert set(steps["rate"]) <= set(rates) and (steps["achieved_rate"] > 0).all()
+    assert (steps["cpu_ms_per_msg"] > 0).all() and (steps["p99_ms"] > 0).all()
+    assert f"staircase series {sid}-capacity" in _outputs(out / "latency.ipynb")

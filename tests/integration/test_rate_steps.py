@@ -1,0 +1,65 @@
+"""The load staircase end to end on the real stack (issue 14): the senders follow it, every step
+is measured, the run's verdict is still the reference's, and a runaway lag stops it early."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lab.measure.steps import max_sustainable_rate
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def run(settings: Settings, **kw: object) -> dict:
+    return asyncio.run(run_scenario(Scenario(**{"cooldown_s": 0, "pipeline": "wal", **kw}), settings))
+
+
+def test_a_staircase_is_sent_and_measured_step_by_step(stack: object, settings: Settings) -> None:
+    r = run(settings, rate_steps="100,200", step_s=3.0)
+    assert r["success"], r["error"]
+    c = r["counters"]
+    assert r["scenario"]["messages"] == 900 and c["sent"] == c["work_calls"] == c["distinct_ids"] == 900
+    steps = r["steps"]
+    assert [s["rate"] for s in steps] == [100.0, 200.0]
+    assert [s["sent"] for s in steps] == [300, 600]
+    assert [(s["t0_s"], s["t1_s"]) for s in steps] == [(0.0, 3.0), (3.0, 6.0)]
+    for s in steps:
+        assert s["achieved_rate"] == pytest.approx(s["rate"], rel=0.15)  # the senders kept the schedule
+        assert s["delivered_per_s"] > 0  # how fast the pipeline kept up is the machine's (a loaded one: slower)
+        assert s["latency_ms"]["n"] == s["sent"] and 0 < s["latency_ms"]["p50"] <= s["latency_ms"]["p99"]
+        assert s["latency_from_due_ms"]["p50"] >= s["latency_ms"]["p50"] - 5  # due time precedes created_at
+        cpu = s["cpu_ms_per_msg"]
+        assert {"postgres", "web", "senders", "consumers", "runner", "total", "unattributed"} <= set(cpu)
+        assert cpu["total"] > 0 and cpu["consumers"] > 0 and "consumer-0" not in cpu
+        assert s["lag_end"] >= 0 and s["oldest_age_s"] >= 0 and s["lag_slope"] is not None
+    # the lag at each step's end is what was created by then minus what was worked by then
+    created = sum(s["achieved_rate"] * 3.0 for s in steps)
+    worked = sum(s["delivered_per_s"] * 3.0 for s in steps)
+    assert steps[-1]["lag_end"] == pytest.approx(created - worked, abs=15)
+    assert r["max_sustainable_rate"] == max_sustainable_rate(steps)
+    assert r["staircase"]["rates"] == [100.0, 200.0] and not r["staircase"]["stopped_early"]
+    assert r["senders"]["planned"] == 900 and r["senders"]["steps_sent"] == 2
+    assert r["latency_from_due_ms"]["n"] == 900
+
+
+def test_a_runaway_lag_stops_the_staircase_and_the_run_still_works_every_message(
+        stack: object, settings: Settings) -> None:
+    # 20 ms of work per message: one consumer works about 50 msg/s, far below the second step
+    r = run(settings, rate_steps="10,400,800", step_s=4.0, work_delay_ms=20.0)
+    assert r["success"], r["error"]
+    stair = r["staircase"]
+    assert stair["stopped_early"] and stair["stop"]["after_step"] == 1 and stair["steps_run"] == 2
+    assert r["senders"]["steps_sent"] == 2 and r["senders"]["planned"] == 40 + 1600
+    assert r["counters"]["sent"] == r["counters"]["work_distinct"] == r["counters"]["distinct_ids"] == 1640
+    first, second = r["steps"]
+    assert first["sustainable"], first["failed"]
+    assert not second["sustainable"] and second["lag_slope"] > 150
+    assert second["delivered_per_s"] < 100
+    assert r["max_sustainable_rate"] == 10.0 and stair["limit_found"]
+    total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
+    assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / 1640, rel=1e-3)  # the messages really sent
