@@ -275,6 +275,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     sys.stdout.write(f"{out / 'report.html'}\n")
     _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
     failed = [f"{name}: {cell}" for name, rid in report_series(sid, args.profile).items()
+              if name != "faults"  # a fault cell's failed run is a finding (the report shows it), not a gap
               for cell in series.failed_cells(rid, settings)]
     if failed:
         _say(f"{len(failed)} cell(s) of series {sid} have no successful run ({'; '.join(failed)}); "

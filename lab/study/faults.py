@@ -173,6 +173,19 @@ def _stored(series_id: str, settings: Settings) -> dict[Scenario, list[dict[str,
     return out
 
 
+def _pick(runs: list[dict[str, Any]], retry_failed: bool = False) -> dict[str, Any] | None:
+    """The run that stands for a cell: its last successful one, else its last failed one (unless
+    ``retry_failed``), else None."""
+    done = [r for r in runs if r.get("success")] or ([] if retry_failed else runs)
+    return done[-1] if done else None
+
+
+def stored(plan: Sequence[Scenario], settings: Settings, *, series_id: str) -> list[dict[str, Any]]:
+    """The stored run of every cell of ``plan`` that has one in ``series_id`` (nothing is run)."""
+    runs = _stored(series_id, settings)
+    return [r for r in (_pick(runs.get(s, [])) for s in plan) if r is not None]
+
+
 async def run_matrix(plan: Sequence[Scenario], settings: Settings, *, series_id: str, force: bool = False,
                      retry_failed: bool = False, progress: Callable[[Step], None] | None = None,
                      ) -> list[dict[str, Any]]:
@@ -185,11 +198,10 @@ async def run_matrix(plan: Sequence[Scenario], settings: Settings, *, series_id:
     with exclusive(settings.run_lock, "the stack"):
         stored = {} if force else _stored(series_id, settings)
         for i, scenario in enumerate(plan):
-            runs = stored.get(scenario, [])
-            done = [r for r in runs if r.get("success")] or ([] if retry_failed else runs)
-            if done:
-                report(Step(i, len(plan), scenario, "skipped", result=done[-1]))
-                results.append(done[-1])
+            done = _pick(stored.get(scenario, []), retry_failed)
+            if done is not None:
+                report(Step(i, len(plan), scenario, "skipped", result=done))
+                results.append(done)
                 continue
             report(Step(i, len(plan), scenario, "start"))
 
