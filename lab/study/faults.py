@@ -72,9 +72,9 @@ class FaultProfile:
 
 
 PROFILES: dict[str, FaultProfile] = {p.name: p for p in (
-    FaultProfile("smoke", 1000, 200.0, 2.0, 2.0, 1.0, 2000, 0.0, 180.0, ("consumer-dead", "consumer-kill"),
+    FaultProfile("smoke", 1400, 200.0, 2.0, 2.0, 1.0, 2000, 0.0, 180.0, ("consumer-dead", "consumer-kill"),
                  ("wal", "kafka"), False,
-                 "tests: wal and kafka x a 2 s dead consumer and a killed one, 1,000 messages at 200 msg/s "
+                 "tests: wal and kafka x a 2 s dead consumer and a killed one, 1,400 messages at 200 msg/s "
                  "(4 runs, about 2-3 min)"),
     FaultProfile("quick", 2400, 200.0, 3.0, 4.0, 2.0, 5000, 2.0, 300.0, KIND_ORDER, (), True,
                  "every applicable fault x every pipeline, 2,400 messages at 200 msg/s, faults of 4 s at "
