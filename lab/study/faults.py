@@ -44,6 +44,7 @@ TARGET = 1  # the consumer a targeted fault hits (consumer 0 stays healthy)
 GROWTH = 2.0  # a backlog "lives" where its peak after the fault's start exceeds GROWTH x its pre-fault peak
 SOURCE_FLOOR = 64 * 1024  # ... and this many bytes of unconfirmed WAL
 BROKER_FLOOR = 100  # ... and this many messages in the broker (one claim batch)
+SLOPE_MIN_S = 2.0  # WAL's slope is fitted over at least this long after the fault's start
 
 
 @dataclass(frozen=True)
@@ -298,11 +299,13 @@ def _per_slot(run: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _slot_slope(samples: list[dict[str, Any]], window: tuple[float, float] | None) -> float:
-    """Retained WAL's slope over the fault (one sample interval of slack after its end)."""
+    """Retained WAL's slope over the fault: at least :data:`SLOPE_MIN_S` from its start (a kill is over
+    in a second), plus one sample interval."""
     if window is None:
         return NAN
+    hi = max(window[1], window[0] + SLOPE_MIN_S) + 1.0
     return slope([(s["t_s"], s["retained_bytes"]) for s in samples
-                  if window[0] <= s["t_s"] <= window[1] + 1.0 and isinstance(s.get("retained_bytes"), int | float)])
+                  if window[0] <= s["t_s"] <= hi and isinstance(s.get("retained_bytes"), int | float)])
 
 
 def _peak(values: Sequence[Any]) -> float:

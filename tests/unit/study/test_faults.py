@@ -295,6 +295,11 @@ def test_the_reading_is_computed_from_the_table() -> None:
 def test_slope() -> None:
     assert faults.slope([(0.0, 10.0), (1.0, 12.0), (2.0, 14.0)]) == pytest.approx(2.0)
     assert math.isnan(faults.slope([(1.0, 3.0)])) and math.isnan(faults.slope([(1.0, 3.0), (1.0, 5.0)]))
+    kill = _old_wal_dead()  # a kill is over in 0.4 s: the slope still gets the samples of 3..6 s
+    kill["fault"]["events"] = [{"what": "kill", "t_s": 3.0}, {"what": "replacement ready", "t_s": 3.4},
+                               {"what": "continued by cleanup", "t_s": 11.0}]  # a cleanup is not the fault
+    assert faults.fault_window(kill) == (3.0, 3.4)
+    assert faults.cell_row(kill)["wal_slope_kb_s"] == pytest.approx(100_000 / 1024)
 
 
 def test_figures_draw_what_was_sampled() -> None:
