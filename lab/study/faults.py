@@ -243,6 +243,7 @@ COLUMNS = (
     "cpu_vs_clean_ms", "recovery_cpu_ms", "loadavg_1m", "unattributed_ms", "run_id", "error",
 )
 NAN = float("nan")
+COUNTS = ("lost", "duplicates", "max_burst", "broker_backlog_peak", "healthy_lag_peak")  # whole numbers (or <NA>)
 
 
 def _num(value: Any) -> float:
@@ -381,7 +382,7 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
     unattributed = _num((run.get("cpu_s") or {}).get("unattributed"))
     messages = _num(s.get("messages"))
     return {
-        "pipeline": s.get("pipeline"), "fault": f.get("kind") or _kind(s.get("fault")),
+        "pipeline": s.get("pipeline"), "fault": _kind(s.get("fault")),
         "spec": s.get("fault") or "", "success": bool(run.get("success")),
         "lost": _num(acc.get("lost")), "duplicates": _num(acc.get("extra_calls")),
         "max_burst": _num(acc.get("max_burst")), "resume_s": _num(acc.get("time_to_resume_s")),
@@ -419,7 +420,8 @@ def _clean(results: Sequence[dict[str, Any]]) -> dict[str, float]:
 def matrix_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """One row per cell (:data:`COLUMNS`), in the order run: what each fault cost each pipeline."""
     clean = _clean(results)
-    return pd.DataFrame([cell_row(r, clean) for r in results], columns=list(COLUMNS))
+    table = pd.DataFrame([cell_row(r, clean) for r in results], columns=list(COLUMNS))
+    return table.astype({c: "Int64" for c in COUNTS})
 
 
 def wal_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -456,7 +458,7 @@ def wal_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
     ``kind`` cell of each pipeline; the fault's window shaded. None when no such cell has samples."""
     from matplotlib.figure import Figure
 
-    cells = [r for r in results if _fault(r).get("kind") == kind and _per_slot(r)]
+    cells = [r for r in results if _kind((r.get("scenario") or {}).get("fault")) == kind and _per_slot(r)]
     if not cells:
         return None
     fig = Figure(figsize=(3.4 * len(cells), 3.2), layout="constrained")
@@ -481,7 +483,8 @@ def lag_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
     the fault's window shaded. None when no cell sampled either."""
     from matplotlib.figure import Figure
 
-    cells = [r for r in results if _fault(r).get("kind") == kind and (_rows(r, "consumer_lag") or _rows(r, "backlog"))]
+    cells = [r for r in results if _kind((r.get("scenario") or {}).get("fault")) == kind
+             and (_rows(r, "consumer_lag") or _rows(r, "backlog"))]
     if not cells:
         return None
     fig = Figure(figsize=(3.4 * len(cells), 3.2), layout="constrained")
@@ -509,8 +512,13 @@ def _list(items: Sequence[str]) -> str:
     return ", ".join(items) if items else "none"
 
 
-def _fmt(x: float, unit: str = "", digits: int = 1) -> str:
-    return "—" if math.isnan(x) else f"{x:,.{digits}f}{unit}"
+def _fmt(x: Any, unit: str = "", digits: int = 1) -> str:
+    return "—" if pd.isna(x) else f"{float(x):,.{digits}f}{unit}"
+
+
+def _positive(column: pd.Series) -> pd.Series:
+    """``column > 0`` with what was not measured as False."""
+    return (pd.to_numeric(column, errors="coerce") > 0).fillna(False).astype(bool)
 
 
 def reading(table: pd.DataFrame) -> list[str]:
@@ -519,12 +527,12 @@ def reading(table: pd.DataFrame) -> list[str]:
     if t.empty:
         return ["No fault cell has run yet."]
     out = []
-    lossy = t[t["lost"] > 0]
+    lossy = t[_positive(t["lost"])]
     measured = t["lost"].notna()
-    out.append(f"**Losses**: {int((t['lost'] == 0).sum())} of {int(measured.sum())} accounted cells lost nothing"
+    out.append(f"**Losses**: {int((t['lost'] == 0).fillna(False).sum())} of {int(measured.sum())} accounted cells lost nothing"
                + (f"; lost messages in {_list([f'{r.pipeline} {r.fault} ({int(r.lost):,})' for r in lossy.itertuples()])}."
                   if not lossy.empty else "."))
-    dup = t[t["duplicates"] > 0].sort_values("duplicates", ascending=False)
+    dup = t[_positive(t["duplicates"])].sort_values("duplicates", ascending=False)
     out.append("**Duplicates** (re-worked, at-least-once): "
                + (_list([f"{r.pipeline} {r.fault} {int(r.duplicates):,} (burst {_fmt(r.max_burst, digits=0)})"
                          for r in dup.itertuples()]) + "." if not dup.empty else "none in any cell."))
@@ -550,7 +558,7 @@ def reading(table: pd.DataFrame) -> list[str]:
         by = cost.groupby("pipeline")["cpu_vs_clean_ms"].median()
         out.append("**CPU of a fault** (median over faults, ms CPU/msg above the clean cell at the same rate): "
                    + _list([f"{p} {v:+.3f}" for p, v in by.items()]) + ".")
-    failed = t[~t["success"].astype(bool) & ~(t["lost"] > 0)]
+    failed = t[~t["success"].astype(bool) & ~_positive(t["lost"])]
     if not failed.empty:
         out.append("**Failed without a loss** (the run's error says why): "
                    + _list([f"{r.pipeline} {r.fault}: {str(r.error).splitlines()[0][:160]}" for r in failed.itertuples()]) + ".")

@@ -267,7 +267,8 @@ def test_matrix_table_a_failed_cell_and_a_cell_that_never_stored_a_run() -> None
     assert t.loc[2, "cpu_vs_clean_ms"] == pytest.approx(0.5) and t.loc[3, "cpu_vs_clean_ms"] == pytest.approx(0.4)
     assert math.isnan(t.loc[4, "cpu_vs_clean_ms"])  # no clean rabbitmq cell
     assert t.loc[4, "lost"] == 24 and not t.loc[4, "success"] and t.loc[4, "backlog_where"] == "—"
-    assert t.loc[5, "error"] == "RuntimeError: stack not up" and math.isnan(t.loc[5, "lost"])
+    assert t.loc[5, "error"] == "RuntimeError: stack not up" and pd.isna(t.loc[5, "lost"])
+    assert str(t["lost"].dtype) == "Int64" and str(t["duplicates"].dtype) == "Int64"  # counts stay whole
     shown = faults.shown(t)
     assert shown.loc[5, "lost"] == "—" and shown.loc[4, "lost"] == 24
     wal = faults.wal_table(results)
