@@ -361,8 +361,12 @@ def _phase(run: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _phase_cpu(run: dict[str, Any], name: str) -> float:
-    """ms CPU/msg of one phase, summed over participants (``unattributed`` left out, as in the total)."""
-    cpu = _phase(run, name).get("cpu_ms_per_msg")
+    """ms CPU/msg of one phase, summed over participants (``unattributed`` left out, as in the
+    run's total): the runner's ``cpu_ms_per_msg_total``, else the sum of its ``cpu_ms_per_msg``."""
+    phase = _phase(run, name)
+    if not math.isnan(_num(phase.get("cpu_ms_per_msg_total"))):
+        return float(phase["cpu_ms_per_msg_total"])
+    cpu = phase.get("cpu_ms_per_msg")
     if not isinstance(cpu, dict) or not cpu:
         return NAN
     return sum(_num(v) for k, v in cpu.items() if k != "unattributed")

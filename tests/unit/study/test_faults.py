@@ -237,6 +237,12 @@ def test_the_new_keys_fill_backlog_lag_recovery_and_the_cpu_of_recovery() -> Non
     assert row["recovery_cpu_ms"] == pytest.approx((1.6 + 0.5) - (1.0 + 0.5))  # unattributed left out
     assert row["cpu_vs_clean_ms"] == pytest.approx(0.4)
     assert row["wal_slope_kb_s"] == pytest.approx(500 / 1024)
+    run = _new_kafka_dead()  # the runner's own total, when it stores one, is the one used
+    run["fault"]["phases"]["after"]["cpu_ms_per_msg_total"] = 3.0
+    run["fault"]["phases"]["before"]["cpu_ms_per_msg_total"] = None  # nothing delivered: the sum
+    assert faults.cell_row(run)["recovery_cpu_ms"] == pytest.approx(3.0 - 1.5)
+    run["fault"]["phases"]["during"] = {"t0_s": 3.0, "t1_s": 7.0, "cpu_ms_per_msg": None, "latency_ms": None}
+    assert math.isnan(faults.cell_row(run)["p99_during_ms"])
 
 
 def test_where_the_backlog_lives() -> None:
