@@ -315,7 +315,8 @@ def _faults(args: argparse.Namespace, settings: Settings) -> int:
     table = faults.matrix_table(results)
     cols = ["pipeline", "spec", "success", "lost", "duplicates", "max_burst", "resume_s", "recovery_s",
             "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "healthy_lag_peak", "cpu_ms_per_msg"]
-    sys.stdout.write(faults.shown(table[cols]).to_string(index=False) + "\n")
+    sys.stdout.write(faults.shown(table[cols]).to_string(index=False) + "\n\n"
+                     + faults.shown(faults.by_pipeline(table)).to_string(index=False) + "\n")
     unrun = [faults.cell_label(s) for s, r in zip(plan, results, strict=True) if not r.get("run_id")]
     failed = int((~table["success"]).sum())
     _say(f"fault matrix {sid}: {len(results)} cells, {failed} failed (a failed run is a finding: its error "

@@ -450,6 +450,26 @@ def wal_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
                                        "slope_kb_s", "wal_status", "back_in_band_s"])
 
 
+def by_pipeline(table: pd.DataFrame) -> pd.DataFrame:
+    """The matrix per pipeline, for choosing between architectures: fault cells run, cells that
+    lost messages and how many, duplicates, the slowest resume, the median and longest recovery,
+    the most WAL any slot retained, and where a dead consumer's backlog lived."""
+    t = table[table["fault"] != "none"]
+    rows = []
+    for pipeline, g in t.groupby("pipeline", sort=False):
+        dead = g.loc[g["fault"] == "consumer-dead", "backlog_where"]
+        rows.append({
+            "pipeline": pipeline, "fault_cells": len(g), "cells_with_loss": int(_positive(g["lost"]).sum()),
+            "lost": g["lost"].sum(min_count=1), "duplicates": g["duplicates"].sum(min_count=1),
+            "worst_resume_s": g["resume_s"].max(), "median_recovery_s": g["recovery_s"].median(),
+            "worst_recovery_s": g["recovery_s"].max(), "wal_peak_mb": g["wal_peak_mb"].max(),
+            "dead_consumer_backlog": dead.iloc[0] if not dead.empty else "—",
+        })
+    return pd.DataFrame(rows, columns=["pipeline", "fault_cells", "cells_with_loss", "lost", "duplicates",
+                                       "worst_resume_s", "median_recovery_s", "worst_recovery_s", "wal_peak_mb",
+                                       "dead_consumer_backlog"])
+
+
 def shown(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     """The table for reading: numbers rounded, what was not measured as ``—``."""
     return table.round(digits).astype(object).where(table.notna(), "—")

@@ -28,7 +28,7 @@ FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "me
 TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
           "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "crossover_article",
           "throughput_vs_published", "participants_vs_published", "agreement", "latency", "broker_native",
-          "control", "faults", "faults_wal")
+          "control", "faults", "faults_wal", "faults_by_pipeline")
 
 
 def _outputs(nb_path: Path) -> str:

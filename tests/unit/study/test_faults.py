@@ -283,6 +283,18 @@ def test_matrix_table_a_failed_cell_and_a_cell_that_never_stored_a_run() -> None
     assert wal.loc[2, "wal_status"] == "reserved"  # read from the samples when the summary has none
 
 
+def test_by_pipeline_sums_what_each_architecture_cost() -> None:
+    t = faults.matrix_table([_clean("wal", 2.0), _old_wal_dead(), _new_kafka_dead(), _rabbit_kill(),
+                             {**_rabbit_kill(), "run_id": "again", "scenario": _scenario("rabbitmq", "sink-outage@3s+4s")}])
+    by = faults.by_pipeline(t).set_index("pipeline")
+    assert list(by.index) == ["wal", "kafka", "rabbitmq"]  # the clean cell is not a fault cell
+    assert by.loc["rabbitmq", "fault_cells"] == 2 and by.loc["rabbitmq", "cells_with_loss"] == 2
+    assert by.loc["rabbitmq", "lost"] == 48 and by.loc["rabbitmq", "dead_consumer_backlog"] == "—"
+    assert by.loc["wal", "cells_with_loss"] == 0 and by.loc["wal", "dead_consumer_backlog"] == "source"
+    assert by.loc["kafka", "dead_consumer_backlog"] == "broker" and by.loc["kafka", "median_recovery_s"] == 2.4
+    assert pd.isna(by.loc["wal", "median_recovery_s"])  # an old run: not measured, not 0
+
+
 def test_the_reading_is_computed_from_the_table() -> None:
     t = faults.matrix_table([_clean("wal", 2.0), _clean("kafka", 1.5), _old_wal_dead(), _new_kafka_dead(),
                              _rabbit_kill()])
