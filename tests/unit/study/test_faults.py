@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+import lab.cli
 import lab.runner
 from lab.cli import build_parser, main
 from lab.results import write_run
@@ -344,8 +345,8 @@ def test_cli_parses_lab_faults() -> None:
 
 def test_lab_faults_runs_the_matrix_prints_it_and_fails_only_when_a_cell_could_not_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("LAB_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("LAB_STACK_DIR", str(tmp_path / "stack"))
+    settings = _settings(tmp_path)
+    monkeypatch.setattr(lab.cli, "get_settings", lambda: settings)  # not the process-wide (cached) ones
     boom = {"raise": True}
 
     async def fake(scenario: Scenario, settings: Settings, *, progress: Any = None,
@@ -369,6 +370,6 @@ def test_lab_faults_runs_the_matrix_prints_it_and_fails_only_when_a_cell_could_n
     assert main(["faults", "--profile", "smoke", "--series-id", "cli"]) == 0  # resumed: only kafka ran
     err = capsys.readouterr().err
     assert "[1/4] wal consumer-dead:1@2s+2s (done before): ok" in err and "2 failed" in err
-    table = faults.matrix_table(faults.stored(faults.plan("smoke"), Settings.from_env(), series_id="cli"))
+    table = faults.matrix_table(faults.stored(faults.plan("smoke"), settings, series_id="cli"))
     assert list(table["pipeline"]) == ["wal", "kafka", "wal", "kafka"] and table["duplicates"].eq(3).all()
     assert isinstance(table, pd.DataFrame)
