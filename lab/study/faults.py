@@ -317,7 +317,8 @@ def _peak(values: Sequence[Any]) -> float:
 def backlog_where(run: dict[str, Any], window: tuple[float, float] | None = None) -> tuple[str, float, float]:
     """Where the backlog lived: ``source`` (a slot's unconfirmed WAL), ``broker`` (messages waiting in
     Kafka or RabbitMQ), both, ``none``, or ``—`` without samples. A side counts when its peak from the
-    fault's start on exceeds :data:`GROWTH` x its peak before the fault and its floor. Also returns
+    fault's start on exceeds :data:`GROWTH` x its peak before the fault and its floor; a broker
+    pipeline's run without broker samples says ``broker not sampled`` (an older runner). Also returns
     the peaks: unconfirmed WAL in bytes (the highest slot) and broker messages (NaN: not sampled)."""
     window = window or fault_window(run)
     if window is None:
@@ -336,10 +337,12 @@ def backlog_where(run: dict[str, Any], window: tuple[float, float] | None = None
     broker_peak = _peak([b.get("messages") for b in backlog if b["t_s"] >= start])
     if broker_peak > max(GROWTH * (0.0 if math.isnan(broker_before) else broker_before), BROKER_FLOOR):
         places.append("broker")
+    broker = (run.get("pipeline_settings") or {}).get("debezium_sink") or _fault(run).get("debezium_properties")
+    if broker and not backlog:  # a broker pipeline whose runner did not sample the broker
+        places.append("broker not sampled")
     if places:
         return "+".join(places), source_peak, broker_peak
-    sampled = bool(_per_slot(run)) or bool(backlog)
-    return ("none" if sampled else "—"), source_peak, broker_peak
+    return ("none" if _per_slot(run) or backlog else "—"), source_peak, broker_peak
 
 
 def _healthy_lag(run: dict[str, Any], window: tuple[float, float] | None) -> tuple[float, float]:

@@ -255,6 +255,11 @@ def test_where_the_backlog_lives() -> None:
     run["fault"]["wal"] = _wal({"dbz_quorum_slot": lambda t: (0, 2000)}, range(12))
     assert faults.backlog_where(run)[0] == "none"
     assert faults.backlog_where({"fault": {"start_s": 3.0}})[0] == "—"  # nothing sampled
+    del run["fault"]["backlog"]  # an older runner on a broker pipeline: the broker side is unknown
+    run["pipeline_settings"] = {"debezium_sink": "kafka"}
+    assert faults.backlog_where(run)[0] == "broker not sampled"
+    run["fault"]["wal"] = _wal({"dbz_quorum_slot": lambda t: (0, 900_000 if t >= 3 else 2000)}, range(12))
+    assert faults.backlog_where(run)[0] == "source+broker not sampled"
     assert faults.backlog_where({})[0] == "—"
 
 
@@ -273,7 +278,7 @@ def test_matrix_table_a_failed_cell_and_a_cell_that_never_stored_a_run() -> None
     assert list(t["fault"]) == ["none", "none", "consumer-dead", "consumer-dead", "consumer-kill", "consumer-kill"]
     assert t.loc[2, "cpu_vs_clean_ms"] == pytest.approx(0.5) and t.loc[3, "cpu_vs_clean_ms"] == pytest.approx(0.4)
     assert math.isnan(t.loc[4, "cpu_vs_clean_ms"])  # no clean rabbitmq cell
-    assert t.loc[4, "lost"] == 24 and not t.loc[4, "success"] and t.loc[4, "backlog_where"] == "—"
+    assert t.loc[4, "lost"] == 24 and not t.loc[4, "success"] and t.loc[4, "backlog_where"] == "—"  # no samples
     assert t.loc[5, "error"] == "RuntimeError: stack not up" and pd.isna(t.loc[5, "lost"])
     assert str(t["lost"].dtype) == "Int64" and str(t["duplicates"].dtype) == "Int64"  # counts stay whole
     shown = faults.shown(t)
