@@ -318,7 +318,7 @@ def backlog_where(run: dict[str, Any], window: tuple[float, float] | None = None
     """Where the backlog lived: ``source`` (a slot's unconfirmed WAL), ``broker`` (messages waiting in
     Kafka or RabbitMQ), both, ``none``, or ``—`` without samples. A side counts when its peak from the
     fault's start on exceeds :data:`GROWTH` x its peak before the fault and its floor; a broker
-    pipeline's run without broker samples says ``broker not sampled`` (an older runner). Also returns
+    pipeline's run without broker samples adds `` (broker not sampled)`` (an older runner). Also returns
     the peaks: unconfirmed WAL in bytes (the highest slot) and broker messages (NaN: not sampled)."""
     window = window or fault_window(run)
     if window is None:
@@ -338,11 +338,10 @@ def backlog_where(run: dict[str, Any], window: tuple[float, float] | None = None
     if broker_peak > max(GROWTH * (0.0 if math.isnan(broker_before) else broker_before), BROKER_FLOOR):
         places.append("broker")
     broker = (run.get("pipeline_settings") or {}).get("debezium_sink") or _fault(run).get("debezium_properties")
-    if broker and not backlog:  # a broker pipeline whose runner did not sample the broker
-        places.append("broker not sampled")
+    unknown = " (broker not sampled)" if broker and not backlog else ""  # an older runner
     if places:
-        return "+".join(places), source_peak, broker_peak
-    return ("none" if _per_slot(run) or backlog else "—"), source_peak, broker_peak
+        return "+".join(places) + unknown, source_peak, broker_peak
+    return ("none" + unknown if _per_slot(run) or backlog else "—"), source_peak, broker_peak
 
 
 def _healthy_lag(run: dict[str, Any], window: tuple[float, float] | None) -> tuple[float, float]:

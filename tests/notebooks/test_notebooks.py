@@ -214,7 +214,7 @@ def test_report_runs_the_smoke_fault_matrix(smoke_report: tuple[Path, str], sett
     assert (dead["duplicates"] == 0).all(), "a stopped consumer re-works nothing (docs/benchmarks.md)"
     assert kill["resume_s"].notna().all() and (kill["resume_s"] > 0).all()
     assert (table["wal_peak_mb"] > 0).all() and table["wal_slope_kb_s"].notna().all()
-    assert table["backlog_where"].str.fullmatch(r"none|(source|broker)(\+broker)?( not sampled)?").all()
+    assert table["backlog_where"].str.fullmatch(r"(none|source|broker|source\+broker)( \(broker not sampled\))?").all()
     wal = pd.read_csv(out / "faults_wal.csv")
     slots = wal.groupby(["pipeline", "spec"])["slot"].nunique()
     assert {(p, n) for (p, _), n in slots.items()} == {("wal", 2), ("kafka", 1)}  # a slot per reader, Debezium's one

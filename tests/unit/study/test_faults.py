@@ -257,9 +257,9 @@ def test_where_the_backlog_lives() -> None:
     assert faults.backlog_where({"fault": {"start_s": 3.0}})[0] == "—"  # nothing sampled
     del run["fault"]["backlog"]  # an older runner on a broker pipeline: the broker side is unknown
     run["pipeline_settings"] = {"debezium_sink": "kafka"}
-    assert faults.backlog_where(run)[0] == "broker not sampled"
+    assert faults.backlog_where(run)[0] == "none (broker not sampled)"
     run["fault"]["wal"] = _wal({"dbz_quorum_slot": lambda t: (0, 900_000 if t >= 3 else 2000)}, range(12))
-    assert faults.backlog_where(run)[0] == "source+broker not sampled"
+    assert faults.backlog_where(run)[0] == "source (broker not sampled)"
     assert faults.backlog_where({})[0] == "—"
 
 
