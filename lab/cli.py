@@ -306,12 +306,54 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     sys.stdout.write(f"{out / 'report.html'}\n")
     _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
     failed = [f"{name}: {cell}" for name, rid in report_series(sid, args.profile).items()
+              if name != "faults"  # a fault cell's failed run is a finding (the report shows it), not a gap
               for cell in series.failed_cells(rid, settings)]
     if failed:
         _say(f"{len(failed)} cell(s) of series {sid} have no successful run ({'; '.join(failed)}); "
              "the report lists their errors and leaves them out. Run the same command again to retry them.")
         return 1
     return 0
+
+
+def _faults(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from lab.study import faults, series
+
+    pipelines = series.parse_pipelines(args.pipelines)
+    plan = faults.plan(args.profile, pipelines=pipelines)
+    sid = args.series_id or faults.default_series_id(args.profile, pipelines=pipelines)
+    _say(f"fault matrix {sid}: {len(plan)} runs ({faults.PROFILES[args.profile].description})")
+    for pipeline, kind, why in faults.inapplicable(args.profile, pipelines=pipelines):
+        _say(f"  not applicable: {pipeline} {kind} ({why})")
+    bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
+
+    def progress(step: series.Step) -> None:
+        label = faults.cell_label(step.scenario)
+        if step.status in ("start", "phase"):
+            bar.set_postfix(cell=f"{label} {step.phase}".strip(), refresh=True)
+            return
+        tag = "done before" if step.status == "skipped" else "run"
+        bar.write(f"[{step.index + 1}/{step.total}] {label} ({tag}): {faults.outcome(step.result or {})}",
+                  file=sys.stderr)
+        bar.update(1)
+
+    try:
+        results = asyncio.run(faults.run_matrix(plan, settings, series_id=sid, force=args.force,
+                                                retry_failed=args.retry_failed, progress=progress))
+    finally:
+        bar.close()
+    table = faults.matrix_table(results)
+    cols = ["pipeline", "spec", "success", "lost", "duplicates", "max_burst", "resume_s", "recovery_s",
+            "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "healthy_lag_peak", "cpu_ms_per_msg"]
+    sys.stdout.write(faults.shown(table[cols]).to_string(index=False) + "\n\n"
+                     + faults.shown(faults.by_pipeline(table)).to_string(index=False) + "\n")
+    unrun = [faults.cell_label(s) for s, r in zip(plan, results, strict=True) if not r.get("run_id")]
+    failed = int((~table["success"]).sum())
+    _say(f"fault matrix {sid}: {len(results)} cells, {failed} failed (a failed run is a finding: its error "
+         f"is in the table's run), {len(unrun)} could not run{': ' + '; '.join(unrun) if unrun else ''}; "
+         f"results in {runs_dir(settings)}")
+    return 1 if unrun else 0
 
 
 def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
@@ -436,6 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
     _series_options(rep)
     rep.set_defaults(handler=_report)
 
+    flt = sub.add_parser("faults", help="the insulation matrix: every pipeline x every fault it applies to "
+                                       "(fixed rate, resumable)")
+    _faults_options(flt)
+    flt.set_defaults(handler=_faults)
+
     bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures for docs/benchmarks.md)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
@@ -491,6 +538,19 @@ def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> N
                         help="runs are stored under it and skipped when done (default: from profile, repeats, seed)")
     parser.add_argument("--force", action="store_true",
                         help="run every cell again, adding to the series (a fresh study: a new --series-id)")
+
+
+def _faults_options(parser: argparse.ArgumentParser) -> None:
+    from lab.study.faults import PROFILES
+
+    parser.add_argument("--profile", choices=list(PROFILES), default="quick",
+                        help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
+    parser.add_argument("--pipelines", default="", help="comma-separated subset (default: the profile's)")
+    parser.add_argument("--series-id", default="",
+                        help="runs are stored under it; a cell with a stored run is skipped (default: faults-<profile>)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="run the cells whose stored run failed again (a failed run is otherwise a finding, kept)")
+    parser.add_argument("--force", action="store_true", help="run every cell again, adding to the series")
 
 
 def _scenario_options(parser: argparse.ArgumentParser) -> None:

@@ -3,10 +3,10 @@
 ``lab report --profile quick`` = :func:`build_report`: ``notebooks/series.ipynb`` runs (or
 resumes) the series, ``notebooks/analysis.ipynb`` analyses it, ``notebooks/latency.ipynb``
 measures latency at a fixed rate and the maximum sustainable rate (a load staircase per pipeline x N,
-:data:`CAPACITY`), ``notebooks/broker_native.ipynb`` the broker-native stand and
-``notebooks/control.ipynb`` the control experiment (each resumable, under a series id derived from
-the study's); each writes its figures (PNG, SVG) and tables (CSV) into the report folder, and the
-four executed notebooks after the series become one
+:data:`CAPACITY`), ``notebooks/broker_native.ipynb`` the broker-native stand,
+``notebooks/control.ipynb`` the control experiment and ``notebooks/faults.ipynb`` the fault matrix
+(each resumable, under a series id derived from the study's); each writes its figures (PNG, SVG)
+and tables (CSV) into the report folder, and the five executed notebooks after the series become one
 ``report.html`` (code cells hidden: the report reads as text, tables and figures; the executed
 ``.ipynb`` files next to it keep the code). Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
 
@@ -30,8 +30,8 @@ from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
-NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency")
-REPORT_PAGE = ("analysis", "latency", "broker_native", "control")  # report.html, in this order
+NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency", "faults")
+REPORT_PAGE = ("analysis", "latency", "broker_native", "control", "faults")  # report.html, in this order
 
 
 def notebooks_dir(settings: Settings) -> Path:
@@ -111,7 +111,14 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
              "control": {"messages": 20_000, "consumers": "2,4,8", "pipelines": "kafka,rabbitmq,wal",
                          "cooldown_s": 20.0}},
 }
-EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"}}
+# The insulation matrix (issue 14, lab.study.faults) at the profile's size: smoke's 4 runs (wal and
+# kafka x a dead and a killed consumer, ~2-3 min), quick's publishable 38 runs (~20-25 min on 2
+# cores), full's 60 s faults. The reference profile is the article's sweep, which had no faults: it
+# gets the quick matrix (full's would more than double its time).
+for _name in ("smoke", "quick", "full"):
+    EXTRAS[_name]["faults"] = {"profile": _name}
+EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"},
+                       "faults": {"profile": "quick"}}
 # The maximum sustainable rate (issue 14): one load staircase per pipeline x N, in the latency
 # notebook (lab.study.capacity). quick: 8 runs of at most 32 s of sending each, about 8 more
 # minutes on 2 cores; smoke: 4 runs of 2 x 2 s.
@@ -124,11 +131,13 @@ CAPACITY: dict[str, dict[str, Any]] = {
 
 
 def report_series(series_id: str, profile: str) -> dict[str, str]:
-    """The series a report runs: the study, its fixed-rate latency series, its broker-native one
-    and its control experiment."""
+    """The series a report runs: the study, its fixed-rate latency series, its broker-native one,
+    its control experiment and its fault matrix (``faults-quick`` for the default study, the id
+    ``lab faults --profile quick`` uses, so either resumes the other)."""
     rate = EXTRAS[profile]["latency"]["rate"]
     return {"series": series_id, "latency": f"{series_id}-rate{rate:g}", "capacity": f"{series_id}-capacity",
-            "broker_native": f"{series_id}-broker-native", "control": f"{series_id}-control"}
+            "broker_native": f"{series_id}-broker-native", "control": f"{series_id}-control",
+            "faults": f"faults-{series_id}"}
 
 
 def combine(notebooks: list[Path], out: Path) -> Path:
@@ -146,8 +155,8 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
                  seed: int | None = None, pipelines: str = "", force: bool = False,
                  idle_s: float | None = None, echo: IO[str] | None = None) -> Path:
     """Run (or resume) the series, analyse it, measure latency at a fixed rate, the broker-native
-    stand and the control experiment (:data:`EXTRAS`), export one ``report.html``; returns the
-    report folder."""
+    stand, the control experiment and the fault matrix (:data:`EXTRAS`), export one
+    ``report.html``; returns the report folder."""
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)
     out.mkdir(parents=True)
@@ -170,6 +179,9 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     control = EXTRAS[profile]["control"] | ({"pipelines": pipelines} if pipelines else {})
     execute_notebook("control", out / "control.ipynb", {
         **control, "series_id": ids["control"], "report_dir": str(out),
+    }, settings=settings, echo=echo)
+    execute_notebook("faults", out / "faults.ipynb", {
+        **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
     }, settings=settings, echo=echo)
     page = combine([out / f"{n}.ipynb" for n in REPORT_PAGE], out / "report.ipynb")
     export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")

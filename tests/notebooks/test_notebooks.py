@@ -18,17 +18,17 @@ import nbformat
 import pandas as pd
 import pytest
 
-from lab.study import series
+from lab.study import faults, series
 from lab.study.report import build_report, execute_notebook
 from lab.settings import Settings
 
 pytestmark = pytest.mark.notebooks
 FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
-           "broker_native", "control", "capacity")
+           "broker_native", "control", "capacity", "faults_wal")
 TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
           "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "crossover_article",
           "throughput_vs_published", "participants_vs_published", "agreement", "latency", "broker_native",
-          "control", "capacity", "capacity_steps")
+          "control", "capacity", "capacity_steps", "faults", "faults_wal", "faults_by_pipeline")
 
 
 def _outputs(nb_path: Path) -> str:
@@ -83,10 +83,10 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     assert len(images) >= len(FIGURES)
     assert "costmodel.fit_fanout" not in html  # the code cells are hidden
     # one page: the study (ending with the article side by side), then latency at a fixed rate, the
-    # broker-native stand and the control experiment
+    # broker-native stand, the control experiment and the fault matrix
     at = [html.find(h) for h in ("The headline: ms CPU per message", "Against the article",
                                   "Latency at a fixed rate", "Maximum sustainable rate", "Broker-native experiment",
-                                  "Control experiment")]
+                                  "Control experiment", "Faults: how each architecture insulates")]
     assert -1 not in at and at == sorted(at), at
 
 
@@ -214,3 +214,40 @@ def test_report_finds_the_maximum_sustainable_rate_per_pipeline(smoke_report: tu
     assert set(steps["rate"]) <= set(rates) and (steps["achieved_rate"] > 0).all()
     assert (steps["cpu_ms_per_msg"] > 0).all() and (steps["p99_ms"] > 0).all()
     assert f"staircase series {sid}-capacity" in _outputs(out / "latency.ipynb")
+
+
+def test_report_runs_the_smoke_fault_matrix(smoke_report: tuple[Path, str], settings: Settings) -> None:
+    """The smoke matrix (make test's): wal and kafka x a dead and a killed consumer on the real stack,
+    every message accounted for; the table, the WAL figure and the reading are on the page."""
+    out, sid = smoke_report
+    plan = faults.plan("smoke")
+    table = pd.read_csv(out / "faults.csv")
+    assert list(zip(table["pipeline"], table["spec"], strict=True)) == [(s.pipeline, s.fault) for s in plan]
+    failed = table.loc[~table["success"].astype(bool), ["pipeline", "spec", "error"]]
+    assert failed.empty, failed.to_string()
+    assert (table["lost"] == 0).all() and (table["duplicates"] >= 0).all()  # at-least-once on both
+    dead, kill = table[table["fault"] == "consumer-dead"], table[table["fault"] == "consumer-kill"]
+    assert (dead["duplicates"] == 0).all(), "a stopped consumer re-works nothing (docs/benchmarks.md)"
+    assert kill["resume_s"].notna().all() and (kill["resume_s"] > 0).all()
+    assert (table["wal_peak_mb"] > 0).all() and table["wal_slope_kb_s"].notna().all()
+    assert table["backlog_where"].str.fullmatch(r"(none|source|broker|source\+broker)( \(broker not sampled\))?").all()
+    wal = pd.read_csv(out / "faults_wal.csv")
+    slots = wal.groupby(["pipeline", "spec"])["slot"].nunique()
+    assert {(p, n) for (p, _), n in slots.items()} == {("wal", 2), ("kafka", 1)}  # a slot per reader, Debezium's one
+    stored = [r for r in (json.loads(p.read_text()) for p in (settings.data_dir / "runs").glob("*/run.json"))
+              if r.get("series_id") == f"faults-{sid}"]
+    assert sorted(r["run_id"] for r in stored) == sorted(table["run_id"])
+    html = (out / "report.html").read_text()
+    assert "What the matrix says" in html and f"{len(plan)} of {len(plan)} accounted cells lost nothing" in html
+
+
+def test_faults_notebook_analyses_a_stored_matrix_without_running(
+        smoke_report: tuple[Path, str], settings: Settings, tmp_path: Path) -> None:
+    out, sid = smoke_report
+    runs = settings.data_dir / "runs"
+    before = sorted(p.name for p in runs.iterdir())
+    params = {"profile": "smoke", "series_id": f"faults-{sid}", "run": False, "report_dir": str(tmp_path)}
+    text = _outputs(execute_notebook("faults", tmp_path / "faults.ipynb", params, settings=settings))
+    assert sorted(p.name for p in runs.iterdir()) == before, "run=False runs nothing"
+    assert f"fault matrix faults-{sid}: 4 of 4 cells" in text
+    assert list(pd.read_csv(tmp_path / "faults.csv")["run_id"]) == list(pd.read_csv(out / "faults.csv")["run_id"])

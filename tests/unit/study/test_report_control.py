@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from lab.study import control, report
+from lab.study import control, faults, report
 from lab.results import new_report_id, report_dir
 from lab.settings import Settings
 
@@ -99,15 +99,26 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     settings = Settings().replace(data_dir=tmp_path)
     report.build_report("smoke", settings, series_id="s1")
     params = dict(calls)
-    assert [name for name, _ in calls] == ["series", "analysis", "latency", "broker_native", "control"]
+    assert [name for name, _ in calls] == ["series", "analysis", "latency", "broker_native", "control", "faults"]
     assert params["control"]["series_id"] == report.report_series("s1", "smoke")["control"] == "s1-control"
     assert (params["control"]["messages"], params["control"]["consumers"], params["control"]["pipelines"]) == (
         100, "2", "wal")
-    assert page == ["analysis", "latency", "broker_native", "control"]
+    assert page == ["analysis", "latency", "broker_native", "control", "faults"]
+    # the fault matrix at the profile's size, under the id `lab faults` uses for the default study
+    assert params["faults"] == {"profile": "smoke", "pipelines": "", "series_id": "faults-s1",
+                                "report_dir": params["control"]["report_dir"]}
     calls.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka")
     assert dict(calls)["control"]["pipelines"] == "wal,kafka"  # a restricted report restricts it too
     assert dict(calls)["control"]["consumers"] == "2,8"
+    assert (dict(calls)["faults"]["profile"], dict(calls)["faults"]["pipelines"]) == ("quick", "wal,kafka")
+    assert report.report_series("quick", "quick")["faults"] == faults.default_series_id("quick") == "faults-quick"
+
+
+def test_every_profile_has_a_fault_matrix_and_reference_gets_quick() -> None:
+    assert {p: report.EXTRAS[p]["faults"]["profile"] for p in report.EXTRAS} == {
+        "smoke": "smoke", "quick": "quick", "full": "full", "reference": "quick"}
+    assert all(e["faults"]["profile"] in faults.PROFILES for e in report.EXTRAS.values())
 
 
 def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:
