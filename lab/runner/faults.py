@@ -32,7 +32,14 @@ which also ends a stopped process).
 
 While the fault run drains, :meth:`FaultInjector.watch_wal` samples every logical slot once a
 second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
-(``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size`` and whether a walsender holds it.
+(``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size``, whether a walsender holds it, and
+what its decoding spilled to disk (``spill_txns``, ``spill_bytes`` of ``pg_stat_replication_slots``).
+With a broker, :meth:`FaultInjector.watch_backlog` samples the broker's backlog once a second too
+(:mod:`lab.pipelines.backlog`: the Kafka group's lag, the quorum queue's ready + unacknowledged);
+a reading that fails while the broker restarts is a gap (``backlog_gaps``), never a failure.
+After the run, :meth:`FaultInjector.analysis` adds the per-consumer lag, the before / during /
+after phases (rate, CPU per message per participant, latency) and the recovery time
+(:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
 Retention guard (issue 14, Safety): each sample also checks every slot against
 ``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
