@@ -172,7 +172,7 @@ def fault_line(fault: dict[str, object]) -> dict[str, object]:
             "backlog_where": next((b["where"] for b in fault.get("backlog") or []), None),  # type: ignore[index]
             "backlog_gaps": len(fault.get("backlog_gaps") or []),  # type: ignore[arg-type]
             "phases": {k: {"delivered_per_s": v.get("delivered_per_s"),
-                           "cpu_ms_per_msg": (v.get("cpu_ms_per_msg") or {}).get("total"),
+                           "cpu_ms_per_msg": v.get("cpu_ms_per_msg_total"),
                            "p99_ms": (v.get("latency_ms") or {}).get("p99")}
                        for k, v in (fault.get("phases") or {}).items()}}  # type: ignore[union-attr]
 

@@ -21,9 +21,11 @@ Definitions (for every pipeline):
   [fault end, last delivery] (the end of the drain). Per phase: ``delivered`` (deliveries in it),
   ``delivered_per_s``, ``cpu_ms_per_msg`` per participant (its CPU over the phase, from the sampler's
   timeline interpolated at the edges, in ms per message delivered in the phase; the consumers
-  summed as ``consumers``, plus ``unattributed`` = host busy − Σ participants and ``total`` = Σ
-  participants; None when nothing was delivered) and ``latency_ms`` of the messages delivered in the
-  phase (delivery − ``created_at``, :func:`lab.measure.latency.summarize`).
+  summed as ``consumers``, plus ``unattributed`` = host busy − Σ participants: the keys of run.json's
+  ``cpu_s``; None when nothing was delivered), ``cpu_ms_per_msg_total`` (Σ participants, without
+  ``unattributed``, as run.json's ``cpu_ms_per_msg``) and ``latency_ms`` of the messages delivered
+  in the phase (delivery − ``created_at``, :func:`lab.measure.latency.summarize`). For the broker
+  pipelines ``created_at`` is the outbox row's, so lag and latency include Debezium's capture.
 * **Recovery time** (:func:`recovery_s`): seconds from the end of the fault to the first time
   ``t`` (0.1 s grid) from which, for the next :data:`WINDOW_S` s, the total lag stays within its
   pre-fault band and the delivery rate over ``[t, t + WINDOW_S)`` is within its pre-fault band.
@@ -158,7 +160,7 @@ def _cpu_at(timeline: Sequence[Snapshot], t_mono: float) -> tuple[dict[str, floa
 
 def phase_cpu_s(timeline: Sequence[Snapshot], t0_mono: float, t1_mono: float) -> dict[str, float]:
     """CPU-seconds per participant between two instants: ``consumer-<i>`` summed as ``consumers``,
-    the speed probe left out (it is outside the totals), plus ``total`` and ``unattributed``."""
+    the speed probe left out (it is outside the totals), plus ``unattributed`` (host busy − Σ)."""
     (a, ha), (b, hb) = _cpu_at(timeline, t0_mono), _cpu_at(timeline, t1_mono)
     out: dict[str, float] = {}
     for name in sorted(a.keys() & b.keys()):
@@ -166,16 +168,15 @@ def phase_cpu_s(timeline: Sequence[Snapshot], t0_mono: float, t1_mono: float) ->
             continue
         key = "consumers" if name.startswith("consumer-") else name
         out[key] = out.get(key, 0.0) + b[name] - a[name]
-    out["total"] = sum(out.values())
-    out["unattributed"] = (hb - ha) - out["total"]
+    out["unattributed"] = (hb - ha) - sum(out.values())
     return out
 
 
 def phases(d: Deliveries, fault_start: float, fault_end: float, *,
            timeline: Sequence[Snapshot] | None = None, gate_mono: float | None = None) -> dict[str, Any]:
     """``{"before"|"during"|"after": {"t0_s", "t1_s", "delivered", "delivered_per_s",
-    "cpu_ms_per_msg", "latency_ms"}}`` (module docstring); ``cpu_ms_per_msg`` is None without a
-    timeline. ``gate_mono``: the gate on the timeline's monotonic clock."""
+    "cpu_ms_per_msg", "cpu_ms_per_msg_total", "latency_ms"}}`` (module docstring); the CPU is None
+    without a timeline. ``gate_mono``: the gate on the timeline's monotonic clock."""
     end = max(d.end_s, fault_end)
     edges = {"before": (0.0, fault_start), "during": (fault_start, fault_end), "after": (fault_end, end)}
     out: dict[str, Any] = {}
@@ -184,13 +185,15 @@ def phases(d: Deliveries, fault_start: float, fault_end: float, *,
         inside = (d.delivered >= t0) & ((d.delivered <= t1) if last else (d.delivered < t1))
         n = int(inside.sum())
         span = t1 - t0
-        cpu = None
+        cpu = total = None
         if timeline and gate_mono is not None and n:
-            cpu = {k: round(v * 1000 / n, 4) for k, v in phase_cpu_s(timeline, gate_mono + t0, gate_mono + t1).items()}
+            cpu_s = phase_cpu_s(timeline, gate_mono + t0, gate_mono + t1)
+            cpu = {k: round(v * 1000 / n, 4) for k, v in cpu_s.items()}
+            total = round(sum(v for k, v in cpu_s.items() if k != "unattributed") * 1000 / n, 4)
         out[name] = {
             "t0_s": round(t0, 3), "t1_s": round(t1, 3), "delivered": n,
             "delivered_per_s": round(n / span, 2) if span > 0 else None,
-            "cpu_ms_per_msg": cpu,
+            "cpu_ms_per_msg": cpu, "cpu_ms_per_msg_total": total,
             "latency_ms": summarize((d.delivered[inside] - d.created[inside]) * 1000.0),
         }
     return out

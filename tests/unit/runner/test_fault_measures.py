@@ -161,7 +161,7 @@ def test_analysis_block() -> None:
 
 def test_fault_line_shows_recovery_backlog_and_phases() -> None:
     phase = {"t0_s": 0.0, "t1_s": 3.0, "delivered": 600, "delivered_per_s": 200.0,
-             "cpu_ms_per_msg": {"total": 1.5, "web": 0.5}, "latency_ms": {"p50": 5.0, "p95": 9.0, "p99": 12.0}}
+             "cpu_ms_per_msg": {"consumers": 1.0, "web": 0.5}, "cpu_ms_per_msg_total": 1.5, "latency_ms": {"p50": 5.0, "p95": 9.0, "p99": 12.0}}
     fault = {"spec": "consumer-dead:1@3s+3s", "accounting": {"lost": 0}, "events": [], "wal_summary": {},
              "recovery_s": 1.4, "backlog_peak": 480, "backlog": [{"t_s": 1.0, "where": "rabbitmq", "messages": 3}],
              "backlog_gaps": [{"t_s": 2.0}], "phases": {"before": phase, "during": phase, "after": phase}}
