@@ -43,6 +43,7 @@ from lab.stack import children
 log = logging.getLogger(__name__)
 SAMPLE_S = 1.0
 ERL_CALL_TIMEOUT_S = 2.0
+ERL_CALL_TRIES = 3  # erl_call failed this often while the broker answered: ready messages only
 RESTARTS = 20  # Kafka: children started again after an exit, at most
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _ERL_RESULT = re.compile(rb"\{ok,\s*\{(\d+),\s*(\d+)\}\}")
@@ -177,6 +178,7 @@ class RabbitBacklog:
         self.settings, self.queue = settings, queue
         self.erl_call = service.erl_call() if service is not None and hasattr(service, "erl_call") else None
         self.erl_call_ok = False  # it answered once: later failures are gaps, not a reason to give up
+        self.erl_call_failed = 0  # failures in a row while the broker answered a declare
         self._conn: Any = None
         self._channel: Any = None
 
@@ -192,9 +194,11 @@ class RabbitBacklog:
         ready, declare_error = await self._declare()
         if ready is None:
             return [{"t": t, "error": declare_error or error}]
-        if self.erl_call is not None and not self.erl_call_ok:  # the broker answers, erl_call cannot
-            log.warning("RabbitMQ backlog: erl_call does not work here (%s): ready messages only", error)
-            self.erl_call = None
+        if self.erl_call is not None and not self.erl_call_ok:  # the broker answers, erl_call does not
+            self.erl_call_failed += 1
+            if self.erl_call_failed >= ERL_CALL_TRIES:
+                log.warning("RabbitMQ backlog: erl_call does not work here (%s): ready messages only", error)
+                self.erl_call = None
         return [{"t": t, "messages": ready, "ready": ready, "unacked": None, "source": "declare"}]
 
     async def _erl_call(self) -> tuple[tuple[int, int] | None, str]:

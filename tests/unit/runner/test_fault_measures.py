@@ -173,3 +173,22 @@ def test_fault_line_shows_recovery_backlog_and_phases() -> None:
     empty = fault_line({"spec": "x", "accounting": None, "events": []})
     assert empty["recovery_s"] is None and empty["phases"] == {} and "peak backlog -" in phases_line(empty)
 
+
+
+def test_rabbitmq_reader_through_a_real_subprocess(tmp_path: Path) -> None:
+    """``RabbitBacklog`` runs its ``erl_call`` argv with the expression on stdin: here a shell that
+    answers as erl_call would, then one that fails while no broker answers either (a gap)."""
+    from lab.pipelines.backlog import RabbitBacklog
+
+    seen = tmp_path / "stdin"
+    answer = SimpleNamespace(erl_call=lambda: (["sh", "-c", f"cat > {seen}; echo '{{ok, {{4, 7}}}}'"], None))
+    settings = SimpleNamespace(amqp_url="amqp://u:p@127.0.0.1:9/")
+    reader = RabbitBacklog(settings, answer, "load-dbz-quorum")
+    [sample] = asyncio.run(reader.read())
+    assert (sample["messages"], sample["ready"], sample["unacked"], sample["source"]) == (11, 4, 7, "erl_call")
+    assert seen.read_bytes() == queue_expression("load-dbz-quorum")
+    down = RabbitBacklog(settings, SimpleNamespace(erl_call=lambda: (["sh", "-c", "echo nodedown; exit 1"], None)), "q")
+    for _ in range(4):
+        [gap] = asyncio.run(down.read())
+        assert "messages" not in gap and gap["error"]
+    assert down.erl_call is not None, "a broker that answers nothing is a gap, not a reason to give up erl_call"
