@@ -147,12 +147,15 @@ class FaultInjector:
 
     # driving ---------------------------------------------------------------------------------
     def start(self, gate_mono: float) -> None:
-        """Called when the senders' gate opens: schedule the fault and the WAL sampling."""
+        """Called when the senders' gate opens: schedule the fault, the WAL and the backlog sampling."""
         self._t0 = gate_mono
         self._t0_wall = time.time() - (time.monotonic() - gate_mono)
         self._tasks = [asyncio.create_task(self._inject(), name="fault"),
                        asyncio.create_task(self.watch_wal(), name="fault-wal")]
-        self._backlog_reader = reader_for(self.run) if BACKLOG_SAMPLE_S else None
+        try:
+            self._backlog_reader = reader_for(self.run) if BACKLOG_SAMPLE_S else None
+        except Exception as exc:  # informative: never fails the run, never silent
+            log.warning("no backlog sampling: %s: %s", type(exc).__name__, exc)
         if self._backlog_reader is not None:
             self._tasks.append(asyncio.create_task(self.watch_backlog(), name="fault-backlog"))
 
