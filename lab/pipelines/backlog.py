@@ -10,7 +10,9 @@
   membership, no rebalance; ``committed`` and ``get_watermark_offsets`` with ``cached=False``, one
   OffsetFetch and 2N ListOffsets requests a sample). A child because librdkafka once aborted a
   whole process (SIGABRT in ``AdminClient.list_topics``) while a broker restarted: an abort here
-  costs a gap, and the reader starts the child again.
+  costs a gap, and the reader starts the child again. The runner starts it before the consumers
+  (:meth:`lab.runner.faults.FaultInjector.prepare`: Python and librdkafka take seconds to start on
+  a loaded machine) and moves it into its own cgroup at the gate: its CPU is the runner's.
 * **RabbitMQ**: the quorum queue's messages ready + unacknowledged (delivered to a consumer, not
   yet acked: a stopped consumer's prefetch). The node runs no management plugin (it would add a
   statistics collector to the measured broker) and ``rabbitmqctl list_queues`` boots an Erlang VM
@@ -104,6 +106,15 @@ class KafkaBacklog:
         self.procs: list[Any] = []
         self.restarts = 0
         self._offset = 0
+
+    def start(self) -> None:
+        """Start the sampling child (before the gate: it takes seconds to start on a loaded machine)."""
+        if not self.procs:
+            self._spawn()
+
+    def pids(self) -> list[int]:
+        """The live sampling child's pid (to move it into the runner's cgroup)."""
+        return [p.pid for p in self.procs if p.poll() is None]
 
     def _spawn(self) -> None:
         argv = [sys.executable, "-m", "lab.pipelines.backlog", "--bootstrap", self.settings.kafka_bootstrap,
@@ -200,6 +211,12 @@ class RabbitBacklog:
                 log.warning("RabbitMQ backlog: erl_call does not work here (%s): ready messages only", error)
                 self.erl_call = None
         return [{"t": t, "messages": ready, "ready": ready, "unacked": None, "source": "declare"}]
+
+    def start(self) -> None:
+        """Nothing to start: each reading is one ``erl_call`` (or declare) from the runner."""
+
+    def pids(self) -> list[int]:
+        return []
 
     async def _erl_call(self) -> tuple[tuple[int, int] | None, str]:
         argv, env = self.erl_call

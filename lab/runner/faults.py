@@ -84,7 +84,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from lab.measure import recovery
+from lab.measure import cgroups, recovery
 from lab.measure.cgroups import tree_pids
 from lab.measure.sampler import Snapshot
 from lab.pipelines.backlog import reader_for
@@ -152,12 +152,24 @@ class FaultInjector:
         self._t0_wall = time.time() - (time.monotonic() - gate_mono)
         self._tasks = [asyncio.create_task(self._inject(), name="fault"),
                        asyncio.create_task(self.watch_wal(), name="fault-wal")]
+        if self._backlog_reader is not None:
+            group = cgroups.current()  # the runner's own group by now: the child's CPU is the runner's
+            for pid in self._backlog_reader.pids():
+                with contextlib.suppress(OSError):
+                    cgroups.move_to(group, pid)
+            self._tasks.append(asyncio.create_task(self.watch_backlog(), name="fault-backlog"))
+
+    def prepare(self) -> None:
+        """Once the pipeline's transport exists, before the consumers start: build the backlog reader
+        and start its sampling child if it has one (a Python child with librdkafka takes seconds to
+        start on a loaded machine; started at the gate, its first reading came after a fault at 3 s)."""
         try:
             self._backlog_reader = reader_for(self.run) if BACKLOG_SAMPLE_S else None
+            if self._backlog_reader is not None:
+                self._backlog_reader.start()
         except Exception as exc:  # informative: never fails the run, never silent
             log.warning("no backlog sampling: %s: %s", type(exc).__name__, exc)
-        if self._backlog_reader is not None:
-            self._tasks.append(asyncio.create_task(self.watch_backlog(), name="fault-backlog"))
+            self._backlog_reader = None
 
     def check(self) -> None:
         """Raise the retention guard's error, or the injection's (or a restart's supervision's) if it
@@ -634,6 +646,8 @@ class FaultInjector:
             while True:
                 for sample in await reader.read():
                     t_s = round(sample.pop("t") - self._t0, 3)
+                    if t_s < 0:  # read before the gate (the child started earlier)
+                        continue
                     if "error" in sample:
                         self.backlog_gaps.append({"t_s": t_s, "where": reader.where, "error": sample["error"]})
                     else:

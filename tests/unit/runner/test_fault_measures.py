@@ -66,8 +66,10 @@ def test_backlog_samples_and_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_backlog_sampling_is_cancelled_and_closes_its_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("lab.runner.faults.BACKLOG_SAMPLE_S", 0.01)
-    reader = Reader([[{"t": time.monotonic(), "messages": k}] for k in range(1000)])
+    t = time.monotonic()
+    reader = Reader([[{"t": t - 5.0, "messages": -1}]] + [[{"t": t + k, "messages": k}] for k in range(1000)])
     inj = _injector(reader)
+    inj._t0 = t
 
     async def go() -> None:
         task = asyncio.create_task(inj.watch_backlog())
@@ -77,7 +79,7 @@ def test_backlog_sampling_is_cancelled_and_closes_its_reader(monkeypatch: pytest
             await task
 
     asyncio.run(go())
-    assert 3 <= len(inj.backlog) < 1000 and reader.closed == 1
+    assert 3 <= len(inj.backlog) < 1000 and reader.closed == 1  # the reading before the gate is dropped
     assert [s["messages"] for s in inj.backlog] == list(range(len(inj.backlog)))
 
 
