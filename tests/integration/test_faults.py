@@ -163,11 +163,14 @@ def _check_measures(f: dict, pipeline: str, kind: str) -> None:
     start, end = min(e["t_s"] for e in f["events"]), max(e["t_s"] for e in f["events"])
     phases = f["phases"]
     assert set(phases) == {"before", "during", "after"}
-    assert phases["before"]["delivered"] > 0 and phases["after"]["delivered"] > 0
-    assert phases["before"]["t1_s"] == phases["during"]["t0_s"] == start
-    assert phases["before"]["cpu_ms_per_msg_total"] > 0 and "consumers" in phases["before"]["cpu_ms_per_msg"]
+    assert phases["after"]["delivered"] > 0 and phases["before"]["t1_s"] == phases["during"]["t0_s"] == start
+    assert phases["after"]["cpu_ms_per_msg_total"] > 0 and "consumers" in phases["after"]["cpu_ms_per_msg"]
     assert phases["after"]["latency_ms"]["p99"] > 0
-    assert isinstance(f["recovery_s"], float), f["recovery_s"]
+    if f["recovery_bands"] is not None:
+        assert isinstance(f["recovery_s"], float), f["recovery_s"]
+    else:  # nothing delivered in [1 s, fault start): no band to return to (a loaded machine, where
+        # Debezium ran seconds behind the senders, docs/benchmarks.md); then it must say None
+        assert f["recovery_s"] is None and phases["before"]["delivered_per_s"] < 1, phases["before"]
     lag = f["consumer_lag"]
     assert lag and {row["consumer"] for row in lag} <= set(range(N))
     if pipeline in BROKERS:
