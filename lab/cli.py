@@ -183,7 +183,25 @@ def fault_line(fault: dict[str, object]) -> dict[str, object]:
             "wal_retained_max_bytes": {k: v["retained_bytes_max"] for k, v in wal.items()},
             "wal_recovered_after_s": {k: v["recovered_after_s"] for k, v in wal.items()},
             "max_retained_wal": fault.get("max_retained_wal"), "guard": fault.get("guard"),
-            "invalidation": fault.get("invalidation")}
+            "invalidation": fault.get("invalidation"),
+            "recovery_s": fault.get("recovery_s"), "backlog_peak": fault.get("backlog_peak"),
+            "backlog_where": next((b["where"] for b in fault.get("backlog") or []), None),  # type: ignore[index]
+            "backlog_gaps": len(fault.get("backlog_gaps") or []),  # type: ignore[arg-type]
+            "phases": {k: {"delivered_per_s": v.get("delivered_per_s"),
+                           "cpu_ms_per_msg": v.get("cpu_ms_per_msg_total"),
+                           "p99_ms": (v.get("latency_ms") or {}).get("p99")}
+                       for k, v in (fault.get("phases") or {}).items()}}  # type: ignore[union-attr]
+
+
+def phases_line(fault: dict[str, object]) -> str:
+    """Recovery, peak backlog and the three phases of :func:`fault_line`, as one printed line."""
+    phases = fault.get("phases") or {}
+    assert isinstance(phases, dict)
+    parts = [f"{k} {v['delivered_per_s']} msg/s {v['cpu_ms_per_msg']} ms CPU/msg p99 {v['p99_ms']} ms"
+             for k, v in phases.items()]
+    where = fault.get("backlog_where")
+    peak = f"{fault.get('backlog_peak')} ({where}, {fault.get('backlog_gaps')} gaps)" if where else "-"
+    return f"recovered after {fault.get('recovery_s')} s, peak backlog {peak}; " + "; ".join(parts)
 
 
 def _print_run(result: dict[str, object]) -> None:
@@ -227,6 +245,7 @@ def _print_run(result: dict[str, object]) -> None:
             "  fault {spec}: lost {lost}, duplicates {extra_calls} (max burst {max_burst}), once {once}, "
             "repeated {repeated}, resumed after {time_to_resume_s} s, adds up: {adds_up}\n".format(**fault)
         )
+        sys.stdout.write(f"  {phases_line(fault)}\n")
         inv = fault.get("invalidation")
         if isinstance(inv, dict):
             sys.stdout.write(f"  {invalidation_line(inv)}\n")

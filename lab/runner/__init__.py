@@ -94,6 +94,8 @@ class Run(RunProcesses, RunPhases, RunResult):
             await self.start_web()
             await self.reset()
             await self.pipeline.prepare()
+            if self.injector is not None:  # its backlog sampler's child, started before the gate
+                self.injector.prepare()
             self.start_senders()
             await self.start_consumers()
             self.progress("ready", {})

@@ -32,7 +32,14 @@ which also ends a stopped process).
 
 While the fault run drains, :meth:`FaultInjector.watch_wal` samples every logical slot once a
 second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
-(``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size`` and whether a walsender holds it.
+(``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size``, whether a walsender holds it, and
+what its decoding spilled to disk (``spill_txns``, ``spill_bytes`` of ``pg_stat_replication_slots``).
+With a broker, :meth:`FaultInjector.watch_backlog` samples the broker's backlog once a second too
+(:mod:`lab.pipelines.backlog`: the Kafka group's lag, the quorum queue's ready + unacknowledged);
+a reading that fails while the broker restarts is a gap (``backlog_gaps``), never a failure.
+After the run, :meth:`FaultInjector.analysis` adds the per-consumer lag, the before / during /
+after phases (rate, CPU per message per participant, latency) and the recovery time
+(:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
 Retention guard (issue 14, Safety): each sample also checks every slot against
 ``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
@@ -77,7 +84,10 @@ import psutil
 import psycopg
 from psycopg import sql
 
+from lab.measure import cgroups, recovery
 from lab.measure.cgroups import tree_pids
+from lab.measure.sampler import Snapshot
+from lab.pipelines.backlog import reader_for
 from lab.pipelines.wal import slot_name
 from lab.runner.processes import RunError
 from lab.stack import children
@@ -87,11 +97,14 @@ from lab.workload.web import INSERT_QUERY
 
 log = logging.getLogger(__name__)
 WAL_SAMPLE_S = 1.0
+BACKLOG_SAMPLE_S = 1.0  # the broker's backlog (lab.pipelines.backlog); 0 turns it off (cost measurement)
 RESUME_WAIT_S = 60.0  # a terminated walsender's client should be back well within this
 HELD_S = 2.0  # a slot is held again once one walsender has held it this long
 SLOT_SQL = (
-    "SELECT slot_name, pg_current_wal_lsn() - restart_lsn, pg_current_wal_lsn() - confirmed_flush_lsn, "
-    "wal_status, safe_wal_size, active_pid FROM pg_replication_slots WHERE slot_type = 'logical' ORDER BY 1"
+    "SELECT r.slot_name, pg_current_wal_lsn() - r.restart_lsn, pg_current_wal_lsn() - r.confirmed_flush_lsn, "
+    "r.wal_status, r.safe_wal_size, r.active_pid, s.spill_txns, s.spill_bytes "
+    "FROM pg_replication_slots r LEFT JOIN pg_stat_replication_slots s USING (slot_name) "
+    "WHERE r.slot_type = 'logical' ORDER BY 1"
 )
 HOLDER_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
 KEEP_GUC = "max_slot_wal_keep_size"
@@ -124,14 +137,39 @@ class FaultInjector:
         self._supervising = False  # a restart replaces consumers that exit (see _supervise)
         self.over_mono = 0.0  # when the injection ended (resumed, replaced, reconnected)
         self._t0 = 0.0
+        self._t0_wall = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        self.backlog: list[dict[str, Any]] = []  # the broker's backlog, sampled (watch_backlog)
+        self.backlog_gaps: list[dict[str, Any]] = []  # readings that failed (a broker restarting)
+        self._backlog_reader: Any = None
+        self.arrivals: dict[str, Any] | None = None  # the web service's, after the drain (RunPhases._account)
+        self.created_at: dict[int, float] | None = None  # epoch s of every outbox row, id -> created_at
 
     # driving ---------------------------------------------------------------------------------
     def start(self, gate_mono: float) -> None:
-        """Called when the senders' gate opens: schedule the fault and the WAL sampling."""
+        """Called when the senders' gate opens: schedule the fault, the WAL and the backlog sampling."""
         self._t0 = gate_mono
+        self._t0_wall = time.time() - (time.monotonic() - gate_mono)
         self._tasks = [asyncio.create_task(self._inject(), name="fault"),
                        asyncio.create_task(self.watch_wal(), name="fault-wal")]
+        if self._backlog_reader is not None:
+            group = cgroups.current()  # the runner's own group by now: the child's CPU is the runner's
+            for pid in self._backlog_reader.pids():
+                with contextlib.suppress(OSError):
+                    cgroups.move_to(group, pid)
+            self._tasks.append(asyncio.create_task(self.watch_backlog(), name="fault-backlog"))
+
+    def prepare(self) -> None:
+        """Once the pipeline's transport exists, before the consumers start: build the backlog reader
+        and start its sampling child if it has one (a Python child with librdkafka takes seconds to
+        start on a loaded machine; started at the gate, its first reading came after a fault at 3 s)."""
+        try:
+            self._backlog_reader = reader_for(self.run) if BACKLOG_SAMPLE_S else None
+            if self._backlog_reader is not None:
+                self._backlog_reader.start()
+        except Exception as exc:  # informative: never fails the run, never silent
+            log.warning("no backlog sampling: %s: %s", type(exc).__name__, exc)
+            self._backlog_reader = None
 
     def check(self) -> None:
         """Raise the retention guard's error, or the injection's (or a restart's supervision's) if it
@@ -150,8 +188,8 @@ class FaultInjector:
         """The fault was injected and its injection has ended (resumed, replaced, reconnected)."""
         return self.injected and bool(self._tasks) and self._tasks[0].done()
 
-    def record(self, accounting: dict[str, Any] | None) -> dict[str, Any]:
-        """The ``fault`` block of run.json."""
+    def record(self, accounting: dict[str, Any] | None, timeline: list[Snapshot] | None = None) -> dict[str, Any]:
+        """The ``fault`` block of run.json; ``timeline``: the sampler's, for the phases' CPU."""
         start, end = self.window()
         return {
             "spec": self.run.scenario.fault, **self.fault.as_dict(),
@@ -163,7 +201,29 @@ class FaultInjector:
             "wal": self.wal, "wal_summary": wal_summary(self.wal, start, end),
             "max_retained_wal": getattr(self.run.settings, "max_retained_wal", None), "guard": self.guard,
             "invalidation": self._invalidation_record(accounting),
+            "backlog": self.backlog, "backlog_gaps": self.backlog_gaps,
+            "backlog_peak": recovery.backlog_peak(self.backlog),
+            **self.analysis(timeline),
         }
+
+    def analysis(self, timeline: list[Snapshot] | None = None) -> dict[str, Any]:
+        """``consumer_lag``, ``phases``, ``recovery_s`` and the pre-fault ``bands`` it used
+        (:mod:`lab.measure.recovery`), from the arrivals and ``created_at``; all None when those
+        were not read (the run failed before its verification). Never raises: a failure is logged."""
+        out: dict[str, Any] = dict.fromkeys(("consumer_lag", "phases", "recovery_s", "recovery_bands"))
+        a, created = self.arrivals, self.created_at
+        if a is None or created is None or not self._tasks:
+            return out
+        start, end = self.window()
+        try:
+            d = recovery.Deliveries(a["ids"], a["t"], a.get("by"), created, self._t0_wall)
+            out["consumer_lag"] = recovery.consumer_lag(d)
+            out["phases"] = recovery.phases(d, start, end, timeline=timeline, gate_mono=self._t0)
+            out["recovery_s"] = recovery.recovery_s(d, start, end)
+            out["recovery_bands"] = recovery.bands(d, start)
+        except Exception as exc:  # informative: never fails the run, never silent
+            log.warning("fault analysis failed: %s: %s", type(exc).__name__, exc)
+        return out
 
     def _invalidation_record(self, accounting: dict[str, Any] | None) -> dict[str, Any] | None:
         if self.invalidation is None:
@@ -202,6 +262,8 @@ class FaultInjector:
         size; never raises."""
         for task in self._tasks:
             task.cancel()
+        if self._backlog_reader is not None:  # its task's own finally may not run before the cleanup
+            self._backlog_reader.close()
         self._continue_stopped()
         if self._keep_set:
             try:
@@ -561,10 +623,11 @@ class FaultInjector:
                     while True:
                         t = round(time.monotonic() - self._t0, 3)
                         rows = await (await conn.execute(SLOT_SQL)).fetchall()
-                        for name, retained, unconfirmed, status, safe, holder in rows:
+                        for name, retained, unconfirmed, status, safe, holder, spill_txns, spill in rows:
                             self.wal.append({"t_s": t, "slot": name, "retained_bytes": _int(retained),
                                              "unconfirmed_bytes": _int(unconfirmed), "wal_status": status,
-                                             "safe_wal_size": _int(safe), "active": holder is not None})
+                                             "safe_wal_size": _int(safe), "active": holder is not None,
+                                             "spill_txns": _int(spill_txns), "spill_bytes": _int(spill)})
                         if self.guard is None:
                             await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
                         await asyncio.sleep(WAL_SAMPLE_S)
@@ -573,6 +636,30 @@ class FaultInjector:
                     log.warning("WAL sampling stopped: %s", exc)
                     return
                 await asyncio.sleep(WAL_SAMPLE_S)  # sample again once PostgreSQL is back
+
+    async def watch_backlog(self) -> None:
+        """Sample the broker's backlog (:mod:`lab.pipelines.backlog`) about once a second into
+        :attr:`backlog`, until cancelled; a failed reading is a gap in :attr:`backlog_gaps`. Never
+        raises (the drain loop would fail the run on it)."""
+        reader = self._backlog_reader
+        try:
+            while True:
+                for sample in await reader.read():
+                    t_s = round(sample.pop("t") - self._t0, 3)
+                    if t_s < 0:  # read before the gate (the child started earlier)
+                        continue
+                    if "error" in sample:
+                        self.backlog_gaps.append({"t_s": t_s, "where": reader.where, "error": sample["error"]})
+                    else:
+                        self.backlog.append({"t_s": t_s, "where": reader.where, **sample})
+                await asyncio.sleep(BACKLOG_SAMPLE_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # informative: never fails the run, never silent
+            log.warning("backlog sampling stopped: %s: %s", type(exc).__name__, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.aclose()
 
     async def _guard(self, conn: psycopg.AsyncConnection[Any], retained: list[tuple[str, int | None]]) -> None:
         """The retention guard (module docstring): trip on the first slot whose retained WAL plus
@@ -650,7 +737,9 @@ def _int(value: Any) -> int | None:
 
 
 def wal_summary(samples: list[dict[str, Any]], fault_start: float, fault_end: float) -> dict[str, Any]:
-    """Per slot: peak WAL retained and unconfirmed, the ``wal_status`` values seen, and the seconds
+    """Per slot: peak WAL retained and unconfirmed, the ``wal_status`` values seen, what logical
+    decoding spilled to disk (``spill_txns``, ``spill_bytes``: cumulative counters of
+    ``pg_stat_replication_slots``, their last sample), and the seconds
     from the end of the fault until the unconfirmed WAL is back within its pre-fault band (the
     highest value sampled before the fault; None when it never was, or there was no sample before)."""
     out: dict[str, Any] = {}
@@ -668,5 +757,7 @@ def wal_summary(samples: list[dict[str, Any]], fault_start: float, fault_end: fl
             "min_safe_wal_size": min((s["safe_wal_size"] for s in rows if s["safe_wal_size"] is not None),
                                      default=None),
             "recovered_after_s": round(back - fault_end, 3) if back is not None else None,
+            "spill_txns": max((s.get("spill_txns") or 0 for s in rows), default=0),
+            "spill_bytes": max((s.get("spill_bytes") or 0 for s in rows), default=0),
         }
     return out

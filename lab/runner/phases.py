@@ -233,7 +233,10 @@ class RunPhases:
         claimed each lost id (a claim whose work never came)."""
         arrivals = await self._web("/load/arrivals")
         async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
-            messages = [r[0] for r in await (await conn.execute("SELECT id FROM messages")).fetchall()]
+            cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
+            created = dict(await cur.fetchall())  # the lag, phases and recovery (lab.measure.recovery)
+            messages = list(created)
+            self.injector.arrivals, self.injector.created_at = arrivals, created
             out = account(arrivals["ids"], messages, arrivals.get("by"))
             out["lost_claimed_by"] = None
             if self.pipeline.inbox_table == "inbox" and out["lost"]:

@@ -135,7 +135,8 @@ class RunResult:
             "achieved_rate": achieved_rate(sent, span),
             **stair,
             "counters": counters,
-            **({"fault": self.injector.record(acc)} if self.injector is not None else {}),
+            **({"fault": self.injector.record(acc, sampler.timeline() if sampler is not None else None)}
+               if self.injector is not None else {}),
             "senders": sent,
             "consumers": consumers,
             "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s",

@@ -211,6 +211,18 @@ class RabbitMQService:
         epmd = proc.running(self.epmd_dir)
         return [node] if epmd is None else [node, epmd]
 
+    def erl_call(self) -> tuple[list[str], dict[str, str]] | None:
+        """``(argv, env)`` that evaluate the Erlang expressions on stdin on our node with ``erl_call``
+        (Erlang's ``erl_interface``: a small C program, no VM to boot, unlike ``rabbitmqctl``); the
+        cookie is read from our ``HOME``, the node found through our epmd. The host's program, also
+        for a node in the Debian root (the distribution protocol is the same); None without it."""
+        found = shutil.which("erl_call") or next(
+            (str(p) for p in (Path("/usr/lib/erlang/bin/erl_call"),) if p.exists()), None)
+        if found is None:
+            return None
+        env = child_env(HOME=str(self.home), ERL_EPMD_PORT=str(self.settings.rabbitmq_epmd_port))
+        return [found, "-sname", self.settings.rabbitmq_node, "-e"], env
+
     # Helpers -------------------------------------------------------------------------
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``rabbitmqctl`` against our node (same env, cookie and epmd); return stdout."""

@@ -18,6 +18,7 @@ import psutil
 import psycopg
 import pytest
 
+from lab.cli import fault_line
 from lab.runner import run_scenario
 from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
@@ -81,6 +82,10 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
                               for k, v in f["wal_summary"].items()}) + " slots " + json.dumps(r.get("slots"))
       + " counters " + json.dumps({k: r["counters"].get(k) for k in ("sent", "send_failed", "skipped")})
       + f" error={r['error']}")
+    print("MEASURES " + json.dumps({"recovery_s": f.get("recovery_s"), "backlog_peak": f.get("backlog_peak"),
+                                    "backlog_gaps": len(f.get("backlog_gaps") or []),
+                                    "backlog": [(b["t_s"], b["messages"]) for b in f.get("backlog") or []],
+                                    "phases": fault_line(f)["phases"], "bands": f.get("recovery_bands")}))
     extra = f["extra_rows"]  # a big transaction's rows, beside the M sent
     assert f["events"] and f["events"][0]["what"] == FIRST_EVENT[kind]
     # a fault run's Debezium keeps its slot on stop and its offsets in a file (docs/benchmarks.md)
@@ -115,6 +120,8 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
     assert acc["distinct"] == rows
     assert r["success"], r["error"]
     assert f["wal"], "WAL retained per slot was sampled"
+    assert all({"spill_txns", "spill_bytes"} <= set(w) for w in f["wal"])
+    _check_measures(f, pipeline, kind)
     if kind in ("consumer-dead", "sink-outage"):
         assert [e["what"] for e in f["events"]] == ["stop", "resume"]
     if kind == "consumer-slow":
@@ -149,6 +156,39 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
         assert big["rows"] == big["worked"] == extra and big["lost"] == 0 and big["all_worked_after_s"] > 0
         # decoded by every slot: the direct readers' and Debezium's (spill reported, not asserted)
         assert all(st["total_txns"] >= 1 for st in r["slots"].values()), r["slots"]
+
+
+def _check_measures(f: dict, pipeline: str, kind: str) -> None:
+    """What every fault run measures beyond the accounting (lab.measure.recovery, lab.pipelines.backlog)."""
+    start, end = min(e["t_s"] for e in f["events"]), max(e["t_s"] for e in f["events"])
+    phases = f["phases"]
+    assert set(phases) == {"before", "during", "after"}
+    assert phases["after"]["delivered"] > 0 and phases["before"]["t1_s"] == phases["during"]["t0_s"] == start
+    assert phases["after"]["cpu_ms_per_msg_total"] > 0 and "consumers" in phases["after"]["cpu_ms_per_msg"]
+    assert phases["after"]["latency_ms"]["p99"] > 0
+    if f["recovery_bands"] is not None:
+        assert isinstance(f["recovery_s"], float), f["recovery_s"]
+    else:  # nothing delivered in [1 s, fault start): no band to return to (a loaded machine, where
+        # Debezium ran seconds behind the senders, docs/benchmarks.md); then it must say None
+        assert f["recovery_s"] is None and phases["before"]["delivered_per_s"] < 1, phases["before"]
+    lag = f["consumer_lag"]
+    assert lag and {row["consumer"] for row in lag} <= set(range(N))
+    if pipeline in BROKERS:
+        samples = f["backlog"]
+        assert samples and {s["where"] for s in samples} == {pipeline}
+        assert f["backlog_peak"] == max(s["messages"] for s in samples)
+        if kind in ("consumer-dead", "sink-outage"):  # the backlog rises while consumers are stopped
+            # (means: Kafka's committed-offset lag is a sawtooth of the consumers' 5 s commit timer)
+            before = [s["messages"] for s in samples if s["t_s"] < start]
+            during = [s["messages"] for s in samples if start <= s["t_s"] <= end + 1]
+            assert before and during and sum(during) / len(during) > sum(before) / len(before), (before, during)
+    else:
+        assert f["backlog"] == [] and f["backlog_peak"] is None
+    if kind == "consumer-dead" and pipeline != "wal":  # fan-out: the other readers work its rows
+        mine = [row for row in lag if row["consumer"] == 1]
+        before = max(row["lag_messages"] for row in mine if row["t_s"] < start)
+        during = max(row["lag_messages"] for row in mine if start < row["t_s"] <= end)
+        assert during > before + 100, (before, during)  # 100 msg/s are its share, stopped 3 s
 
 
 def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settings: Settings) -> None:
