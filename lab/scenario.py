@@ -31,6 +31,12 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows.
 
 A fault run needs ``producer="web"`` and ``consumer_layout="processes"`` (one process per consumer).
+
+``claim`` is how a broker consumer claims a message in ``inbox`` (:mod:`lab.workload.inbox`):
+``owner``, the reference's statement (a row belongs to a consumer name; only that name gets it
+back), or ``takeover`` (a row whose claimant's database session is gone may be claimed by a live
+consumer: at-least-once when a broker hands a dead consumer's messages to another one). The WAL
+readers claim by slot either way (a slot streams to one reader at a time).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("processes", "tasks")
+CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
                "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
@@ -154,6 +161,7 @@ class Scenario:
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
     consumer_layout: str = "processes"  # processes: one OS process per consumer | tasks: N asyncio tasks, one process
+    claim: str = "owner"  # inbox claim: owner (the reference's, by consumer name) | takeover (a gone claimant's rows)
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
 
     def __post_init__(self) -> None:
@@ -176,6 +184,8 @@ class Scenario:
             raise ValueError(
                 f"unknown consumer_layout {self.consumer_layout!r}: choose one of {', '.join(CONSUMER_LAYOUTS)}"
             )
+        if self.claim not in CLAIMS:
+            raise ValueError(f"unknown claim {self.claim!r}: choose one of {', '.join(CLAIMS)}")
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):
