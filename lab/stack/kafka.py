@@ -97,6 +97,7 @@ def server_properties(settings: Settings, node_id: int, data_dir: Path) -> str:
 # ApiVersions v0 (which every broker answers), then Metadata at a version both sides know, asking
 # for no topic (an empty list, never null: no topic is listed or auto-created).
 API_VERSIONS, METADATA = 18, 3
+UNSUPPORTED_VERSION = 35
 METADATA_VERSIONS = (4, 8)  # non-flexible versions with allow_auto_topic_creation (Kafka 4 keeps 4+)
 _CLIENT_ID = b"fanout-lab-probe"
 
@@ -111,7 +112,7 @@ def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> int:
         sock.settimeout(timeout)
         body = _request(sock, API_VERSIONS, 0, 1, b"")
         error, count = struct.unpack_from(">hi", body)
-        if error:
+        if error not in (0, UNSUPPORTED_VERSION):  # the latter still lists what the broker supports
             raise ValueError(f"ApiVersions error {error}")
         keys = {k: (lo, hi) for k, lo, hi in struct.iter_unpack(">hhh", body[6:6 + 6 * count])}
         lo, hi = keys.get(METADATA, (0, -1))
