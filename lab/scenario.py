@@ -44,6 +44,12 @@ string because fields are primitives), each rate held open-loop for ``step_s`` s
 ``gate + i * step_s + j / Ri``; ``messages`` is then derived (the sum over the steps: a given value
 is replaced) and ``rate`` must stay 0. What a step measures and when it is sustainable:
 :mod:`lab.measure.steps`.
+
+``claim`` is how a broker consumer claims a message in ``inbox`` (:mod:`lab.workload.inbox`):
+``owner``, the reference's statement (a row belongs to a consumer name; only that name gets it
+back), or ``takeover`` (a row whose claimant's database session is gone may be claimed by a live
+consumer: at-least-once when a broker hands a dead consumer's messages to another one). The WAL
+readers claim by slot either way (a slot streams to one reader at a time).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
+CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
                "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
@@ -189,6 +196,7 @@ class Scenario:
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
     consumer_layout: str = "auto"  # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
+    claim: str = "owner"  # inbox claim: owner (the reference's, by consumer name) | takeover (a gone claimant's rows)
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
     rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none
     step_s: float = 20.0  # how long each rate of rate_steps is held
@@ -213,6 +221,8 @@ class Scenario:
             raise ValueError(
                 f"unknown consumer_layout {self.consumer_layout!r}: choose one of {', '.join(CONSUMER_LAYOUTS)}"
             )
+        if self.claim not in CLAIMS:
+            raise ValueError(f"unknown claim {self.claim!r}: choose one of {', '.join(CLAIMS)}")
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):

@@ -146,15 +146,31 @@ def row_parser(producer: str) -> Callable[[bytes], Row | None]:
     return plain_row if producer == "direct" else envelope_row
 
 
+TAKEOVER_GRACE_S = 0.5  # a lost takeover claim is tried once more after this (a dying owner's session)
+
+
 async def claim_batch(conn: psycopg.AsyncConnection[Any], batch: list[Item], me: str,
-                      lose: Callable[[Item], None]) -> list[Item]:
-    """One ``inbox`` claim of ``batch`` by message id as ``me``; returns the items won.
+                      lose: Callable[[Item], None], *, takeover: bool = False) -> tuple[list[Item], int]:
+    """One ``inbox`` claim of ``batch`` by message id as ``me``; returns the items won and the
+    number of claim statements run.
 
     Every other item goes to ``lose`` (the caller acknowledges its position), including the
     second copy of an id that appears twice in one batch (a redelivery): one claim never leads
     to two work calls.
+
+    ``takeover`` (:mod:`lab.workload.inbox`; ``me`` is then a claimant with a lease): ids lost to
+    another claimant are claimed once more after :data:`TAKEOVER_GRACE_S`. A broker can hand a
+    dead consumer's messages to us (RabbitMQ requeues them the moment its connection drops) a
+    moment before its database session has ended and let go of its lease; the second try sees
+    it gone. Only a batch with a lost claim pays it: none on the happy path.
     """
-    won = await claim_ids(conn, [item.id for item in batch], me)
+    ids = [item.id for item in batch]
+    won = await claim_ids(conn, ids, me, takeover=takeover)
+    statements = 1
+    if takeover and len(won) < len(set(ids)):
+        await asyncio.sleep(TAKEOVER_GRACE_S)
+        won |= await claim_ids(conn, sorted(set(ids) - won), me, takeover=True)
+        statements += 1
     mine: list[Item] = []
     for item in batch:
         if item.id in won:
@@ -162,4 +178,4 @@ async def claim_batch(conn: psycopg.AsyncConnection[Any], batch: list[Item], me:
             mine.append(item)
         else:
             lose(item)
-    return mine
+    return mine, statements

@@ -44,10 +44,12 @@ Faults (issue 14): a fault run (``scenario.fault``) gives each consumer a static
 membership, ``group.instance.id`` = its inbox name. A replacement started with the same index
 after a kill then takes back the dead member's partitions at once, from their committed offsets,
 instead of the group waiting for the dead member's session to time out and spreading its
-partitions over the others: the inbox claim (by consumer name) lets only the same name re-work
-rows the dead one claimed, so the partitions must come back to that name. A stopped consumer
-(``consumer-dead``) keeps its partitions for as long as it stays within ``session.timeout.ms``
-(45 s by default). Runs without a fault keep the reference's dynamic membership.
+partitions over the others: the reference's inbox claim (by consumer name, ``claim="owner"``)
+lets only the same name re-work rows the dead one claimed, so the partitions must come back to
+that name. With ``claim="takeover"`` (:mod:`lab.workload.inbox`) any consumer may re-work them
+once the dead one's claim session is gone; static membership still saves the session timeout.
+A stopped consumer (``consumer-dead``) keeps its partitions for as long as it stays within
+``session.timeout.ms`` (45 s by default). Runs without a fault keep the reference's dynamic membership.
 
 Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
 writes the plain message JSON ``{"id", "content", "createdAt"}`` into topic ``messages``
@@ -81,6 +83,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
 from lab.stack.kafka import replication
+from lab.workload.inbox import take_lease
 from lab.workload.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -198,6 +201,7 @@ class KafkaPipeline:
             "source": ("lab.pipelines.producers straight into the topic (no outbox, no Debezium)"
                        if self.direct else "Debezium Server from the outbox table"),
             "inbox": self.inbox_table,
+            "claim": self.scenario.claim,
             "offsets": "per-partition watermark, stored once per batch",
             "membership": "static (group.instance.id = inbox name)" if self.scenario.fault else "dynamic",
         }
@@ -309,7 +313,9 @@ class KafkaSource:
         self.scenario = scenario
         self.settings = settings
         self.topic, prefix = names(scenario)
-        self.me = f"{prefix}{index}"
+        self.me = f"{prefix}{index}"  # the inbox name and the static group.instance.id
+        self.claimant = self.me  # with a lease for takeover claims
+        self.takeover = scenario.claim == "takeover"
         self._prefix = prefix
         self._row = row_parser(scenario.producer)
         self.skipped = 0
@@ -324,6 +330,8 @@ class KafkaSource:
 
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        if self.takeover:  # held by this session for its life
+            self.claimant = await take_lease(self._claims, self.me)
         self.group = await asyncio.to_thread(self._find_group)
         instance = self.me if self.scenario.fault else None  # static membership in fault runs
         self._consumer = Consumer(consumer_config(self.settings, self.group, instance), logger=log)
@@ -406,8 +414,9 @@ class KafkaSource:
 
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._claims is not None
-        self.db_ops += 1
-        mine = await claim_batch(self._claims, batch, self.me, self.done)  # lost: resolved too
+        mine, statements = await claim_batch(self._claims, batch, self.claimant, self.done,  # lost: resolved too
+                                             takeover=self.takeover)
+        self.db_ops += statements
         self.skipped += len(batch) - len(mine)
         return mine
 

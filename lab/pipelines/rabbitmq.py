@@ -34,6 +34,11 @@ Choices written down here:
   It is left out because it changes when acks are sent.
 * A batch that carries the same id twice (a redelivery) keeps the first copy; the second is
   acked and counted as skipped, so one claim never leads to two work calls.
+* ``claim="takeover"`` (issue 14): when a consumer dies, RabbitMQ requeues its unacked deliveries
+  to any consumer; with the reference's claim by name the one that gets a message its dead
+  predecessor had claimed loses the claim and acks it unworked (lost). The takeover claim
+  (:mod:`lab.workload.inbox`) lets it take the row over once the dead consumer's claim session is
+  gone.
 
 Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
 publishes the plain message JSON ``{"id", "content", "createdAt"}`` through the default
@@ -58,6 +63,7 @@ import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
 from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
+from lab.workload.inbox import take_lease
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import StackError
@@ -118,7 +124,8 @@ class RabbitPipeline:
             "routing_key": self.queue if direct else ROUTING_KEY, "queue_type": "quorum",
             "prefetch": PREFETCH, "ack": "basic.ack per message after work, multiple=false",
             "consumer_names": [consumer_name(i, producer) for i in range(self.scenario.consumers)],
-            "inbox": self.inbox_table, "debezium_sink": None if direct else self.cdc_sink,
+            "inbox": self.inbox_table, "claim": self.scenario.claim,
+            "debezium_sink": None if direct else self.cdc_sink,
             "slot": None if direct else SLOT["rabbitmq"],
             "client": f"aiormq {version('aiormq')} (consumers), "
                       f"aio-pika {version('aio-pika')} (topology)",
@@ -209,7 +216,8 @@ class RabbitSource:
     ) -> None:
         self.settings = settings
         self._shared = shared  # tasks layout: one AMQP connection for all, a channel each
-        self.me = consumer_name(index, scenario.producer)
+        self.me = consumer_name(index, scenario.producer)  # the claimant, with a lease for takeover
+        self.takeover = scenario.claim == "takeover"
         self.queue = queue_name(scenario)
         self._row = row_parser(scenario.producer)
         self.skipped = 0
@@ -226,6 +234,8 @@ class RabbitSource:
 
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        if self.takeover:  # held by this session for its life
+            self.me = await take_lease(self._claims, self.me)
         if self._shared is None:
             self._conn = await aiormq.connect(self.settings.amqp_url)
             conn = self._conn
@@ -275,8 +285,9 @@ class RabbitSource:
 
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._claims is not None
-        self.db_ops += 1
-        mine = await claim_batch(self._claims, batch, self.me, self.done)  # lost: acked at once
+        mine, statements = await claim_batch(self._claims, batch, self.me, self.done,  # lost: acked at once
+                                             takeover=self.takeover)
+        self.db_ops += statements
         self.skipped += len(batch) - len(mine)
         return mine
 

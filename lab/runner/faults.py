@@ -564,21 +564,34 @@ class FaultInjector:
         connection to the restarted service broke), and start Debezium again from its offsets
         if its JVM exits, as a process supervisor would; each exit and restart is an event."""
         run, sink = self.run, self.run.pipeline.cdc_sink
-        while True:
-            while self.down:  # a replacement could not connect before the service is back
+        # Replacements start at once and wait for readiness side by side: after a PostgreSQL
+        # restart every consumer exits, and a wal-sharded replacement is only ready once all N
+        # have joined again, so waiting for each in turn would never end.
+        replacing: dict[int, asyncio.Task[None]] = {}
+        try:
+            while True:
+                while self.down:  # a replacement could not connect before the service is back
+                    await asyncio.sleep(0.1)
+                if sink is not None and not run.stack.debezium[sink].processes():
+                    self._event("debezium exited", sink=sink)
+                    await self._start_debezium_again()
+                    self._event("debezium restarted by the lab", sink=sink)
+                for i, task in list(replacing.items()):
+                    if task.done():
+                        del replacing[i]
+                        task.result()  # a replacement that never got ready fails the run
+                for i, c in enumerate(run.consumers):
+                    if i not in run.respawning and i not in replacing and c.poll() is not None:
+                        error = None
+                        with contextlib.suppress(OSError, ValueError):
+                            error = json.loads((run.scratch / f"consumer-{i}.json").read_text()).get("error")
+                        self._event("consumer exited", consumer=i, pid=c.pid, code=c.returncode, error=error)
+                        run.respawning.add(i)
+                        replacing[i] = asyncio.create_task(self._replace(i), name=f"fault-replace-{i}")
                 await asyncio.sleep(0.1)
-            if sink is not None and not run.stack.debezium[sink].processes():
-                self._event("debezium exited", sink=sink)
-                await self._start_debezium_again()
-                self._event("debezium restarted by the lab", sink=sink)
-            for i, c in enumerate(run.consumers):
-                if i not in run.respawning and c.poll() is not None:
-                    error = None
-                    with contextlib.suppress(OSError, ValueError):
-                        error = json.loads((run.scratch / f"consumer-{i}.json").read_text()).get("error")
-                    self._event("consumer exited", consumer=i, pid=c.pid, code=c.returncode, error=error)
-                    await self._replace(i)
-            await asyncio.sleep(0.1)
+        finally:
+            for task in replacing.values():
+                task.cancel()
 
     async def _restart(self, name: str, outage_s: float) -> None:
         stop, start = self._native("stop_service"), self._native("start_service")

@@ -19,7 +19,7 @@ from lab.measure.sampler import Sampler
 from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after
 from lab.runner.processes import RunError
-from lab.workload.inbox import id_sets, sets_equal
+from lab.workload.inbox import LEASE_MARK, LEASE_SEQUENCE, id_sets, sets_equal
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many messages were worked
@@ -53,6 +53,9 @@ class RunPhases:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             for table in ("inbox", "inbox_wal", "messages"):
                 await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
+            # schema.sql has it; a server started before it did gets it here (takeover claims)
+            await conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} AS integer").format(
+                sql.Identifier(LEASE_SEQUENCE)))
         await self._web("/load/reset", "POST")
 
     async def drain(self, sampler: Sampler) -> dict[str, Any]:
@@ -241,9 +244,10 @@ class RunPhases:
             out["lost_claimed_by"] = None
             if self.pipeline.inbox_table == "inbox" and out["lost"]:
                 lost = sorted(set(messages) - set(arrivals["ids"]))
-                cur = await conn.execute(
-                    "SELECT coalesce(consumer, '(unclaimed)'), count(*) FROM unnest(%s::int[]) AS l(id) "
-                    "LEFT JOIN inbox i USING (id) GROUP BY 1 ORDER BY 1", (lost,))
+                cur = await conn.execute(  # by consumer name (a takeover claimant also has a lease)
+                    sql.SQL("SELECT coalesce(split_part(consumer, {}, 1), '(unclaimed)'), count(*) "
+                            "FROM unnest(%s::int[]) AS l(id) LEFT JOIN inbox i USING (id) GROUP BY 1 ORDER BY 1"
+                            ).format(sql.Literal(LEASE_MARK)), (lost,))
                 out["lost_claimed_by"] = dict(await cur.fetchall())
         out["time_to_resume_s"] = self._time_to_resume(arrivals)
         extra = self.injector.extra_ids

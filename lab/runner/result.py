@@ -73,6 +73,9 @@ class RunResult:
                     f"{k}={acc.get(k)}" for k in ("messages", "lost", "foreign", "extra_calls", "adds_up",
                                                   "lost_claimed_by")
                 ) if acc else "not measured") + f", sent={counters['sent']}, send_failed={counters['send_failed']}"
+                if acc and set(acc.get("lost_claimed_by") or ()) - {"(unclaimed)"} and s.claim == "owner":
+                    error += ("; the reference's claim binds a row to a consumer name: with --claim takeover "
+                              "a live consumer takes over the rows of one that is gone")
         if self.injector is not None and self.injector.invalidation is not None and error is not None:
             inv = self.injector.invalidation  # said first: the loss is this slot's
             error = (f"slot {inv['slot']} invalidated ({inv['invalidation_reason']}, wal_status "

@@ -4,7 +4,7 @@ Two runs are *comparable* when they agree on everything that changes ms CPU/msg 
 pipeline and N: the producer (web or direct), the open-loop ``rate`` (0: closed loop), the work
 delay, the message count, the topology of the load (``senders``, ``batch_size``) and the
 ``cpu_method`` the run was measured with (:mod:`lab.measure.provenance`; runs stored before it was
-recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout`` and the stack's
+recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout``, the inbox ``claim`` and the stack's
 ``backend`` (native or compose), the injected ``fault`` (issue 14), the stack's ``topology``
 (issue 15: ``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
 senders implementation, issue 12 §5). :func:`check` refuses a mixture in one line;
@@ -22,11 +22,11 @@ import pandas as pd
 from lab.workload import HARNESS_BEFORE
 
 KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",
-        "reset", "consumer_layout", "backend", "fault", "topology", "harness")
+        "reset", "consumer_layout", "claim", "backend", "fault", "topology", "harness")
 # A run stored before a field existed was measured the way the lab worked then: no reset on a
-# reused connection, one process per consumer, the native stack.
+# reused connection, one process per consumer, the reference's inbox claim, the native stack.
 DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded",
-                            "reset": "none", "consumer_layout": "processes", "backend": "native", "fault": "",
+                            "reset": "none", "consumer_layout": "processes", "claim": "owner", "backend": "native", "fault": "",
                             "topology": "single", "harness": HARNESS_BEFORE}
 
 
@@ -68,6 +68,8 @@ def describe(group: dict[str, Any]) -> str:
             parts.append("no reset on reuse" if v == "none" else f"{v} on reuse")
         elif k == "consumer_layout":
             parts.append(f"consumers as {v}")
+        elif k == "claim":
+            parts.append(f"{v} claim")
         elif k == "backend":
             parts.append(f"{v} stack")
         elif k == "fault":

@@ -17,6 +17,10 @@ CREATE TABLE IF NOT EXISTS inbox (
     CONSTRAINT pk_inbox PRIMARY KEY (id)
 ) WITH (autovacuum_enabled = false);
 
+-- Takeover claims (lab/workload/inbox.py, issue 14): each consumer's claim session takes one number
+-- and holds an advisory lock on it for its life; a claim whose number nobody holds may be taken over.
+CREATE SEQUENCE IF NOT EXISTS inbox_lease AS integer;
+
 -- Claims of the direct WAL readers, keyed by the row's own WAL position (its Insert's LSN).
 CREATE TABLE IF NOT EXISTS inbox_wal (
     wal  pg_lsn      NOT NULL,

@@ -115,3 +115,53 @@ def test_the_retention_guard_trips_before_the_limit_and_continues_the_stopped(pr
     with pytest.raises(Exception, match="WAL retention guard: slot s1"):
         inj.check()
     assert [e["what"] for e in inj.events][:2] == ["stop", "retention guard"]
+
+
+def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object) -> None:
+    """After a PostgreSQL restart every consumer exits; a wal-sharded replacement is only ready once
+    all N have joined again, so the supervision must not wait for one before starting the next."""
+    from pathlib import Path
+
+    scratch = Path(str(tmp_path))
+    n = 3
+    exited = [psutil.Popen(["true"]) for _ in range(n)]
+    for p in exited:
+        p.wait()
+    spawned: list[psutil.Popen] = []
+
+    def spawn_consumer(indexes: list[int]) -> psutil.Popen:
+        p = psutil.Popen(["sleep", "60"], stdout=subprocess.DEVNULL)
+        spawned.append(p)
+        if len(spawned) == n:  # ready only once all N are up, as a wal-sharded reader
+            for i in range(n):
+                (scratch / f"consumer-{i}.ready").write_text("{}")
+        return p
+
+    run = SimpleNamespace(
+        scenario=Scenario(consumers=n, fault="postgres-restart@0s", ready_timeout_s=5), consumers=list(exited),
+        pipeline=SimpleNamespace(cdc_sink=None), respawning=set(), scratch=scratch,
+        settings=SimpleNamespace(stack_dir=scratch / "stack"), spawn_consumer=spawn_consumer,
+        attach_consumer=lambda i, p: None)
+    inj = FaultInjector(run)
+    inj._t0 = time.monotonic()
+
+    async def go() -> None:
+        task = asyncio.create_task(inj._supervise())
+        deadline = time.monotonic() + 4
+        while sum(e["what"] == "replacement ready" for e in inj.events) < n:
+            assert time.monotonic() < deadline, [e["what"] for e in inj.events]
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(go())
+        whats = [e["what"] for e in inj.events]
+        assert whats.count("consumer exited") == whats.count("replacement started") == n
+        assert run.consumers == spawned and not run.respawning
+    finally:
+        for p in spawned:
+            p.kill()
+            p.wait()

@@ -29,6 +29,7 @@ def test_runs_of_different_cpu_methods_are_never_pooled() -> None:
                                            ("work_delay_ms", [0.0, 5.0, 0.0]), ("senders", [200, 50, 200]),
                                            ("reset", ["discard", "none", "discard"]),
                                            ("consumer_layout", ["processes", "tasks", "processes"]),
+                                           ("claim", ["owner", "takeover", "owner"]),
                                            ("backend", ["native", "compose", "native"]),
                                            ("fault", ["", "consumer-kill:1@3s", ""]),
                                            ("topology", ["single", "ha", "single"])])
