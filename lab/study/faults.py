@@ -110,10 +110,12 @@ def candidates(kind: str, p: FaultProfile) -> list[str]:
 
 def _cells(p: FaultProfile, pipelines: Sequence[str]) -> list[tuple[str, str, Scenario | None, str]]:
     """(pipeline, kind, scenario or None, why not) for every kind x pipeline, in the run order."""
-    # one process per consumer in every cell, the clean ones too: a fault needs it, and the clean
-    # cell is what a fault cell's CPU is compared with (the default layout, auto, gives tasks there)
+    # one process per consumer and the takeover claim in every cell, the clean ones too: a fault
+    # needs them, and the clean cell is what a fault cell's CPU is compared with (the defaults,
+    # auto layout and the reference's owner claim, would differ there)
     base = Scenario(consumers=p.consumers, messages=p.messages, rate=p.rate, cooldown_s=p.cooldown_s,
-                    drain_timeout_s=p.drain_timeout_s, label=LABEL, consumer_layout="processes")
+                    drain_timeout_s=p.drain_timeout_s, label=LABEL, consumer_layout="processes",
+                    claim="takeover")  # at-least-once under every fault (lab.workload.inbox)
     out: list[tuple[str, str, Scenario | None, str]] = []
     for kind in p.kinds:
         for pipe in pipelines:

@@ -43,6 +43,7 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
     assert kinds == sorted(kinds, key=faults.KIND_ORDER.index)
     assert {(s.consumers, s.messages, s.rate, s.label, s.producer, s.consumer_layout) for s in plan} == {
         (2, 2400, 200.0, "faults", "web", "processes")}
+    assert {s.claim for s in plan} == {"takeover"}
 
 
 def test_targeted_faults_hit_consumer_1_and_debeziums_walsender_has_no_target() -> None:
