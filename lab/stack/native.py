@@ -64,8 +64,8 @@ class NativeStack:
 
     @property
     def service_names(self) -> tuple[str, ...]:
-        """The always-on participants, a name per node (``kafka-1``..3 and ``postgres-standby``
-        under ``ha``)."""
+        """The always-on participants, a name per node (``kafka-1``..3, ``rabbitmq-1``..3 and
+        ``postgres-standby`` under ``ha``)."""
         return tuple(self.participants())[:-1]  # all but debezium
 
     def endpoints(self) -> Endpoints:

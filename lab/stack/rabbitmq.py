@@ -387,7 +387,7 @@ class RabbitMQService:
         return []
 
     def _kill(self) -> None:
-        """Terminate node and epmd by pid (node first: epmd must outlive its registrations)."""
+        """Terminate node and (ours) epmd by pid (node first: epmd must outlive its registrations)."""
         proc.terminate(self.dir, timeout=STOP_TIMEOUT)
         orphan = self._orphan_beam()
         if orphan is not None:  # the script died but its VM did not
@@ -395,7 +395,8 @@ class RabbitMQService:
             orphan.terminate()
             if proc.wait_gone([orphan], timeout=STOP_TIMEOUT):
                 orphan.kill()
-        proc.terminate(self.epmd_dir, timeout=10)
+        if self.owns_epmd:  # nodes 2 and 3 leave node 1's epmd to node 1
+            proc.terminate(self.epmd_dir, timeout=10)
         (self.dir / "beam.pid").unlink(missing_ok=True)
 
     def _orphan_beam(self) -> psutil.Process | None:
