@@ -45,6 +45,7 @@ import subprocess
 import time
 from pathlib import Path
 from string import Template
+
 import psutil
 
 from lab.settings import Settings, child_env, is_root, write_private

@@ -70,7 +70,10 @@ def _ha_stack(settings: Settings) -> Iterator[NativeStack]:
     stack.down(purge=True)
     t0 = time.monotonic()
     stack.up()
-    print(f"\nha stack up (cold: initdb, format, base backup) in {time.monotonic() - t0:.1f} s")
+    print(f"\nha stack up (cold: initdb, format, base backup) in {time.monotonic() - t0:.1f} s: "
+          f"standby {stack.standby.last_start_s if stack.standby else None} s, "
+          f"kafka {getattr(stack.kafka, 'last_start_s', None)} s, "
+          f"rabbitmq {getattr(stack.rabbitmq, 'last_start_s', None)} s")
     try:
         yield stack
     finally:
