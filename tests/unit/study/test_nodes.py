@@ -106,3 +106,29 @@ def test_node_table_lists_each_node_and_the_sums(stored: pd.DataFrame) -> None:
     assert row["rabbitmq-1"] == 2.0 and row["rabbitmq"] == pytest.approx(3.0)
     assert row["kafka-3"] == 0.25 and row["postgres-standby"] == 0.25
     assert nodes.node_table(stored[stored["topology"] == "single"]).empty
+
+
+def test_the_reports_tables_read_an_ha_series(tmp_path: Path) -> None:
+    from lab.study import fidelity
+
+    settings = Settings(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    i = 0
+    for pipeline in ("wal", "kafka", "rabbitmq"):
+        for n in (1, 2, 4):
+            for _ in range(2):
+                cpu = _ha_cpu(0.05 * i)
+                if pipeline == "wal":
+                    cpu["postgres"] = 0.5 + 0.4 * n
+                write_run(_run(i, pipeline, n, "ha", cpu), settings=settings)
+                i += 1
+    runs, name = groups.select(load_runs(settings=settings), "s-ha")
+    assert "ha topology" in name
+    cells = fidelity.cells(runs)
+    assert cells.loc[cells["pipeline"] == "rabbitmq", "rabbitmq"].iloc[0] == pytest.approx(3.0)
+    parts = fidelity.participants_table(runs)
+    assert {"kafka", "rabbitmq", "postgres"} <= set(parts["participant"])
+    cross = compare.crossover_table(runs, n_boot=50)
+    assert set(cross["broker"]) == {"kafka", "rabbitmq"}
+    assert {"postgres-standby_mb", "rabbitmq_mb", "kafka_mb"} <= set(compare.memory_table(runs).columns)
+    plots.memory_figure(compare.memory_table(runs))
+    plots.breakdown_figure(runs)
