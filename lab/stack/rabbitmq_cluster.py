@@ -71,7 +71,7 @@ class RabbitMQCluster:
     def start(self) -> None:
         """Spawn the nodes not running (node 1 first: it starts the epmd), wait for all, cluster
         them; on failure stop all three."""
-        if len(self.processes()) == len(self.nodes) and self.clustered():
+        if all(proc.running(n.dir) is not None for n in self.nodes) and self.clustered():
             return
         t0 = time.monotonic()
         try:
