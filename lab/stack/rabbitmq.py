@@ -38,9 +38,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -282,16 +284,20 @@ class RabbitMQService:
     def cli(self, tool: str, *args: str, timeout: float = 60.0) -> str:
         """Run a CLI tool of the package (``rabbitmqctl``, ``rabbitmq-queues``) against this node."""
         argv = self._argv(SCRIPTS / tool, "-n", self.node_name, "-q", *args)
-        try:
-            res = subprocess.run(
-                argv, env=self._env(), capture_output=True, text=True, timeout=timeout, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise StackError(f"{tool} {args[0]} timed out after {timeout:.0f} s") from None
-        if res.returncode != 0:
-            msg = " ".join((res.stderr or res.stdout).split())[:300]
-            raise StackError(f"{tool} {args[0]} failed ({res.returncode}): {msg}")
-        return res.stdout
+        # its own process group: on a timeout the CLI's Erlang VM goes too, not only the wrapper
+        with subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) as p:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+                raise StackError(f"{tool} {args[0]} timed out after {timeout:.0f} s") from None
+        if p.returncode != 0:
+            msg = " ".join((err or out).split())[:300]
+            raise StackError(f"{tool} {args[0]} failed ({p.returncode}): {msg}")
+        return out
 
     def version(self) -> str:
         """The packaged RabbitMQ version, read from the install path (no VM start)."""

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from lab.settings import Settings
-from lab.stack import proc
+from lab.stack import proc, rabbitmq
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.rabbitmq import HA_MEMORY_WATERMARK, RabbitMQService
 
@@ -87,23 +87,29 @@ class RabbitMQCluster:
         log.info("RabbitMQ cluster %s up in %.1f s", ", ".join(self.node_names), self.last_start_s)
 
     def _join(self) -> None:
-        first = self.nodes[0]
-        for node in self.nodes[1:]:
-            if node.node_name in self.running_nodes():
-                continue
-            log.info("joining %s to %s", node.node_name, first.node_name)
-            node.ctl("stop_app")
-            node.ctl("reset")
-            node.ctl("join_cluster", first.node_name)
-            node.ctl("start_app")
+        """Join nodes 2 and 3 to node 1, both at once (each CLI call boots an Erlang VM: tens of
+        seconds on a loaded 2-core machine, so each step gets the node's start timeout)."""
+        running = self.running_nodes()
+        alone = [n for n in self.nodes[1:] if n.node_name not in running]
+        if alone:
+            with ThreadPoolExecutor(len(alone)) as pool:
+                for f in [pool.submit(self._join_one, n) for n in alone]:
+                    f.result()
         if not self.clustered():
             raise StackError(f"RabbitMQ nodes did not form one cluster: node 1 runs with "
                              f"{self.running_nodes()}, expected {sorted(self.node_names)}")
 
+    def _join_one(self, node: RabbitMQService) -> None:
+        first, timeout = self.nodes[0].node_name, rabbitmq.START_TIMEOUT  # read now: tests raise it
+        log.info("joining %s to %s", node.node_name, first)
+        for step in (("stop_app",), ("reset",), ("join_cluster", first), ("start_app",)):
+            node.ctl(*step, timeout=timeout)
+
     def running_nodes(self) -> list[str]:
         """The running members of node 1's cluster (empty when node 1 does not answer)."""
         try:
-            return running_nodes(self.nodes[0].ctl("cluster_status", "--formatter", "json"))
+            return running_nodes(self.nodes[0].ctl("cluster_status", "--formatter", "json",
+                                                   timeout=rabbitmq.START_TIMEOUT))
         except (StackError, ValueError):
             return []
 
