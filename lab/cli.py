@@ -274,7 +274,8 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
     plan = series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines,
                        rate=args.rate)
     sid = args.series_id or series.default_series_id(
-        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, rate=args.rate)
+        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, rate=args.rate,
+        topology=settings.topology)
     _say(f"series {sid}: {len(plan)} runs ({series.PROFILES[args.profile].description})")
     bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
     last = {"ms": "-", "skipped": 0, "failed": 0}
@@ -317,7 +318,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     pipelines = series.parse_pipelines(args.pipelines)
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
     sid = args.series_id or series.default_series_id(
-        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)
+        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology=settings.topology)
     _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
     out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,
                        pipelines=",".join(pipelines or []), force=args.force, idle_s=args.idle_s,
@@ -492,9 +493,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")
     _series_options(ser, rate=True)
+    _topology_option(ser)
     ser.set_defaults(handler=_series)
     rep = sub.add_parser("report", help="run (or resume) the series and write the HTML report")
     _series_options(rep)
+    _topology_option(rep)
     rep.set_defaults(handler=_report)
 
     flt = sub.add_parser("faults", help="the insulation matrix: every pipeline x every fault it applies to "
@@ -533,8 +536,9 @@ def _topology_option(parser: argparse.ArgumentParser) -> None:
     from lab.settings import TOPOLOGIES
 
     parser.add_argument("--topology", choices=TOPOLOGIES, default=None,
-                        help="single: one node per service; ha: three Kafka KRaft nodes and a PostgreSQL "
-                             "standby with failover slots (native backend; default: LAB_TOPOLOGY, else single)")
+                        help="single: one node per service; ha: three Kafka KRaft nodes, three clustered "
+                             "RabbitMQ nodes and a PostgreSQL standby with failover slots (native backend; "
+                             "default: LAB_TOPOLOGY, else single)")
 
 
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:

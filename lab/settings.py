@@ -92,8 +92,9 @@ class Settings:
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
     # A fault run fails (and ends its fault) before any slot retains this much WAL (issue 14, Safety)
     max_retained_wal: int = 2 * 1024**3
-    # single: one node per service (the reference's stack) | ha: three Kafka KRaft nodes and a
-    # PostgreSQL streaming standby with failover slots (issue 15; the native backend only)
+    # single: one node per service (the reference's stack) | ha: three Kafka KRaft nodes, a
+    # three-node RabbitMQ cluster and a PostgreSQL streaming standby with failover slots
+    # (issue 15; the native backend only)
     topology: str = "single"
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
@@ -212,6 +213,24 @@ class Settings:
         return [(i, self.kafka_port + step * i, self.kafka_controller_port + step * i) for i in (1, 2, 3)]
 
     @property
+    def rabbitmq_nodes(self) -> list[tuple[int, str, int, int]]:
+        """``(index, node name, AMQP port, distribution port)`` of every RabbitMQ node of the
+        topology: the configured node for ``single``; under ``ha`` nodes 1-3 named
+        ``<name>-<i>@<host>`` on the configured ports + 10·i, all sharing one epmd."""
+        if not self.ha:
+            return [(1, self.rabbitmq_node, self.amqp_port, self.rabbitmq_dist_port)]
+        name, _, host = self.rabbitmq_node.partition("@")
+        step = HA_PORT_STEP
+        return [(i, f"{name}-{i}@{host or 'localhost'}", self.amqp_port + step * i,
+                 self.rabbitmq_dist_port + step * i) for i in (1, 2, 3)]
+
+    @property
+    def amqp_endpoint_port(self) -> int:
+        """The AMQP port clients use: the single node's, or node 1's under ``ha`` (every client
+        connects there: aiormq and Debezium's sink take one address)."""
+        return self.rabbitmq_nodes[0][2]
+
+    @property
     def pg_standby_port(self) -> int:
         """The PostgreSQL standby's port under ``ha``: the primary's + 1."""
         return self.pg_port + 1
@@ -222,12 +241,13 @@ class Settings:
 
     @property
     def amqp_url(self) -> str:
-        return f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.service_host}:{self.amqp_port}/"
+        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.service_host}:"
+                f"{self.amqp_endpoint_port}/")
 
     @property
     def amqp_url_public(self) -> str:
         """The AMQP URL without its password (for logs and ``lab stack env``)."""
-        return f"amqp://{self.rabbitmq_user}@{self.service_host}:{self.amqp_port}/"
+        return f"amqp://{self.rabbitmq_user}@{self.service_host}:{self.amqp_endpoint_port}/"
 
     def connect_env(self) -> dict[str, str]:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 IDLE_SECONDS = 30.0
 SERVICES = ("postgres", "kafka", "rabbitmq")
-HA_SERVICES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3")  # issue 15's ha topology
+HA_SERVICES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3", "rabbitmq-1", "rabbitmq-2",
+               "rabbitmq-3")  # issue 15's ha topology
 
 
 def _participant(name: str, roots: Source, settings: Settings, method: str) -> Participant:

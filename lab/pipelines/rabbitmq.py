@@ -76,6 +76,8 @@ ROUTING_KEY = RABBITMQ_ROUTING_KEY  # "quorum"
 QUEUE = "load-dbz-quorum"
 DIRECT_QUEUE = "messages"  # the broker-native stand's queue (lab.pipelines.producers publishes to it)
 QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
+# ha (issue 15): a member on each of the three nodes, the leader on node 1, where every client connects
+HA_QUEUE_ARGUMENTS = {**QUEUE_ARGUMENTS, "x-quorum-initial-group-size": 3, "x-queue-leader-locator": "client-local"}
 PREFETCH = 1000
 DECLARE_ATTEMPTS = 6
 DECLARE_PAUSE_S = 2.0
@@ -99,6 +101,11 @@ def queue_name(scenario: Scenario) -> str:
     return DIRECT_QUEUE if scenario.producer == "direct" else QUEUE
 
 
+def queue_arguments(settings: Settings) -> dict[str, Any]:
+    """The quorum queue's declare arguments: one member on the single node, three under ``ha``."""
+    return dict(HA_QUEUE_ARGUMENTS if settings.ha else QUEUE_ARGUMENTS)
+
+
 class RabbitPipeline:
     """Runner side: topology before consumers, consumer-count gate, Debezium, queue delete."""
 
@@ -113,6 +120,7 @@ class RabbitPipeline:
         self.stack = stack
         self.direct = scenario.producer == "direct"
         self.queue = queue_name(scenario)
+        self.replicas: dict[str, Any] | None = None  # ha: members and leader once declared
 
     def describe(self) -> dict[str, Any]:
         direct, producer = self.direct, self.scenario.producer
@@ -122,6 +130,8 @@ class RabbitPipeline:
                        if direct else "Debezium Server from the outbox table"),
             "exchange": "" if direct else EXCHANGE, "exchange_type": "direct", "queue": self.queue,
             "routing_key": self.queue if direct else ROUTING_KEY, "queue_type": "quorum",
+            "queue_arguments": queue_arguments(self.settings),
+            "replicas_at_start": self.replicas,  # ha: read back from the cluster once declared
             "prefetch": PREFETCH, "ack": "basic.ack per message after work, multiple=false",
             "consumer_names": [consumer_name(i, producer) for i in range(self.scenario.consumers)],
             "inbox": self.inbox_table, "claim": self.scenario.claim,
@@ -134,16 +144,20 @@ class RabbitPipeline:
     async def prepare(self) -> None:
         async with await aio_pika.connect(self.settings.amqp_url) as conn:
             channel = await conn.channel()
+            args = queue_arguments(self.settings)
             if self.direct:  # the default exchange routes by queue name: nothing to bind
                 await channel.queue_delete(self.queue)
-                await _declare_queue(conn, self.queue)
-                return
-            exchange = await channel.declare_exchange(
-                EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
-            )
-            await channel.queue_delete(QUEUE)
-            queue = await _declare_queue(conn)
-            await queue.bind(exchange, routing_key=ROUTING_KEY)
+                await _declare_queue(conn, self.queue, args)
+            else:
+                exchange = await channel.declare_exchange(
+                    EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True
+                )
+                await channel.queue_delete(QUEUE)
+                queue = await _declare_queue(conn, QUEUE, args)
+                await queue.bind(exchange, routing_key=ROUTING_KEY)
+        cluster = getattr(self.stack, "rabbitmq", None)
+        if self.settings.ha and hasattr(cluster, "queue_replicas"):  # before the window: rabbitmqctl
+            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)
 
     async def wait_ready(self) -> None:
         n, timeout = self.scenario.consumers, self.scenario.ready_timeout_s
@@ -182,14 +196,15 @@ class RabbitPipeline:
 
 
 async def _declare_queue(
-    conn: aio_pika.abc.AbstractConnection, name: str = QUEUE
+    conn: aio_pika.abc.AbstractConnection, name: str = QUEUE, arguments: dict[str, Any] | None = None,
 ) -> aio_pika.abc.AbstractQueue:
     """Declare the quorum queue, retrying on a fresh channel (a failed declare closes it)."""
     for attempt in range(1, DECLARE_ATTEMPTS + 1):
         channel = await conn.channel()
         try:
             return await channel.declare_queue(
-                name, durable=True, exclusive=False, auto_delete=False, arguments=QUEUE_ARGUMENTS,
+                name, durable=True, exclusive=False, auto_delete=False,
+                arguments=QUEUE_ARGUMENTS if arguments is None else arguments,
             )
         except aio_pika.exceptions.AMQPError as exc:
             if attempt == DECLARE_ATTEMPTS:

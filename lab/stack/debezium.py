@@ -136,7 +136,7 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False, d
         # ha (issue 15): the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
         "slot_failover": str(s.ha).lower(),
         "kafka_bootstrap": s.kafka_bootstrap,
-        "amqp_host": s.host, "amqp_port": s.amqp_port, "amqp_user": s.rabbitmq_user,
+        "amqp_host": s.host, "amqp_port": s.amqp_endpoint_port, "amqp_user": s.rabbitmq_user,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
     }
     values.update(pg_password=s.secret("pg"), amqp_password=s.secret("rabbitmq"))
@@ -283,7 +283,7 @@ class DebeziumService:
             raise StackError(f"replication slot {self.slot} is held by pid {holder}; stop the "
                              f"other Debezium Server (`lab stack debezium stop {self.sink}`)")
         port, what = ((s.kafka_nodes[0][1], "Kafka") if self.sink == "kafka"
-                      else (s.amqp_port, "RabbitMQ"))
+                      else (s.amqp_endpoint_port, "RabbitMQ"))
         if not proc.port_open(port, s.host):
             raise StackError(f"{what} is not reachable at {s.host}:{port}; start the stack first "
                              "(`lab stack up`)")

@@ -4,11 +4,11 @@ PostgreSQL, Kafka and RabbitMQ run for as long as the stack is up (an idle broke
 participant, method.md §1.6); each Debezium Server instance runs only during its own run.
 
 ``settings.topology`` chooses the nodes: ``single`` (one of each, the reference's stack) or
-``ha`` (issue 15): three Kafka KRaft nodes (:class:`lab.stack.kafka.KafkaCluster`) and a
-PostgreSQL streaming standby with failover slots (:mod:`lab.stack.standby`), each node a
-participant of its own (``kafka-1``..``kafka-3``, ``postgres-standby``). RabbitMQ stays one node
-under ``ha`` for now (its three-node cluster is not built yet). One stack dir runs one topology
-at a time: ``up`` refuses, in one line, while nodes of the other one run.
+``ha`` (issue 15): three Kafka KRaft nodes (:class:`lab.stack.kafka.KafkaCluster`), three
+clustered RabbitMQ nodes (:class:`lab.stack.rabbitmq_cluster.RabbitMQCluster`) and a PostgreSQL
+streaming standby with failover slots (:mod:`lab.stack.standby`), each node a participant of its
+own (``kafka-1``..``kafka-3``, ``rabbitmq-1``..``rabbitmq-3``, ``postgres-standby``). One stack
+dir runs one topology at a time: ``up`` refuses, in one line, while nodes of the other one run.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from lab.stack.kafka import KafkaCluster, KafkaService
 from lab.stack.postgres import PostgresService
 from lab.stack.provision import java_home
 from lab.stack.rabbitmq import RabbitMQService
+from lab.stack.rabbitmq_cluster import RabbitMQCluster
 from lab.stack.standby import PostgresStandby, configure_primary
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class NativeStack:
         self.postgres = PostgresService(settings)
         self.standby = PostgresStandby(settings) if settings.ha else None
         self.kafka: KafkaService | KafkaCluster = KafkaCluster(settings) if settings.ha else KafkaService(settings)
-        self.rabbitmq = RabbitMQService(settings)
+        self.rabbitmq: RabbitMQService | RabbitMQCluster = (
+            RabbitMQCluster(settings) if settings.ha else RabbitMQService(settings))
         self.debezium = {sink: DebeziumService(settings, sink) for sink in DEBEZIUM_SINKS}
 
     @property
@@ -56,12 +58,14 @@ class NativeStack:
     def _other_topology(self) -> list[NativeService]:
         """The services of the topology not chosen (they share this stack dir)."""
         s = self.settings.replace(topology="single" if self.settings.ha else "ha")
-        return [PostgresStandby(s), KafkaCluster(s)] if s.ha else [KafkaService(s)]  # type: ignore[list-item]
+        if s.ha:
+            return [PostgresStandby(s), KafkaCluster(s), RabbitMQCluster(s)]  # type: ignore[list-item]
+        return [KafkaService(s), RabbitMQService(s)]  # type: ignore[list-item]
 
     @property
     def service_names(self) -> tuple[str, ...]:
-        """The always-on participants, a name per node (``kafka-1``..3 and ``postgres-standby``
-        under ``ha``)."""
+        """The always-on participants, a name per node (``kafka-1``..3, ``rabbitmq-1``..3 and
+        ``postgres-standby`` under ``ha``)."""
         return tuple(self.participants())[:-1]  # all but debezium
 
     def endpoints(self) -> Endpoints:
@@ -99,8 +103,8 @@ class NativeStack:
             raise
 
     def _running(self, service: NativeService) -> bool:
-        if isinstance(service, KafkaCluster):
-            return len(service.processes()) == len(service.nodes)
+        if isinstance(service, KafkaCluster | RabbitMQCluster):
+            return all(node.processes() for node in service.nodes)
         return bool(service.processes())
 
     def down(self, *, purge: bool = False) -> None:
@@ -190,4 +194,8 @@ class NativeStack:
             out |= {node.name: node.processes() for node in self.kafka.nodes}
         else:
             out["kafka"] = self.kafka.processes()
-        return out | {"rabbitmq": self.rabbitmq.processes(), "debezium": debezium}
+        if isinstance(self.rabbitmq, RabbitMQCluster):
+            out |= {node.name: node.processes() for node in self.rabbitmq.nodes}
+        else:
+            out["rabbitmq"] = self.rabbitmq.processes()
+        return out | {"debezium": debezium}

@@ -24,6 +24,11 @@ Choices written down here:
 * ``guest`` is never created: the lab user is the node's default user, and a definitions file
   (user with administrator tag, vhost ``/``, full permissions) is imported on every boot, which
   makes user creation idempotent without a ``rabbitmqctl`` call per item.
+
+Under the ``ha`` topology (issue 15) a :class:`RabbitMQService` is one node ``rabbitmq-<i>`` of
+the cluster :mod:`lab.stack.rabbitmq_cluster` forms: its own state dir, node name and ports
+(:attr:`Settings.rabbitmq_nodes`), node 1's epmd shared by all three, one Erlang cookie for all,
+and a memory high watermark of :data:`HA_MEMORY_WATERMARK` per node.
 """
 
 from __future__ import annotations
@@ -33,18 +38,19 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 from string import Template
-from typing import ClassVar
 
 import psutil
 
-from lab.settings import Settings, child_env, is_root
+from lab.settings import Settings, child_env, is_root, write_private
 from lab.stack import proc, rootfs
 from lab.stack.base import ServiceStatus, StackError
 
@@ -53,6 +59,11 @@ log = logging.getLogger(__name__)
 SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 TEMPLATE = Path(__file__).parent / "templates" / "rabbitmq.conf"
 START_TIMEOUT = 120.0
+#: Under ``ha``, each node's memory alarm threshold (``vm_memory_high_watermark.absolute``). The
+#: default, 0.6 of the host's RAM, would let each of three nodes on a 24 GB machine count on
+#: 14 GB; 2 GB each (6 GB for the cluster) leaves room for three 1 GiB Kafka heaps, Debezium,
+#: PostgreSQL and its standby. A single node keeps RabbitMQ's default.
+HA_MEMORY_WATERMARK = "2GB"
 STOP_TIMEOUT = 60.0
 #: LAB_RABBITMQ_VERSION -> (Debian suite, packages) of the root it runs from; None: the host's.
 RELEASES: dict[str, tuple[str, tuple[str, ...]] | None] = {
@@ -61,15 +72,56 @@ RELEASES: dict[str, tuple[str, tuple[str, ...]] | None] = {
 }
 
 
+def cluster_config() -> str:
+    """What a node of the ``ha`` cluster adds to ``rabbitmq.conf``: its memory limit. No peer
+    discovery: the first start joins nodes 2 and 3 to node 1 (``join_cluster``,
+    :mod:`lab.stack.rabbitmq_cluster`), and a node that restarts finds its peers in its own
+    database, as every clustered node does."""
+    return ("\n# ha topology (issue 15): one of three clustered nodes, each with its own memory limit\n"
+            f"vm_memory_high_watermark.absolute = {HA_MEMORY_WATERMARK}\n")
+
+
+def cluster_cookie(settings: Settings) -> str:
+    """The ``ha`` cluster's Erlang cookie: generated once into the stack's secrets dir (0600)."""
+    path = settings.secrets_dir / "erlang.cookie"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        value = secrets.token_hex(20).upper()
+        write_private(path, value)
+        return value
+
+
+def write_cookie(path: Path, value: str) -> None:
+    """``path`` holds ``value`` with mode 0400 (Erlang refuses a cookie others can read)."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_text() == value and path.stat().st_mode & 0o777 == 0o400:
+            return
+        path.chmod(0o600)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value)
+    path.chmod(0o400)
+
+
 class RabbitMQService:
-    """The lab's own RabbitMQ node (one broker, quorum queues on a single member)."""
+    """The lab's own RabbitMQ node: the ``single`` topology's broker (``node=None``), or node
+    ``rabbitmq-<node>`` (1-3) of the ``ha`` cluster (start that with :class:`RabbitMQCluster`)."""
 
-    name: ClassVar[str] = "rabbitmq"
+    name: str = "rabbitmq"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, node: int | None = None) -> None:
         self.settings = settings
-        self.dir = settings.stack_dir / "rabbitmq"
-        self.epmd_dir = self.dir / "epmd"
+        self.index = node
+        self.name = "rabbitmq" if node is None else f"rabbitmq-{node}"
+        if node is None:
+            self.node_name, self.amqp_port, self.dist_port = (
+                settings.rabbitmq_node, settings.amqp_port, settings.rabbitmq_dist_port)
+        else:
+            _, self.node_name, self.amqp_port, self.dist_port = settings.rabbitmq_nodes[node - 1]
+        self.dir = settings.stack_dir / self.name
+        #: node 1 starts and stops the epmd every node of the cluster registers with
+        self.owns_epmd = node in (None, 1)
+        self.epmd_dir = (self.dir if node is None else settings.stack_dir / "rabbitmq-1") / "epmd"
         self.etc = self.dir / "etc"
         self.home = self.dir / "home"
         self.logs = self.dir / "log"
@@ -125,36 +177,47 @@ class RabbitMQService:
         """Start epmd and the node, wait until the ``rabbit`` app runs; no-op when running."""
         if proc.running(self.dir) is not None:
             return
-        s = self.settings
-        if not self._installed():
-            self.provision()
-        if self._orphan_beam() is not None:  # a VM of ours that lost its script
-            self._kill()
-        proc.require_free(s.amqp_port, "RabbitMQ AMQP", "LAB_AMQP_PORT")
-        proc.require_free(s.rabbitmq_dist_port, "RabbitMQ distribution", "LAB_RABBITMQ_DIST_PORT")
         t0 = time.monotonic()
-        self._write_config()
         try:
-            self._start_epmd()
-            node = proc.spawn(
-                self._argv(SCRIPTS / "rabbitmq-server"), state_dir=self.dir, log_path=self.console_log,
-                env=self._env(), cwd=self.dir,
-            )
-            proc.wait_until(
-                lambda: proc.port_open(s.amqp_port), timeout=START_TIMEOUT,
-                what=f"RabbitMQ node {s.rabbitmq_node}", proc=node, log_path=self.console_log,
-            )
-            try:
-                self.ctl("await_startup", "--timeout", str(int(START_TIMEOUT)),
-                         timeout=START_TIMEOUT + 10)
-            except StackError as exc:
-                tail = proc.tail(self.logs / "rabbit.log")
-                raise StackError(f"{exc}; last log lines: {tail}") from None
+            self.wait_ready(self.spawn())
         except BaseException:
             self._kill()
             raise
         self.last_start_seconds = round(time.monotonic() - t0, 2)
-        log.info("RabbitMQ %s up in %.1f s", s.rabbitmq_node, self.last_start_seconds)
+        log.info("RabbitMQ %s up in %.1f s", self.node_name, self.last_start_seconds)
+
+    def spawn(self) -> psutil.Process:
+        """Check the ports, write the config, start epmd (node 1) and the node; no waiting."""
+        if not self._installed():
+            self.provision()
+        if self._orphan_beam() is not None:  # a VM of ours that lost its script
+            self._kill()
+        hint = "" if self.index is None else f" + {self.amqp_port - self.settings.amqp_port}"
+        what = "RabbitMQ" if self.index is None else f"RabbitMQ node {self.name}"
+        proc.require_free(self.amqp_port, f"{what} AMQP", "LAB_AMQP_PORT" + hint)
+        proc.require_free(self.dist_port, f"{what} distribution", "LAB_RABBITMQ_DIST_PORT" + hint)
+        self._write_config()
+        if self.owns_epmd:
+            self._start_epmd()
+        elif not proc.port_open(self.settings.rabbitmq_epmd_port):
+            raise StackError(f"{self.name} needs the epmd of rabbitmq-1 on port "
+                             f"{self.settings.rabbitmq_epmd_port}; start the cluster together")
+        return proc.spawn(
+            self._argv(SCRIPTS / "rabbitmq-server"), state_dir=self.dir, log_path=self.console_log,
+            env=self._env(), cwd=self.dir,
+        )
+
+    def wait_ready(self, node: psutil.Process) -> None:
+        """Until the node listens on its AMQP port and its ``rabbit`` app runs."""
+        proc.wait_until(
+            lambda: proc.port_open(self.amqp_port), timeout=START_TIMEOUT,
+            what=f"RabbitMQ node {self.node_name}", proc=node, log_path=self.console_log,
+        )
+        try:
+            self.ctl("await_startup", "--timeout", str(int(START_TIMEOUT)), timeout=START_TIMEOUT + 10)
+        except StackError as exc:
+            tail = proc.tail(self.logs / "rabbit.log")
+            raise StackError(f"{exc}; last log lines: {tail}") from None
 
     def stop(self, *, purge: bool = False) -> None:
         """``rabbitmqctl stop`` (graceful), then make sure node, its children and epmd are gone."""
@@ -189,26 +252,28 @@ class RabbitMQService:
             name=self.name,
             state="running" if running else "stopped",
             pids=pids,
-            endpoint=f"amqp://{s.rabbitmq_user}@{s.host}:{s.amqp_port}/",
+            endpoint=f"amqp://{s.rabbitmq_user}@{s.host}:{self.amqp_port}/",
             version=self.version(),
             rss_mb=proc.tree_rss_mb(roots) if running else None,
             detail={
-                "node": s.rabbitmq_node,
-                "dist_port": s.rabbitmq_dist_port,
+                "node": self.node_name,
+                "dist_port": self.dist_port,
                 "epmd_port": s.rabbitmq_epmd_port,
                 "state_dir": str(self.dir),
                 "log": str(self.logs / "rabbit.log"),
                 "last_start_seconds": self.last_start_seconds,
                 "root": str(self.root) if self.root is not None else None,
+                "memory_high_watermark": HA_MEMORY_WATERMARK if self.index is not None else "0.6 (default)",
             },
         )
 
     def processes(self) -> list[psutil.Process]:
-        """Our node's root (the ``rabbitmq-server`` script over ``beam.smp``) and our epmd."""
+        """Our node's root (the ``rabbitmq-server`` script over ``beam.smp``) and our epmd
+        (node 1's, under ``ha``)."""
         node = proc.running(self.dir)
         if node is None:
             return []
-        epmd = proc.running(self.epmd_dir)
+        epmd = proc.running(self.epmd_dir) if self.owns_epmd else None
         return [node] if epmd is None else [node, epmd]
 
     def erl_call(self) -> tuple[list[str], dict[str, str]] | None:
@@ -226,17 +291,25 @@ class RabbitMQService:
     # Helpers -------------------------------------------------------------------------
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``rabbitmqctl`` against our node (same env, cookie and epmd); return stdout."""
-        argv = self._argv(SCRIPTS / "rabbitmqctl", "-n", self.settings.rabbitmq_node, "-q", *args)
-        try:
-            res = subprocess.run(
-                argv, env=self._env(), capture_output=True, text=True, timeout=timeout, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise StackError(f"rabbitmqctl {args[0]} timed out after {timeout:.0f} s") from None
-        if res.returncode != 0:
-            msg = " ".join((res.stderr or res.stdout).split())[:300]
-            raise StackError(f"rabbitmqctl {args[0]} failed ({res.returncode}): {msg}")
-        return res.stdout
+        return self.cli("rabbitmqctl", *args, timeout=timeout)
+
+    def cli(self, tool: str, *args: str, timeout: float = 60.0) -> str:
+        """Run a CLI tool of the package (``rabbitmqctl``, ``rabbitmq-queues``) against this node."""
+        argv = self._argv(SCRIPTS / tool, "-n", self.node_name, "-q", *args)
+        # its own process group: on a timeout the CLI's Erlang VM goes too, not only the wrapper
+        with subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) as p:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+                raise StackError(f"{tool} {args[0]} timed out after {timeout:.0f} s") from None
+        if p.returncode != 0:
+            msg = " ".join((err or out).split())[:300]
+            raise StackError(f"{tool} {args[0]} failed ({p.returncode}): {msg}")
+        return out
 
     def version(self) -> str:
         """The packaged RabbitMQ version, read from the install path (no VM start)."""
@@ -251,7 +324,7 @@ class RabbitMQService:
         s, d = self.settings, self.dir
         return child_env(
             HOME=str(self.home),
-            RABBITMQ_NODENAME=s.rabbitmq_node,
+            RABBITMQ_NODENAME=self.node_name,
             RABBITMQ_CONF_ENV_FILE=str(self.etc / "rabbitmq-env.conf"),
             RABBITMQ_CONFIG_FILE=str(self.etc / "rabbitmq.conf"),
             RABBITMQ_CONFIG_FILES=str(self.etc / "conf.d"),
@@ -261,7 +334,7 @@ class RabbitMQService:
             RABBITMQ_LOG_BASE=str(self.logs),
             RABBITMQ_LOGS=str(self.logs / "rabbit.log"),
             RABBITMQ_PID_FILE=str(d / "beam.pid"),
-            RABBITMQ_DIST_PORT=str(s.rabbitmq_dist_port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
                 "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1}"
             ),
@@ -277,15 +350,20 @@ class RabbitMQService:
         for path in (self.etc / "conf.d", self.home, self.logs, self.mnesia):
             path.mkdir(parents=True, exist_ok=True)
         definitions = self.etc / "definitions.json"
-        values = {"amqp_port": s.amqp_port, "user": s.rabbitmq_user,
+        values = {"amqp_port": self.amqp_port, "user": s.rabbitmq_user,
                   "definitions": definitions}
-        (self.etc / "rabbitmq.conf").write_text(Template(TEMPLATE.read_text()).substitute(values))
+        conf = Template(TEMPLATE.read_text()).substitute(values)
+        if self.index is not None:
+            conf += cluster_config()
+        (self.etc / "rabbitmq.conf").write_text(conf)
         (self.etc / "rabbitmq-env.conf").write_text("# empty: settings come from the environment\n")
         (self.etc / "enabled_plugins").write_text("[].\n")
         definitions.write_text(json.dumps(self._definitions(), indent=2))
         definitions.chmod(0o600)
         cookie = self.home / ".erlang.cookie"
-        if not cookie.exists():
+        if self.index is not None:  # the cluster's nodes and CLI calls share one cookie
+            write_cookie(cookie, cluster_cookie(s))
+        elif not cookie.exists():
             cookie.write_text(secrets.token_hex(20).upper())
             cookie.chmod(0o400)
 
@@ -328,7 +406,7 @@ class RabbitMQService:
         return []
 
     def _kill(self) -> None:
-        """Terminate node and epmd by pid (node first: epmd must outlive its registrations)."""
+        """Terminate node and (ours) epmd by pid (node first: epmd must outlive its registrations)."""
         proc.terminate(self.dir, timeout=STOP_TIMEOUT)
         orphan = self._orphan_beam()
         if orphan is not None:  # the script died but its VM did not
@@ -336,7 +414,8 @@ class RabbitMQService:
             orphan.terminate()
             if proc.wait_gone([orphan], timeout=STOP_TIMEOUT):
                 orphan.kill()
-        proc.terminate(self.epmd_dir, timeout=10)
+        if self.owns_epmd:  # nodes 2 and 3 leave node 1's epmd to node 1
+            proc.terminate(self.epmd_dir, timeout=10)
         (self.dir / "beam.pid").unlink(missing_ok=True)
 
     def _orphan_beam(self) -> psutil.Process | None:

@@ -28,7 +28,10 @@ import pandas as pd
 from lab.study import costmodel
 from lab.study.costmodel import METRIC, measured
 
-PARTICIPANTS = ("postgres", "debezium", "kafka", "rabbitmq", "web", "senders", "consumers", "runner")
+# ha runs (issue 15): `kafka`/`rabbitmq` are the sums of their nodes (lab.study.nodes), the
+# standby a participant of its own
+PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "kafka", "rabbitmq", "web", "senders", "consumers",
+                "runner")
 DIRECT = ("wal", "wal-sharded")
 BROKERS = ("kafka", "rabbitmq")
 

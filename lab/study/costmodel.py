@@ -37,6 +37,7 @@ import pandas as pd
 from lab.results import load_reference
 from lab.study import groups
 from lab.study.intervals import median_interval
+from lab.study.nodes import rollup_nodes
 from lab.scenario import PIPELINE_NAMES
 
 METRIC = "cpu_ms_per_msg"
@@ -70,7 +71,7 @@ def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | N
         ok &= (df["pipeline"] == pipeline).to_numpy()
     out = df[ok]
     groups.check(out)  # never pool runs that were not measured alike (lab.study.groups)
-    return out
+    return rollup_nodes(out)  # ha: `kafka`/`rabbitmq` as the sum of their nodes (lab.study.nodes)
 
 
 def participant_ms(df: pd.DataFrame, participant: str) -> np.ndarray:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from lab.study.nodes import rollup_nodes
 from lab.workload import HARNESS_BEFORE
 
 KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",
@@ -132,4 +133,4 @@ def select(runs: pd.DataFrame, series_id: str = "") -> tuple[pd.DataFrame, str]:
     found = groups(ok)
     what = describe({k: v for k, v in found[0].items() if k != "runs"}) if found else "no measured runs"
     name = f"series {series_id}: {what}" if series_id else f"every stored run: {what}"
-    return picked, name
+    return rollup_nodes(picked), name  # ha: each broker also as the sum of its nodes

@@ -18,12 +18,14 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from lab.study.intervals import coverage_label
+from lab.study.nodes import is_node
 from lab.study.costmodel import METRIC, Crossover, FanoutFit, Level, drift, headline, measured
 from lab.scenario import PIPELINE_NAMES
 
 PIPELINE_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}
 PARTICIPANT_COLORS = {
     "postgres": "C0",
+    "postgres-standby": "C9",  # ha (issue 15)
     "debezium": "C4",
     "kafka": "C3",
     "rabbitmq": "C1",
@@ -119,6 +121,7 @@ def breakdown_figure(
     )
     if not include_unattributed:
         names = [n for n in names if n != "unattributed"]
+    names = [n for n in names if not is_node(n)]  # ha: each broker once, as the sum of its nodes
     ms = pd.DataFrame({n: runs[f"cpu_s.{n}"].fillna(0) * 1000 / runs["messages"] for n in names})
     ms = ms.loc[:, ms.sum() > 0]
     keys = runs[["pipeline", "consumers"]]

@@ -157,8 +157,10 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
 
 
 def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,
-                      pipelines: Sequence[str] | None = None, rate: float = 0.0) -> str:
-    """A stable id, so that running the same series again resumes it (``-rate500``: open loop)."""
+                      pipelines: Sequence[str] | None = None, rate: float = 0.0,
+                      topology: str = "single") -> str:
+    """A stable id, so that running the same series again resumes it (``-rate500``: open loop;
+    ``-ha``: the fault-tolerant topology, so an ``ha`` series never resumes a ``single`` one)."""
     parts = [name]
     if repeats is not None and repeats != profile(name).repeats:
         parts.append(f"r{repeats}")
@@ -168,6 +170,8 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
         parts.append("+".join(pipelines))
     if rate:
         parts.append(f"rate{rate:g}")
+    if topology != "single":
+        parts.append(topology)
     return "-".join(parts)
 
 
@@ -197,12 +201,14 @@ class Step:
 
 
 def _existing(series_id: str, settings: Settings) -> dict[Scenario, list[dict[str, Any]]]:
-    """Successful runs of this series, per scenario, oldest first."""
+    """Successful runs of this series on this topology, per scenario, oldest first."""
     out: dict[Scenario, list[dict[str, Any]]] = defaultdict(list)
     names = set(Scenario.field_names())
     for run in sorted(iter_runs(settings=settings), key=lambda r: str(r.get("started_at"))):
         if run.get("series_id") != series_id or not run.get("success"):
             continue
+        if (run.get("topology") or "single") != settings.topology:
+            continue  # a series id given by hand for both topologies: not the same cell
         params = run.get("scenario") or {}
         if not set(params) <= names:
             continue  # stored by another version of Scenario: not the same cell

@@ -1,10 +1,11 @@
-"""The fault-tolerant topology (issue 15, first slice) on its own real native stack.
+"""The fault-tolerant topology (issue 15) on its own real native stack.
 
-Three Kafka KRaft nodes and a PostgreSQL streaming standby with failover slots, started by the
-lab on ports 400 above the configured ones (the session's single-topology stack uses 300), so
-both may exist side by side. The module brings the stack up once, runs the ``wal`` and ``kafka``
-pipelines at N = 2, checks what Kafka and the standby report, and ends with ``lab stack down``.
-Heavy (three Kafka JVMs): run it on its own.
+Three Kafka KRaft nodes, three clustered RabbitMQ nodes and a PostgreSQL streaming standby with
+failover slots, started by the lab on ports 400 above the configured ones (the session's
+single-topology stack uses 300), so both may exist side by side. The module brings the stack up
+once, runs the ``wal``, ``kafka`` and ``rabbitmq`` pipelines at N = 2, checks what Kafka,
+RabbitMQ and the standby report, and ends with ``lab stack down``. Heavy (three Kafka JVMs and
+three Erlang VMs): run it on its own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lab.settings import Settings
 from lab.stack.base import StackError
 from lab.stack.native import NativeStack
 from lab.stack.proc import tied
+from lab.stack.rabbitmq_cluster import RabbitMQCluster
 from lab.stack.standby import STANDBY_SLOT
 from tests.conftest import lab_env
 from tests.conftest import test_settings as moved_settings
@@ -36,7 +38,9 @@ from tests.conftest import test_settings as moved_settings
 pytestmark = pytest.mark.integration
 OFFSET = 400
 M = 1000
-NODES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3")
+KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
+RABBITMQ_NODES = ("rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
+NODES = ("postgres-standby", *KAFKA_NODES, *RABBITMQ_NODES)
 SYNC_TIMEOUT = 120.0
 
 
@@ -56,7 +60,7 @@ def ha() -> Iterator[NativeStack]:
         # three more JVMs on two shared cores: starts take longer (Debezium needed 101 s of its
         # 120 s under load); these tests check the topology, not how fast it starts
         mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
-        mp.setattr("lab.stack.rabbitmq.START_TIMEOUT", 300.0)
+        mp.setattr("lab.stack.rabbitmq.START_TIMEOUT", 300.0)  # read by each node's wait
         mp.setattr("lab.stack.kafka.HA_START_TIMEOUT", 300.0)
         yield from _ha_stack(settings)
 
@@ -66,7 +70,10 @@ def _ha_stack(settings: Settings) -> Iterator[NativeStack]:
     stack.down(purge=True)
     t0 = time.monotonic()
     stack.up()
-    print(f"\nha stack up (cold: initdb, format, base backup) in {time.monotonic() - t0:.1f} s")
+    print(f"\nha stack up (cold: initdb, format, base backup) in {time.monotonic() - t0:.1f} s: "
+          f"standby {stack.standby.last_start_s if stack.standby else None} s, "
+          f"kafka {getattr(stack.kafka, 'last_start_s', None)} s, "
+          f"rabbitmq {getattr(stack.rabbitmq, 'last_start_s', None)} s")
     try:
         yield stack
     finally:
@@ -108,10 +115,12 @@ def test_status_lists_every_node_running(ha: NativeStack) -> None:
     res = lab(ha.settings, "stack", "status", "--json", "--topology", "ha")
     assert res.returncode == 0, res.stderr
     rows = {r["name"]: r for r in json.loads(res.stdout)}
-    for name in ("postgres", *NODES, "rabbitmq"):
+    for name in ("postgres", *NODES):
         assert rows[name]["state"] == "running", name
         assert rows[name]["pids"] and rows[name]["rss_mb"] > 10, name
+    assert "rabbitmq" not in rows and "kafka" not in rows  # a line per node
     assert len({rows[f"kafka-{i}"]["endpoint"] for i in (1, 2, 3)}) == 3
+    assert len({rows[n]["endpoint"] for n in RABBITMQ_NODES}) == 3
     assert rows["postgres-standby"]["detail"]["in_recovery"] is True
     # the three nodes form one cluster: each lists all three brokers
     for _, port, _ in ha.settings.kafka_nodes:
@@ -123,6 +132,24 @@ def test_status_lists_every_node_running(ha: NativeStack) -> None:
         row = conn.execute("SELECT slot_type, active FROM pg_replication_slots WHERE slot_name = %s",
                            (STANDBY_SLOT,)).fetchone()
     assert row == ("physical", True)
+
+
+def test_the_rabbitmq_nodes_form_one_cluster_with_one_private_cookie(ha: NativeStack) -> None:
+    assert isinstance(ha.rabbitmq, RabbitMQCluster)
+    names = sorted(ha.rabbitmq.node_names)
+    assert len(names) == 3
+    for node in ha.rabbitmq.nodes:  # every node sees all three running
+        status = json.loads(node.ctl("cluster_status", "--formatter", "json"))
+        assert sorted(status["running_nodes"]) == names, node.name
+    cookies = {(n.home / ".erlang.cookie").read_text() for n in ha.rabbitmq.nodes}
+    assert len(cookies) == 1
+    assert all((n.home / ".erlang.cookie").stat().st_mode & 0o777 == 0o400 for n in ha.rabbitmq.nodes)
+    cookie = cookies.pop()
+    for root in ha.rabbitmq.processes():
+        for p in [root, *root.children(recursive=True)]:
+            assert cookie not in " ".join(p.cmdline()), p  # never on a command line
+    # a client reaches the cluster through node 1, as the pipeline and Debezium do
+    assert ha.settings.amqp_endpoint_port == ha.rabbitmq.nodes[0].amqp_port
 
 
 def test_single_topology_is_refused_while_ha_runs(ha: NativeStack) -> None:
@@ -161,7 +188,7 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
         ha.stop_debezium("kafka")
 
 
-@pytest.mark.parametrize("pipeline", ["wal", "kafka"])
+@pytest.mark.parametrize("pipeline", ["wal", "kafka", "rabbitmq"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
     per = {k: round(v * 1000 / M, 3) for k, v in r["cpu_s"].items()}
@@ -170,10 +197,12 @@ def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipel
     assert r["success"], r["error"]
     c = r["counters"]
     assert c["sent"] == c["processed"] == c["work_calls"] == c["work_distinct"] == M
+    assert c["distinct_ids"] == M and c.get("ids_match") is not False  # nothing lost, nothing twice
     assert r["topology"] == "ha" and r["backend"] == "native"
-    for name in ("postgres", *NODES, "consumers"):
+    busy = {"wal": (), "kafka": KAFKA_NODES, "rabbitmq": RABBITMQ_NODES}[pipeline]
+    for name in ("postgres", "postgres-standby", *KAFKA_NODES, *busy, "consumers"):
         assert r["cpu_s"][name] > 0, name  # each node its own participant, and it did work
-    assert "rabbitmq" in r["cpu_s"] and "kafka" not in r["cpu_s"]
+    assert set(NODES) <= set(r["cpu_s"]) and "rabbitmq" not in r["cpu_s"] and "kafka" not in r["cpu_s"]
     # each slot's copy on the standby at the drain's end is recorded (a short run's slot may not
     # be persisted yet: slot sync waits until it passes the standby's catalog xmin)
     assert r["slots"] and all(v["standby"] in ("synced", "temporary", "absent") for v in r["slots"].values())
@@ -181,15 +210,27 @@ def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipel
         ps = r["pipeline_settings"]
         assert ps["replication_factor"] == 3 and ps["min_insync_replicas"] == 2
         assert ps["replicas_at_start"]["replicas_min"] == 3 and ps["replicas_at_start"]["isr_min"] >= 2
+    if pipeline == "rabbitmq":  # the quorum queue has a member on each node, its leader on node 1
+        ps = r["pipeline_settings"]
+        assert isinstance(ha.rabbitmq, RabbitMQCluster)
+        assert ps["queue_arguments"]["x-quorum-initial-group-size"] == 3
+        assert ps["replicas_at_start"]["members"] == sorted(ha.rabbitmq.node_names)
+        assert ps["replicas_at_start"]["leader"] == ha.rabbitmq.nodes[0].node_name
 
 
 def test_down_stops_every_node(ha: NativeStack) -> None:
     roots = [p for procs in ha.participants().values() for p in procs]
     tree = roots + [c for p in roots for c in p.children(recursive=True)]
-    assert len(roots) >= 6
+    assert len(roots) >= 9  # primary, standby, 3 Kafka JVMs, 3 RabbitMQ nodes and their epmd
     res = lab(ha.settings, "stack", "down")  # no --topology: down stops either topology's nodes
     assert res.returncode == 0, res.stderr
     _, alive = psutil.wait_procs(tree, timeout=15)
     assert alive == []
+    stack_dir = str(ha.settings.stack_dir)
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if any(stack_dir in arg for arg in p.info["cmdline"] or []):
+            left.append(p.info)
+    assert left == []  # no VM, epmd or JVM of this stack survives (e.g. beam.smp's -mnesia dir)
     rows = json.loads(lab(ha.settings, "stack", "status", "--json", "--topology", "ha").stdout)
     assert {r["name"] for r in rows} >= {"postgres", *NODES} and all(r["state"] == "stopped" for r in rows)

@@ -9,7 +9,10 @@ import pytest
 from lab.cli import build_parser
 from lab.measure.services import stack_record
 from lab.settings import Settings, settings_env
+from lab.pipelines.rabbitmq import queue_arguments
 from lab.stack import kafka
+from lab.stack.rabbitmq import HA_MEMORY_WATERMARK, RabbitMQService
+from lab.stack.rabbitmq_cluster import RabbitMQCluster, queue_replicas, running_nodes
 from lab.stack.base import StackError
 from lab.stack.compose import ComposeStack
 from lab.stack.debezium import render_properties
@@ -79,7 +82,8 @@ def test_standby_streams_from_its_slot_with_feedback_and_slot_sync(tmp_path: Pat
 
 def test_every_node_is_a_participant_of_its_own() -> None:
     ha = NativeStack(Settings(topology="ha"))
-    assert ha.service_names == ("postgres", "postgres-standby", "kafka-1", "kafka-2", "kafka-3", "rabbitmq")
+    assert ha.service_names == ("postgres", "postgres-standby", "kafka-1", "kafka-2", "kafka-3",
+                                "rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
     assert NativeStack(Settings()).service_names == ("postgres", "kafka", "rabbitmq")
     assert stack_record(ha)["topology"] == "ha"
 
@@ -92,7 +96,79 @@ def test_compose_refuses_ha_in_one_line() -> None:
 
 
 @pytest.mark.parametrize("argv", [["stack", "up"], ["stack", "down"], ["stack", "status"], ["run"],
-                                  ["bench", "stack"]])
+                                  ["bench", "stack"], ["series"], ["report"]])
 def test_topology_option(argv: list[str]) -> None:
     assert build_parser().parse_args([*argv, "--topology", "ha"]).topology == "ha"
     assert build_parser().parse_args(argv).topology is None
+
+
+def test_ha_rabbitmq_nodes_have_their_own_names_and_ports() -> None:
+    s = Settings(amqp_port=33673, rabbitmq_dist_port=33674, rabbitmq_node="lab@localhost")
+    assert s.rabbitmq_nodes == [(1, "lab@localhost", 33673, 33674)] and s.amqp_endpoint_port == 33673
+    ha = s.replace(topology="ha", rabbitmq_password="pw")
+    assert ha.rabbitmq_nodes == [(1, "lab-1@localhost", 33683, 33684), (2, "lab-2@localhost", 33693, 33694),
+                                 (3, "lab-3@localhost", 33703, 33704)]
+    assert ha.amqp_endpoint_port == 33683 and ha.amqp_url.endswith("@127.0.0.1:33683/")  # clients: node 1
+    assert ha.amqp_url_public == "amqp://lab@127.0.0.1:33683/"
+    used = {p for n in ha.rabbitmq_nodes for p in n[2:]}
+    assert not used & {33673 + 300, 33674 + 300, 33673 + 400, 33674 + 400}  # the test stacks' ports
+    assert not used & {p for n in ha.kafka_nodes for p in n[1:]}
+    # Debezium's sink publishes to node 1
+    assert props(render_properties(ha.replace(pg_password="x"), "rabbitmq"))[
+        "debezium.sink.rabbitmq.connection.port"] == "33683"
+
+
+def test_ha_rabbitmq_nodes_render_their_own_config_and_share_one_private_cookie(tmp_path: Path) -> None:
+    ha = Settings(topology="ha", stack_dir=tmp_path, amqp_port=33673, rabbitmq_password="pw")
+    cluster = RabbitMQCluster(ha)
+    assert [n.name for n in cluster.nodes] == ["rabbitmq-1", "rabbitmq-2", "rabbitmq-3"]
+    assert len({n.dir for n in cluster.nodes}) == 3 and len({n.mnesia for n in cluster.nodes}) == 3
+    assert {n.epmd_dir for n in cluster.nodes} == {tmp_path / "rabbitmq-1" / "epmd"}  # one epmd, node 1's
+    assert [n.owns_epmd for n in cluster.nodes] == [True, False, False]
+    cookies = []
+    for node in cluster.nodes:
+        node._write_config()
+        conf = (node.etc / "rabbitmq.conf").read_text()
+        assert f"listeners.tcp.1 = 127.0.0.1:{node.amqp_port}" in conf
+        assert f"vm_memory_high_watermark.absolute = {HA_MEMORY_WATERMARK}" in conf
+        env = node._env()
+        assert env["RABBITMQ_NODENAME"] == node.node_name and env["RABBITMQ_DIST_PORT"] == str(node.dist_port)
+        assert env["ERL_EPMD_PORT"] == str(ha.rabbitmq_epmd_port)
+        cookie = node.home / ".erlang.cookie"
+        assert cookie.stat().st_mode & 0o777 == 0o400
+        cookies.append(cookie.read_text())
+        assert all(cookies[-1] not in str(a) for a in env.values())  # never in the environment
+    assert len(set(cookies)) == 1 and len(cookies[0]) == 40
+    assert (ha.secrets_dir / "erlang.cookie").stat().st_mode & 0o777 == 0o600
+    cluster.nodes[0]._write_config()  # a second start keeps the cookie
+    assert (cluster.nodes[0].home / ".erlang.cookie").read_text() == cookies[0]
+    # the single node: no memory limit of ours, its own cookie, its own dir
+    single = RabbitMQService(ha.replace(topology="single"))
+    single._write_config()
+    assert single.dir == tmp_path / "rabbitmq" and single.amqp_port == 33673
+    assert "vm_memory_high_watermark" not in (single.etc / "rabbitmq.conf").read_text()
+
+
+def test_the_ha_quorum_queue_gets_three_members_led_from_node_one() -> None:
+    assert queue_arguments(Settings()) == {"x-queue-type": "quorum"}
+    assert queue_arguments(Settings(topology="ha")) == {
+        "x-queue-type": "quorum", "x-quorum-initial-group-size": 3, "x-queue-leader-locator": "client-local"}
+
+
+def test_cluster_and_queue_state_are_read_from_the_cli_json() -> None:
+    status = ('{"running_nodes": ["a-2@localhost", "a-1@localhost", "a-3@localhost"], '
+              '"disk_nodes": ["a-1@localhost", "a-2@localhost", "a-3@localhost"]}')
+    assert running_nodes(status) == ["a-1@localhost", "a-2@localhost", "a-3@localhost"]
+    queues = ('[{"name": "other", "members": ["a-1@localhost"], "leader": "a-1@localhost"}, '
+              '{"name": "load-dbz-quorum", "members": ["a-3@localhost", "a-1@localhost", "a-2@localhost"], '
+              '"leader": "a-1@localhost"}]')
+    assert queue_replicas(queues, "load-dbz-quorum") == {
+        "members": ["a-1@localhost", "a-2@localhost", "a-3@localhost"], "leader": "a-1@localhost"}
+    assert queue_replicas(queues, "missing") == {"members": [], "leader": None}
+
+
+def test_either_topology_stops_the_others_rabbitmq_too() -> None:
+    single, ha = NativeStack(Settings()), NativeStack(Settings(topology="ha"))
+    assert isinstance(ha.rabbitmq, RabbitMQCluster) and isinstance(single.rabbitmq, RabbitMQService)
+    assert any(isinstance(s, RabbitMQCluster) for s in single._other_topology())
+    assert any(isinstance(s, RabbitMQService) for s in ha._other_topology())

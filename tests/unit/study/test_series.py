@@ -77,6 +77,8 @@ def test_repeats_pipelines_and_series_ids() -> None:
     assert series.default_series_id("quick") == "quick"
     assert series.default_series_id("quick", repeats=2, seed=5, pipelines=["wal"]) == "quick-r2-s5-wal"
     assert series.default_series_id("quick", repeats=3) == "quick"  # the profile's own repeats
+    assert series.default_series_id("quick", topology="ha") == "quick-ha"  # never resumes a single series
+    assert series.default_series_id("quick", topology="single") == "quick"
     assert series.parse_pipelines(" wal, kafka ,") == ["wal", "kafka"] and series.parse_pipelines("") is None
     with pytest.raises(ValueError, match="unknown pipeline"):
         series.parse_pipelines("wal,nats")
@@ -208,3 +210,26 @@ def test_a_run_stored_before_the_layout_field_is_not_a_cell_of_todays_plan(tmp_p
     found = series._existing("s1", settings)
     assert len(found[cell]) == 1  # only the run that recorded auto
     assert len(found[cell.replace(consumer_layout="processes")]) == 1
+
+
+def test_a_series_resumes_only_runs_of_its_own_topology(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack", topology="ha")
+    cell = Scenario(messages=300, senders=20, cooldown_s=0.0, pipeline="rabbitmq", consumers=2)
+    write_run({"run_id": "single-run", "started_at": "2026-01-01T00", "scenario": cell.as_parameters(),
+               "success": True, "cpu_ms_per_msg": 1.0, "series_id": "same-id", "topology": "single"},
+              settings=settings)  # the same id given by hand to a single-topology series
+    ran: list[Scenario] = []
+
+    async def recorder(scenario: Scenario, settings: Settings, *, progress: Any = None,
+                       meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None) -> dict[str, Any]:
+        ran.append(scenario)
+        return {"run_id": "new", "scenario": scenario.as_parameters(), "success": True, "topology": "ha",
+                "cpu_ms_per_msg": 1.0, "window_s": 1.0,
+                **(meta or {})}
+
+    monkeypatch.setattr(lab.runner, "run_scenario", recorder)
+    asyncio.run(series.run_series([cell], settings, series_id="same-id"))
+    assert ran == [cell]  # the single run is not this cell's
+    ran.clear()
+    asyncio.run(series.run_series([cell], settings.replace(topology="single"), series_id="same-id"))
+    assert ran == []  # under single it is
