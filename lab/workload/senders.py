@@ -151,24 +151,13 @@ async def _closed_loop(post: Callable[[], Awaitable[int]], t: Tally) -> None:
 
 
 async def _open_loop(post: Callable[[], Awaitable[int]], t: Tally, rate: float) -> None:
-    """Start message i at ``start + i / rate`` whatever the responses do (latency mode).
+    """Start message i at ``start + i / rate`` whatever the responses do (latency mode): a
+    staircase of one step.
 
     Latency counts from the due time, so waiting for a free connection (at most
     ``senders + 16``) is included and a slow server cannot hide behind a slower schedule.
     """
-    clock, inflight = time.monotonic, set()
-    start, i = clock(), 0
-    while t.remaining > 0:
-        due = start + i / rate
-        delay = due - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        t.remaining -= 1
-        i += 1
-        task = asyncio.create_task(_send(post, t, due))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-    await asyncio.gather(*inflight)
+    await _staircase(post, t, [(rate, 0.0, t.remaining)], None)
 
 
 async def _staircase(post: Callable[[], Awaitable[int]], t: Tally,
