@@ -52,8 +52,8 @@ def stack(settings: Settings) -> Iterator[object]:
 
     native = NativeStack(settings)
     native.down(purge=True)  # leftovers of an interrupted earlier session
-    native.up()
     try:
+        native.up()  # inside: a node that failed to start must not leave the others running
         yield native
     finally:
         from lab.measure.cgroups import remove_scope

@@ -267,6 +267,8 @@ def test_transaction_positions_and_times(variant: str) -> None:
         before, after = parse_lsn(W[name]["lsn_before"]), parse_lsn(W[name]["lsn_after"])
         assert before < commit.commit_lsn < commit.end_lsn <= after
         assert frame.wal_end == commit.end_lsn
+        if isinstance(commit, Commit):  # the direct reader's shortcut reads the same field
+            assert commit_end_lsn(frame.payload) == commit.end_lsn
         assert pg_timestamp(commit.commit_time_us) == ts(W[name]["commit_time"])
     plain = [b for b in begins if isinstance(b, Begin)]
     assert all(
