@@ -319,10 +319,12 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
     sid = args.series_id or series.default_series_id(
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology=settings.topology)
+    single = series.default_series_id(  # what an ha report compares with (issue 15)
+        args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology="single")
     _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
     out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,
                        pipelines=",".join(pipelines or []), force=args.force, idle_s=args.idle_s,
-                       echo=sys.stderr)
+                       single_series_id=single if settings.topology == "ha" else "", echo=sys.stderr)
     sys.stdout.write(f"{out / 'report.html'}\n")
     _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
     failed = [f"{name}: {cell}" for name, rid in report_series(sid, args.profile).items()

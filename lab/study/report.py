@@ -30,7 +30,7 @@ from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
-NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency", "faults")
+NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency", "faults", "topology")
 REPORT_PAGE = ("analysis", "latency", "broker_native", "control", "faults")  # report.html, in this order
 
 
@@ -153,10 +153,12 @@ def combine(notebooks: list[Path], out: Path) -> Path:
 
 def build_report(profile: str, settings: Settings, *, series_id: str, repeats: int | None = None,
                  seed: int | None = None, pipelines: str = "", force: bool = False,
-                 idle_s: float | None = None, echo: IO[str] | None = None) -> Path:
+                 idle_s: float | None = None, single_series_id: str = "", echo: IO[str] | None = None) -> Path:
     """Run (or resume) the series, analyse it, measure latency at a fixed rate, the broker-native
     stand, the control experiment and the fault matrix (:data:`EXTRAS`), export one
-    ``report.html``; returns the report folder."""
+    ``report.html``; returns the report folder. Under the ``ha`` topology the page ends with the
+    comparison against ``single_series_id``'s stored single runs (``topology.ipynb``; it says
+    which command to run when there are none)."""
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)
     out.mkdir(parents=True)
@@ -183,7 +185,13 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     execute_notebook("faults", out / "faults.ipynb", {
         **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
     }, settings=settings, echo=echo)
-    page = combine([out / f"{n}.ipynb" for n in REPORT_PAGE], out / "report.ipynb")
+    pages = list(REPORT_PAGE)
+    if settings.topology == "ha":  # issue 15: the same study under single, stored beside it
+        execute_notebook("topology", out / "topology.ipynb", {
+            "ha_series_id": series_id, "single_series_id": single_series_id, "report_dir": str(out),
+        }, settings=settings, echo=echo)
+        pages.append("topology")
+    page = combine([out / f"{n}.ipynb" for n in pages], out / "report.ipynb")
     export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")
     return out
 

@@ -39,7 +39,7 @@ def _outputs(nb_path: Path) -> str:
         for out in cell.get("outputs", []):
             parts.append(out.get("text", ""))
             data: dict[str, Any] = out.get("data", {})
-            parts += [data.get("text/plain", ""), data.get("text/html", "")]
+            parts += [data.get("text/plain", ""), data.get("text/html", ""), data.get("text/markdown", "")]
     return "\n".join(parts)
 
 
@@ -251,3 +251,35 @@ def test_faults_notebook_analyses_a_stored_matrix_without_running(
     assert sorted(p.name for p in runs.iterdir()) == before, "run=False runs nothing"
     assert f"fault matrix faults-{sid}: 4 of 4 cells" in text
     assert list(pd.read_csv(tmp_path / "faults.csv")["run_id"]) == list(pd.read_csv(out / "faults.csv")["run_id"])
+
+
+def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Path) -> None:
+    """The ha report's last page (issue 15) on stored runs, no stack: three nodes that each cost
+    what the single broker did triple the broker's CPU (``x3`` 1.0), the standby is an added
+    participant, and a side without runs says which command to run."""
+    from lab.results import write_run
+
+    settings = Settings(data_dir=tmp_path / "data", stack_dir=tmp_path / "stack")
+    i = 0
+    for topo in ("single", "ha"):
+        for n in (1, 2, 4):
+            for jitter in (0.0, 0.05, 0.1):
+                cpu = {"postgres": 1.0 + jitter, "debezium": 1.0, "consumers": 0.5 * n, "web": 0.5, "senders": 0.5}
+                cpu |= {"kafka": 0.6} if topo == "single" else {
+                    "kafka-1": 0.6, "kafka-2": 0.6, "kafka-3": 0.6, "postgres-standby": 0.2}
+                write_run({"run_id": f"k{i}", "started_at": f"2026-12-01T00:00:{i:02d}", "topology": topo,
+                           "scenario": {"pipeline": "kafka", "consumers": n, "messages": 1000, "senders": 200},
+                           "success": True, "cpu_s": cpu, "cpu_ms_per_msg": sum(cpu.values()),
+                           "series_id": f"t-{topo}"}, settings=settings)
+                i += 1
+    params = {"ha_series_id": "t-ha", "single_series_id": "t-single", "report_dir": str(tmp_path)}
+    text = _outputs(execute_notebook("topology", tmp_path / "topology.ipynb", params, settings=settings))
+    assert "single: 9 measured runs of series t-single" in text and "ha: 9 measured runs" in text
+    mult = pd.read_csv(tmp_path / "topology_multiplier.csv")
+    assert mult["broker_x"].tolist() == pytest.approx([3.0] * 4) and mult["x3"].tolist() == pytest.approx([1.0] * 4)
+    parts = pd.read_csv(tmp_path / "topology_participants.csv")
+    assert parts.loc[parts["participant"] == "postgres-standby", "added"].tolist() == pytest.approx([0.2] * 3)
+    assert (tmp_path / "topology.png").exists() and len(pd.read_csv(tmp_path / "topology_cells.csv")) == 3
+    params["single_series_id"] = "none-such"
+    text = _outputs(execute_notebook("topology", tmp_path / "alone.ipynb", params, settings=settings))
+    assert "No measured single runs" in text

@@ -24,7 +24,7 @@ def _parameters(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     return [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
 
 
-def test_the_notebooks_are_the_five_of_the_study() -> None:
+def test_the_notebooks_are_those_of_the_study() -> None:
     assert sorted(p.stem for p in DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
 
 
