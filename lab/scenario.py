@@ -28,6 +28,10 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
   kept slot and offsets;
 * ``broker-restart@T[+D]`` (``kafka``, ``rabbitmq``): stop the broker, start it again after D (default 0);
 * ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
+* ``broker-node-kill[:NODE]@T[+D]`` (``kafka``, ``rabbitmq``, the ``ha`` topology only, issue 15):
+  SIGKILL broker node NODE (1..3, default 1: RabbitMQ's quorum leader, where every client
+  connects; a Kafka node leading about a third of the partitions) and start it again after D
+  (default 0); the other two keep a majority;
 * ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows.
 
 A fault run needs ``producer="web"`` and one process per consumer: ``consumer_layout="auto"`` (the
@@ -68,13 +72,14 @@ CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
                "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
-               "big-transaction")
+               "big-transaction", "broker-node-kill")
+BROKER_NODES = 3  # the ha topology's nodes per broker (lab.settings.Settings.kafka_nodes)
 _TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION
-_MAY_LAST = ("broker-restart", "postgres-restart")  # +DURATION optional (outage before the start)
-_DEBEZIUM_ONLY = ("debezium-kill", "broker-restart")  # need Debezium and a broker
+_MAY_LAST = ("broker-restart", "postgres-restart", "broker-node-kill")  # +DURATION optional (outage before the start)
+_DEBEZIUM_ONLY = ("debezium-kill", "broker-restart", "broker-node-kill")  # need Debezium and a broker
 BIG_TRANSACTION_ROWS = 100_000
 _TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow",
-             "slot-invalidation")  # these take :TARGET
+             "slot-invalidation", "broker-node-kill")  # these take :TARGET (a node for the last)
 SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
 KEEP_MB = 32  # slot-invalidation's max_slot_wal_keep_size unless =KEEP says otherwise
 _SIZE = re.compile(r"(?P<value>\d+)(?P<unit>MB|GB)?")
@@ -256,7 +261,10 @@ class Scenario:
         if self.producer != "web" or self.layout != "processes":
             raise ValueError("a fault needs producer='web' and consumer_layout='processes' or 'auto' "
                              "(one OS process per consumer)")
-        if f.target is not None and f.target >= self.consumers:
+        if f.kind == "broker-node-kill":
+            if f.target is not None and not 1 <= f.target <= BROKER_NODES:
+                raise ValueError(f"fault {self.fault!r}: no broker node {f.target} (1..{BROKER_NODES})")
+        elif f.target is not None and f.target >= self.consumers:
             raise ValueError(f"fault {self.fault!r}: no consumer {f.target} among {self.consumers} "
                              f"(0..{self.consumers - 1})")
         if f.kind in _DEBEZIUM_ONLY and self.pipeline not in ("kafka", "rabbitmq"):
@@ -292,7 +300,7 @@ class Scenario:
         if f.target is None and f.kind in _TARGETED and not (
             f.kind == "walsender-kill" and self.pipeline in ("kafka", "rabbitmq")
         ):
-            f = dataclasses.replace(f, target=0)
+            f = dataclasses.replace(f, target=1 if f.kind == "broker-node-kill" else 0)
         return f
 
     @classmethod

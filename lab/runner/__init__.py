@@ -36,7 +36,7 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
-from lab.runner.faults import FaultInjector
+from lab.runner.faults import FaultInjector, check_topology
 from lab.runner.phases import RunPhases
 from lab.runner.processes import Progress, RunError, RunProcesses
 from lab.runner.result import RunResult, interpolate
@@ -139,6 +139,7 @@ async def run_scenario(
     ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
     without it (``idle``).
     """
+    check_topology(scenario, settings)  # a fault of the other topology: refused before the stack starts
     stack = get_stack(settings)
     with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)

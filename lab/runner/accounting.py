@@ -93,6 +93,17 @@ def adds_up(a: dict[str, Any]) -> bool:
     return ok
 
 
+def longest_stall_after(t: Sequence[float], after: float) -> float | None:
+    """The longest time without any work call from wall time ``after`` to the last call (``t``
+    in arrival order), counting the wait for the first one: how long delivery stopped while a
+    broker node was down and its partitions or queue leader moved. None without a call after."""
+    start = bisect.bisect_left(t, after)
+    if start >= len(t):
+        return None
+    gaps = [t[start] - after, *(b - a for a, b in zip(t[start:], t[start + 1:]))]
+    return round(max(gaps), 3)
+
+
 def first_call_after(t: Sequence[float], after: float, by: Sequence[int] | None = None,
                      who: int | None = None) -> float | None:
     """Seconds from wall time ``after`` to the first work call at or after it (by consumer

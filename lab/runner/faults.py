@@ -18,6 +18,9 @@
   exits is replaced, and a Debezium JVM that exits is started again from its offsets (events
   ``consumer exited``, ``debezium exited``, ``debezium restarted by the lab``).
 * ``big-transaction``: one transaction of ROWS executions of the web service's INSERT.
+* ``broker-node-kill`` (``ha`` only, issue 15): SIGKILL one node of the three-node broker, wait
+  DURATION, start it again through its cluster and wait until all three serve together; the
+  same supervision as a restart. Its resume figure is the longest stop of delivery after the kill.
 
 A service that a fault stopped and did not start again (the run failed or was cancelled meanwhile)
 is started by :meth:`FaultInjector.restore`; a restarted service's processes are moved into
@@ -116,6 +119,14 @@ INVALIDATION_SQL = (
 INVALIDATE_TIMEOUT_S = 120.0  # switches, the other slots catching up, the checkpoint
 READER_EXIT_S = 120.0  # a continued reader finds its slot lost and exits within this (47 s seen under load)
 GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
+
+
+def check_topology(scenario: Any, settings: Any) -> None:
+    """ValueError (one line, before anything starts) when the fault needs the other topology."""
+    f = scenario.parsed_fault
+    if f is not None and f.kind == "broker-node-kill" and not settings.ha:
+        raise ValueError(f"fault {scenario.fault}: broker-node-kill needs the ha topology (--topology ha): "
+                         "a single broker has no other node to fail over to (broker-restart restarts it)")
 
 
 class FaultInjector:
@@ -325,6 +336,8 @@ class FaultInjector:
             await self._restart("postgres", f.duration_s)
         elif f.kind == "big-transaction":
             await self._big_transaction(f.rows)
+        elif f.kind == "broker-node-kill":
+            await self._kill_node(f"{self.run.pipeline.cdc_sink}-{f.target}", f.duration_s)
         else:  # pragma: no cover - Scenario validates the kind
             raise RunError(f"unknown fault kind {f.kind}")
         self.over_mono = time.monotonic()
@@ -612,6 +625,23 @@ class FaultInjector:
         # exits, and the supervision starts it again); resumed once it holds its slot again
         async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
             await self._held_again(conn, SLOT[sink], None, f"{name} started")
+
+    async def _kill_node(self, name: str, outage_s: float) -> None:
+        """``broker-node-kill`` (issue 15): SIGKILL one node of the ha broker, start it again after
+        ``outage_s``. The other two hold a majority (Kafka's ISR of 2 with ``min.insync.replicas``
+        2; RabbitMQ's quorum queue elects a leader among them): a client that lost its node
+        reconnects, and one that exits is replaced once the node is back, as after a restart."""
+        start = self._native("start_service")
+        self._supervising = True
+        self._tasks.append(asyncio.create_task(self._supervise(), name="fault-supervise"))
+        self.down.append(name)
+        pids = await asyncio.to_thread(self._native("kill_node"), name)
+        self._event("node killed", node=name, pids=pids)
+        await asyncio.sleep(outage_s)
+        await asyncio.to_thread(start, name)
+        self.down.remove(name)
+        self._attach(name)
+        self._event("node started", node=name, pid=[p.pid for p in self.run.stack.service(name).processes()[:1]])
 
     async def _big_transaction(self, rows: int) -> None:
         """``rows`` executions of the web service's INSERT in one transaction (pipelined)."""

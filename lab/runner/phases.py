@@ -17,7 +17,7 @@ from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.measure.sampler import Sampler
 from lab.pg.slots import drop_slots
-from lab.runner.accounting import account, first_call_after
+from lab.runner.accounting import account, first_call_after, longest_stall_after
 from lab.runner.processes import RunError
 from lab.workload.inbox import LEASE_MARK, LEASE_SEQUENCE, id_sets, sets_equal
 
@@ -270,7 +270,8 @@ class RunPhases:
         any consumer after a sink outage, and from the service's start after a restart); for
         ``walsender-kill``, from the termination until a walsender holds the slot again (the
         reader, or Debezium, reconnected); for ``debezium-kill``, from the SIGKILL until the
-        restarted Debezium holds its slot (for :data:`lab.runner.faults.HELD_S` in a row)."""
+        restarted Debezium holds its slot (for :data:`lab.runner.faults.HELD_S` in a row); for
+        ``broker-node-kill``, the longest stop of delivery after the kill (the others go on)."""
         f, events = self.scenario.parsed_fault, self.injector.events
         if f.kind == "slot-invalidation":  # the reader never reads again: nothing resumes
             return None
@@ -281,6 +282,9 @@ class RunPhases:
             return round(b - a, 3) if a is not None and b is not None else None
         if f.kind == "big-transaction":
             return None  # see accounting["big_transaction"]
+        if f.kind == "broker-node-kill":  # the other nodes go on: how long did delivery stop?
+            killed = at.get("node killed")
+            return None if killed is None else longest_stall_after(arrivals["t"], killed)
         anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal", "broker-restart": "service started",
                          "postgres-restart": "service started"}.get(f.kind, "resume"))
         if anchor is None:

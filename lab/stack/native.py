@@ -165,21 +165,50 @@ class NativeStack:
         return self.debezium[check_sink(sink)].kill()
 
     def service(self, name: str) -> NativeService:
-        """One always-on service by name (``postgres``, ``kafka``, ``rabbitmq``)."""
+        """One always-on service by name (``postgres``, ``kafka``, ``rabbitmq``), or under ``ha``
+        one broker node (``kafka-2``, ``rabbitmq-1``)."""
         found = {s.name: s for s in self.services}
+        for cluster in (self.kafka, self.rabbitmq):
+            found |= {n.name: n for n in getattr(cluster, "nodes", [])}
         if name not in found:
             raise StackError(f"unknown service {name!r}: choose one of {', '.join(found)}")
         return found[name]
 
+    def _cluster_of(self, name: str) -> NativeService | None:
+        """The cluster a node name belongs to (None: not a node)."""
+        for cluster in (self.kafka, self.rabbitmq):
+            if name in {n.name for n in getattr(cluster, "nodes", [])}:
+                return cluster  # type: ignore[return-value]
+        return None
+
     def stop_service(self, name: str) -> None:
-        """Stop one always-on service, keeping its data (a fault: ``broker-restart``,
-        ``postgres-restart``; PostgreSQL's is a fast shutdown). Its slots, topics, queues and
-        offsets survive for :meth:`start_service`."""
+        """Stop one always-on service (or one broker node), keeping its data (a fault:
+        ``broker-restart``, ``postgres-restart``; PostgreSQL's is a fast shutdown). Its slots,
+        topics, queues and offsets survive for :meth:`start_service`."""
         self.service(name).stop()
 
     def start_service(self, name: str) -> None:
-        """Start one always-on service again; returns once it serves."""
-        self.service(name).start()
+        """Start one always-on service again; returns once it serves. A broker node is started by
+        its cluster, which starts the nodes not running and returns once all of them serve
+        together (all three brokers listed; the RabbitMQ node back in node 1's cluster)."""
+        cluster = self._cluster_of(name)
+        (cluster or self.service(name)).start()
+
+    def kill_node(self, name: str) -> list[int]:
+        """SIGKILL one broker node's process trees (``broker-node-kill``: a crash, no controlled
+        shutdown); returns the pids killed, once they are gone."""
+        if self._cluster_of(name) is None:
+            nodes = [n.name for c in (self.kafka, self.rabbitmq) for n in getattr(c, "nodes", [])]
+            raise StackError(f"{name!r} is not a broker node of this stack (nodes: {', '.join(nodes) or 'none'}: "
+                             "broker nodes exist under the ha topology)")
+        # the node's own tree only: node 1's epmd (its second root) serves the other two nodes
+        # here, where on three hosts each would have its own
+        procs = [p for root in self.service(name).processes()[:1] for p in [root, *_children(root)]]
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(procs, timeout=10)
+        return [p.pid for p in procs]
 
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()
@@ -199,3 +228,9 @@ class NativeStack:
         else:
             out["rabbitmq"] = self.rabbitmq.processes()
         return out | {"debezium": debezium}
+
+
+def _children(root: psutil.Process) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return root.children(recursive=True)
+    return []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from lab.scenario import Fault, Scenario, parse_fault
@@ -93,3 +96,28 @@ def test_the_default_layout_is_tasks_and_processes_under_a_fault() -> None:
     assert Scenario(consumers=2, consumer_layout="tasks").layout == "tasks"
     with pytest.raises(ValueError, match="unknown consumer_layout 'threads'"):
         Scenario(consumer_layout="threads")
+
+
+def test_a_broker_node_kill_names_a_node_of_three_not_a_consumer() -> None:
+    """issue 15's failover: the target is a broker node (1..3, default 1), whatever N is."""
+    assert parse_fault("broker-node-kill:3@2s+5s") == Fault("broker-node-kill", 3, 2.0, 5.0)
+    assert Scenario(pipeline="kafka", consumers=1, fault="broker-node-kill:3@2s").parsed_fault.target == 3
+    assert Scenario(pipeline="rabbitmq", fault="broker-node-kill@2s+1s").parsed_fault == Fault(
+        "broker-node-kill", 1, 2.0, 1.0)
+    with pytest.raises(ValueError, match=r"no broker node 4 \(1..3\)"):
+        Scenario(pipeline="kafka", consumers=8, fault="broker-node-kill:4@2s")
+    with pytest.raises(ValueError, match=r"no broker node 0 \(1..3\)"):
+        Scenario(pipeline="kafka", fault="broker-node-kill:0@2s")
+    with pytest.raises(ValueError, match="needs Debezium and a broker"):
+        Scenario(pipeline="wal", fault="broker-node-kill@2s")
+
+
+def test_a_broker_node_kill_under_single_is_refused_before_the_stack_starts(tmp_path: Path) -> None:
+    from lab.runner import run_scenario
+    from lab.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", stack_dir=tmp_path / "stack")  # nothing there, nothing started
+    scenario = Scenario(pipeline="kafka", consumers=2, messages=10, rate=10, fault="broker-node-kill@1s")
+    with pytest.raises(ValueError, match="broker-node-kill needs the ha topology"):
+        asyncio.run(run_scenario(scenario, settings))
+    assert not (tmp_path / "stack").exists()

@@ -218,6 +218,35 @@ def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipel
         assert ps["replicas_at_start"]["leader"] == ha.rabbitmq.nodes[0].node_name
 
 
+@pytest.mark.parametrize("pipeline", ["kafka", "rabbitmq"])
+def test_a_killed_broker_node_loses_nothing(ha: NativeStack, pipeline: str) -> None:
+    """issue 15's failover: SIGKILL node 1 (RabbitMQ's quorum leader, where every client connects;
+    a Kafka node leading some of the 4 partitions) 3 s into a fixed-rate run, start it again 5 s
+    later: every message is delivered, the accounting adds up, and the node runs again."""
+    node = f"{pipeline}-1"
+    (before,) = ha.service(node).processes()[:1]
+    m = 1600
+    r = run(ha.settings, pipeline=pipeline, consumers=2, messages=m, rate=200, claim="takeover",
+            fault="broker-node-kill:1@3s+5s", drain_timeout_s=300)
+    f = r["fault"]
+    acc = f["accounting"] or {}
+    print(f"\nNODE-KILL {pipeline}: " + json.dumps({k: acc.get(k) for k in (
+        "distinct", "extra_calls", "max_burst", "lost", "lost_claimed_by", "time_to_resume_s")})
+          + " events " + json.dumps([(e["t_s"], e["what"]) for e in f["events"]]) + f" error={r['error']}")
+    whats = [e["what"] for e in f["events"]]
+    assert whats[0] == "node killed" and "node started" in whats
+    assert before.pid in f["events"][0]["pids"] and not before.is_running()
+    assert r["success"], r["error"]
+    assert acc["adds_up"] and acc["lost"] == 0 and acc["distinct"] == m, acc
+    assert acc["time_to_resume_s"] is not None and acc["time_to_resume_s"] >= 0
+    with psycopg.connect(ha.settings.pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == m
+    (after,) = ha.service(node).processes()[:1]
+    assert after.pid != before.pid  # started again by its cluster, which serves with all three
+    if pipeline == "rabbitmq":
+        assert isinstance(ha.rabbitmq, RabbitMQCluster) and ha.rabbitmq.clustered()
+
+
 def test_down_stops_every_node(ha: NativeStack) -> None:
     roots = [p for procs in ha.participants().values() for p in procs]
     tree = roots + [c for p in roots for c in p.children(recursive=True)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.runner.accounting import account, adds_up, first_call_after, id_ranges, ids_of
+from lab.runner.accounting import account, adds_up, first_call_after, id_ranges, ids_of, longest_stall_after
 from lab.runner.faults import wal_summary
 
 
@@ -57,6 +57,14 @@ def test_first_call_after() -> None:
     assert first_call_after(t, 11.5, by, who=1) == 1.5
     assert first_call_after(t, 13.5) is None
     assert first_call_after(t, 10.0, by, who=2) is None
+
+
+def test_longest_stall_after_a_node_kill() -> None:
+    t = [10.0, 10.1, 10.2, 13.7, 13.8, 14.0]
+    assert longest_stall_after(t, 10.15) == 3.5  # 10.2 -> 13.7: the partitions moved
+    assert longest_stall_after(t, 5.0) == 5.0  # nothing for 5 s after the kill
+    assert longest_stall_after(t, 13.75) == 0.2
+    assert longest_stall_after(t, 14.5) is None
 
 
 def test_wal_summary_recovery_against_the_pre_fault_band() -> None:

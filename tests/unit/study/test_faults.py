@@ -29,11 +29,11 @@ PAIRS_LEFT_OUT = {("wal", "debezium-kill"), ("wal-sharded", "debezium-kill"), ("
 
 def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each() -> None:
     plan = faults.plan("quick")
-    assert sorted(faults.KIND_ORDER) == sorted(FAULT_KINDS)  # every kind the runner knows, once
+    assert sorted(faults.KIND_ORDER + faults.HA_KINDS) == sorted(FAULT_KINDS)  # every kind the runner knows, once
     clean = [s for s in plan if not s.fault]
     assert [s.pipeline for s in clean] == ["kafka", "rabbitmq", "wal", "wal-sharded"] and plan[-4:] == clean
     cells = {(s.pipeline, s.parsed_fault.kind) for s in plan if s.fault}  # type: ignore[union-attr]
-    every = {(p, k) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for k in FAULT_KINDS}
+    every = {(p, k) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for k in faults.KIND_ORDER}
     assert cells == every - PAIRS_LEFT_OUT and len(plan) == 4 + len(every) - len(PAIRS_LEFT_OUT) == 38
     left = faults.inapplicable("quick")
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT
