@@ -221,10 +221,11 @@ def figure(cells: pd.DataFrame) -> Figure:
     ax = fig.subplots()
     for pipeline, g in cells.groupby("pipeline", sort=False):
         color = PIPELINE_COLORS.get(str(pipeline), "C7")
-        for t, style in (("single", "-o"), ("ha", "--s")):
-            ax.plot(g["consumers"], g[t], style, color=color, label=f"{pipeline} {t}")
+        for t, style, dodge in (("single", "-o", 1 / 1.03), ("ha", "--s", 1.03)):  # bars side by side
+            x = g["consumers"] * dodge
+            ax.plot(x, g[t], style, color=color, label=f"{pipeline} {t}")
             ok = g[f"{t}_lo"].notna() & g[f"{t}_hi"].notna()
-            ax.vlines(g.loc[ok, "consumers"], g.loc[ok, f"{t}_lo"], g.loc[ok, f"{t}_hi"], color=color, lw=2)
+            ax.vlines(x[ok], g.loc[ok, f"{t}_lo"], g.loc[ok, f"{t}_hi"], color=color, lw=2)
     if not cells.empty:
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(FixedLocator(sorted(set(cells["consumers"]))))
