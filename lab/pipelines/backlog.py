@@ -226,7 +226,8 @@ class RabbitBacklog:
         except OSError as exc:
             return None, str(exc)
         try:
-            out, _ = await asyncio.wait_for(p.communicate(queue_expression(self.queue)), ERL_CALL_TIMEOUT_S)
+            async with asyncio.timeout(ERL_CALL_TIMEOUT_S):  # not wait_for: on 3.11 it can swallow a cancel
+                out, _ = await p.communicate(queue_expression(self.queue))
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 p.kill()
@@ -240,9 +241,11 @@ class RabbitBacklog:
 
         try:
             if self._conn is None or self._conn.is_closed:
-                self._conn = await asyncio.wait_for(aio_pika.connect(self.settings.amqp_url), ERL_CALL_TIMEOUT_S)
+                async with asyncio.timeout(ERL_CALL_TIMEOUT_S):
+                    self._conn = await aio_pika.connect(self.settings.amqp_url)
                 self._channel = await self._conn.channel()
-            queue = await asyncio.wait_for(self._channel.declare_queue(self.queue, passive=True), ERL_CALL_TIMEOUT_S)
+            async with asyncio.timeout(ERL_CALL_TIMEOUT_S):
+                queue = await self._channel.declare_queue(self.queue, passive=True)
             return int(queue.declaration_result.message_count), ""
         except Exception as exc:  # the broker restarts: a gap; reconnect next time
             await self._drop()
@@ -252,7 +255,8 @@ class RabbitBacklog:
         conn, self._conn, self._channel = self._conn, None, None
         if conn is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), ERL_CALL_TIMEOUT_S)
+                async with asyncio.timeout(ERL_CALL_TIMEOUT_S):
+                    await conn.close()
 
     def close(self) -> None:
         """Forget the AMQP connection (its loop closes the transport); never raises."""

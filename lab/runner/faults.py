@@ -119,6 +119,7 @@ INVALIDATION_SQL = (
 INVALIDATE_TIMEOUT_S = 120.0  # switches, the other slots catching up, the checkpoint
 READER_EXIT_S = 120.0  # a continued reader finds its slot lost and exits within this (47 s seen under load)
 GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
+SAMPLER_STOP_S = 10.0  # finish() waits this long for the samplers to end
 
 
 def check_topology(scenario: Any, settings: Any) -> None:
@@ -144,6 +145,7 @@ class FaultInjector:
         self._keep_set = False  # slot-invalidation lowered the keep size: restore() resets it
         self._last_retained: dict[str, int] = {}
         self.down: list[str] = []  # services this fault stopped and has not started again
+        self.sampling = True  # the WAL and backlog samplers run until finish() turns this off
         self.extra_ids: list[int] = []  # big-transaction: the ids of its rows, once committed
         self._supervising = False  # a restart replaces consumers that exit (see _supervise)
         self.over_mono = 0.0  # when the injection ended (resumed, replaced, reconnected)
@@ -257,10 +259,27 @@ class FaultInjector:
                 if not (inject.cancelled() and self.guard is not None):
                     raise  # not the retention guard's doing: someone cancels the run
         self.check()
-        for task in self._tasks[1:]:
+        await self._stop_samplers()
+
+    async def _stop_samplers(self) -> None:
+        """End the sampling tasks: a flag their loops check, then a cancel, and a bounded wait.
+        Cancelling alone is not enough: ``asyncio.wait_for`` on Python 3.11 can swallow a cancel
+        that arrives as its inner await completes, and a sampler that swallowed one samples on
+        (a CI run waited 10 min on a RabbitMQ backlog sampler). Whatever is still running after
+        :data:`SAMPLER_STOP_S` is cancelled once more and left behind, with a warning."""
+        self.sampling = False
+        tasks = [t for t in self._tasks[1:] if not t.done()]
+        for task in tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=SAMPLER_STOP_S)
+        for task in pending:
+            log.warning("fault: sampler %s did not stop within %.0f s; left cancelled", task.get_name(), SAMPLER_STOP_S)
+            task.cancel()
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a sampler's own error was logged by it
 
     def _settle_s(self) -> float:
         """How long an injection may still take once the drain is over."""
@@ -660,10 +679,10 @@ class FaultInjector:
     # the source during the fault ---------------------------------------------------------------
     async def watch_wal(self) -> None:
         """Sample every logical slot each second into :attr:`wal` until cancelled."""
-        while True:
+        while self.sampling:
             try:
                 async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
-                    while True:
+                    while self.sampling:
                         t = round(time.monotonic() - self._t0, 3)
                         rows = await (await conn.execute(SLOT_SQL)).fetchall()
                         for name, retained, unconfirmed, status, safe, holder, spill_txns, spill in rows:
@@ -686,7 +705,7 @@ class FaultInjector:
         raises (the drain loop would fail the run on it)."""
         reader = self._backlog_reader
         try:
-            while True:
+            while self.sampling:
                 for sample in await reader.read():
                     t_s = round(sample.pop("t") - self._t0, 3)
                     if t_s < 0:  # read before the gate (the child started earlier)
