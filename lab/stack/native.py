@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import signal
 
 import psutil
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children
+from lab.stack import children, proc
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka import KafkaCluster, KafkaService
@@ -201,14 +202,15 @@ class NativeStack:
             nodes = [n.name for c in (self.kafka, self.rabbitmq) for n in getattr(c, "nodes", [])]
             raise StackError(f"{name!r} is not a broker node of this stack (nodes: {', '.join(nodes) or 'none'}: "
                              "broker nodes exist under the ha topology)")
-        # the node's own tree only: node 1's epmd (its second root) serves the other two nodes
-        # here, where on three hosts each would have its own
-        procs = [p for root in self.service(name).processes()[:1] for p in [root, *_children(root)]]
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        psutil.wait_procs(procs, timeout=10)
-        return [p.pid for p in procs]
+        # the node's own recorded tree only (proc.terminate with SIGKILL, which counts a zombie
+        # as gone): node 1's epmd, in a directory of its own, serves the other two nodes here,
+        # where on three hosts each would have its own
+        node = self.service(name)
+        state_dir = node.state_dir if isinstance(node, KafkaService) else node.dir  # type: ignore[attr-defined]
+        root = proc.running(state_dir)
+        pids = [] if root is None else [root.pid, *(c.pid for c in _children(root))]
+        proc.terminate(state_dir, timeout=0, sig=signal.SIGKILL)
+        return pids
 
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()
