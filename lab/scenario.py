@@ -32,7 +32,11 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
   SIGKILL broker node NODE (1..3, default 1: RabbitMQ's quorum leader, where every client
   connects; a Kafka node leading about a third of the partitions) and start it again after D
   (default 0); the other two keep a majority;
-* ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows.
+* ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows;
+* ``postgres-failover[=MODE]@T`` (the ``ha`` topology only, issue 15): stop the primary and
+  promote the standby; MODE ``immediate`` (the default: a crash, what the asynchronous standby
+  had not received is gone) or ``fast`` (a fast shutdown streams every commit first: a planned
+  switchover). Clients reconnect to the new primary, Debezium is restarted pointed at it.
 
 A fault run needs ``producer="web"`` and one process per consumer: ``consumer_layout="auto"`` (the
 default) gives it that, ``tasks`` is refused.
@@ -72,7 +76,8 @@ CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
                "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
-               "big-transaction", "broker-node-kill")
+               "big-transaction", "broker-node-kill", "postgres-failover")
+FAILOVER_MODES = ("immediate", "fast")  # postgres-failover=MODE: how the primary stops
 BROKER_NODES = 3  # the ha topology's nodes per broker (lab.settings.Settings.kafka_nodes)
 _TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION
 _MAY_LAST = ("broker-restart", "postgres-restart", "broker-node-kill")  # +DURATION optional (outage before the start)
@@ -99,6 +104,7 @@ class Fault:
     extra_s: float = 0.0  # consumer-slow: added to every message's work
     keep_mb: int = 0  # slot-invalidation: max_slot_wal_keep_size for the run, in MB
     rows: int = 0  # big-transaction: rows of the one transaction
+    mode: str = ""  # postgres-failover: how the primary stops (FAILOVER_MODES)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,9 +136,16 @@ def parse_fault(spec: str) -> Fault:
         raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
     if kind not in _TIMED + _MAY_LAST and m["duration"] is not None:
         raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
-    if m["amount"] is not None and kind not in ("consumer-slow", "slot-invalidation", "big-transaction"):
+    if m["amount"] is not None and kind not in ("consumer-slow", "slot-invalidation", "big-transaction",
+                                                "postgres-failover"):
         raise ValueError(f"fault {spec!r}: only consumer-slow (=X, its extra time per message), "
-                         "slot-invalidation (=KEEP, the keep size) and big-transaction (=ROWS) take =")
+                         "slot-invalidation (=KEEP, the keep size), big-transaction (=ROWS) and "
+                         "postgres-failover (=MODE) take =")
+    if kind == "postgres-failover":
+        mode = (m["amount"] or FAILOVER_MODES[0]).strip()
+        if mode not in FAILOVER_MODES:
+            raise ValueError(f"fault {spec!r}: postgres-failover=MODE takes {' or '.join(FAILOVER_MODES)}")
+        return Fault(kind, target, start, duration, mode=mode)
     if kind == "big-transaction":
         rows = BIG_TRANSACTION_ROWS
         if m["amount"] is not None:

@@ -187,7 +187,22 @@ class Settings:
 
     @property
     def pg_dsn(self) -> str:
-        """libpq DSN without a password (it is read from :attr:`pg_passfile`)."""
+        """libpq DSN without a password (it is read from :attr:`pg_passfile`): what every client
+        uses. Under ``ha`` it lists the primary and the standby with ``target_session_attrs=
+        read-write`` (libpq's multi-host failover), so that after the standby's promotion
+        (``postgres-failover``) a new connection finds the new primary; the stack's own
+        administration of one server uses :attr:`pg_primary_dsn` or that server's port."""
+        if not self.ha:
+            return self.pg_primary_dsn
+        host = self.service_host
+        return (
+            f"host={host},{host} port={self.pg_port},{self.pg_standby_port} dbname={self.pg_database} "
+            f"user={self.pg_user} passfile={self.pg_passfile} target_session_attrs=read-write"
+        )
+
+    @property
+    def pg_primary_dsn(self) -> str:
+        """libpq DSN of the stack's primary PostgreSQL alone (``LAB_PG_PORT``), no password."""
         return (
             f"host={self.service_host} port={self.pg_port} dbname={self.pg_database} "
             f"user={self.pg_user} passfile={self.pg_passfile}"

@@ -21,6 +21,10 @@
 * ``broker-node-kill`` (``ha`` only, issue 15): SIGKILL one node of the three-node broker, wait
   DURATION, start it again through its cluster and wait until all three serve together; the
   same supervision as a restart. Its resume figure is the longest stop of delivery after the kill.
+* ``postgres-failover`` (``ha`` only, issue 15): wait until every failover slot is synced on the
+  standby, stop the primary (immediate or fast), promote the standby, move Debezium to it; the
+  same supervision as a restart. After the run's cleanup the lab fails back (the promoted
+  standby stops, the primary starts, the standby is rebuilt from it).
 
 A service that a fault stopped and did not start again (the run failed or was cancelled meanwhile)
 is started by :meth:`FaultInjector.restore`; a restarted service's processes are moved into
@@ -120,6 +124,7 @@ INVALIDATE_TIMEOUT_S = 120.0  # switches, the other slots catching up, the check
 READER_EXIT_S = 120.0  # a continued reader finds its slot lost and exits within this (47 s seen under load)
 GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
 SAMPLER_STOP_S = 10.0  # finish() waits this long for the samplers to end
+SYNC_WAIT_S = 60.0  # postgres-failover: the failover slots' synced copies on the standby, within this
 
 
 def check_topology(scenario: Any, settings: Any) -> None:
@@ -128,6 +133,9 @@ def check_topology(scenario: Any, settings: Any) -> None:
     if f is not None and f.kind == "broker-node-kill" and not settings.ha:
         raise ValueError(f"fault {scenario.fault}: broker-node-kill needs the ha topology (--topology ha): "
                          "a single broker has no other node to fail over to (broker-restart restarts it)")
+    if f is not None and f.kind == "postgres-failover" and not settings.ha:
+        raise ValueError(f"fault {scenario.fault}: postgres-failover needs the ha topology (--topology ha): "
+                         "the single topology has no standby to promote (postgres-restart restarts it)")
 
 
 class FaultInjector:
@@ -148,6 +156,8 @@ class FaultInjector:
         self.sampling = True  # the WAL and backlog samplers run until finish() turns this off
         self.extra_ids: list[int] = []  # big-transaction: the ids of its rows, once committed
         self._supervising = False  # a restart replaces consumers that exit (see _supervise)
+        self._failing_over = False  # postgres-failover under way: the supervision waits
+        self.failed_over = False  # the standby was promoted: the cleanup fails back (fail_back)
         self.over_mono = 0.0  # when the injection ended (resumed, replaced, reconnected)
         self._t0 = 0.0
         self._t0_wall = 0.0
@@ -357,6 +367,8 @@ class FaultInjector:
             await self._big_transaction(f.rows)
         elif f.kind == "broker-node-kill":
             await self._kill_node(f"{self.run.pipeline.cdc_sink}-{f.target}", f.duration_s)
+        elif f.kind == "postgres-failover":
+            await self._failover(f.mode)
         else:  # pragma: no cover - Scenario validates the kind
             raise RunError(f"unknown fault kind {f.kind}")
         self.over_mono = time.monotonic()
@@ -602,7 +614,7 @@ class FaultInjector:
         replacing: dict[int, asyncio.Task[None]] = {}
         try:
             while True:
-                while self.down:  # a replacement could not connect before the service is back
+                while self.down or self._failing_over:  # a replacement could not connect yet
                     await asyncio.sleep(0.1)
                 if sink is not None and not run.stack.debezium[sink].processes():
                     self._event("debezium exited", sink=sink)
@@ -662,6 +674,86 @@ class FaultInjector:
         self._attach(name)
         self._event("node started", node=name, pid=[p.pid for p in self.run.stack.service(name).processes()[:1]])
 
+    async def _failover(self, mode: str) -> None:
+        """``postgres-failover`` (issue 15): once every failover slot has its synced copy on the
+        standby (a slot not synced yet would not survive: the wait is recorded), stop the
+        primary (``immediate``: a crash; ``fast``: a switchover) and promote the standby.
+        The direct readers, the consumers' claim connections, the web service's pool and this
+        runner find the new primary through the DSN's host list (a consumer that exits is
+        replaced, as after a restart); Debezium, which takes one host, is killed and started
+        again pointed at the new primary, from its synced slot and its offsets. The cleanup
+        fails back (:meth:`fail_back`)."""
+        stack = self.run.stack
+        standby = getattr(stack, "standby", None)
+        if standby is None:
+            raise RunError("postgres-failover needs the ha topology's standby")
+        waited, copies = await self._slots_synced(standby)
+        self._event("slots synced on the standby", waited_s=waited, slots=copies)
+        self._supervising = True
+        self._failing_over = True
+        self._tasks.append(asyncio.create_task(self._supervise(), name="fault-supervise"))
+        sink = self.run.pipeline.cdc_sink
+        try:
+            self._event("primary stopping", mode=mode)
+            times = await asyncio.to_thread(self._native("fail_over"), immediate=mode == "immediate")
+            self.failed_over = True
+            self._event("standby promoted", **times, slots=await asyncio.to_thread(standby.slots))
+            if sink is not None:  # its JVM retries the old primary's one address: move it
+                stack.move_debezium(sink, standby.port)
+                pid = await asyncio.to_thread(self._native("kill_debezium"), sink)
+                self._event("debezium stopped to move", sink=sink, pid=pid)
+                await self._start_debezium_again()
+                service = stack.debezium[sink]
+                self._event("debezium started on the new primary", sink=sink,
+                            pid=[p.pid for p in service.processes()], start_to_streaming_s=service.last_start_s)
+        finally:
+            self._failing_over = False
+        if sink is not None:
+            async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+                await self._held_again(conn, SLOT[sink], None, "Debezium was moved")
+
+    async def _slots_synced(self, standby: Any) -> tuple[float, list[dict[str, Any]]]:
+        """Wait until every failover slot of the primary has a synced, persistent copy on the
+        standby; the seconds waited and the copies.
+
+        A slot's first synced copy stays temporary until the primary's slot has moved past the
+        standby's own horizon (its ``catalog_xmin`` and ``restart_lsn``; the standby logs "could
+        not synchronize replication slot ... could lead to data loss" meanwhile), and a logical
+        slot only moves at a running-transactions record, which the primary's background writer
+        logs every 15 s, and only while WAL is written. A run's slots are seconds old at the
+        fault, so the lab writes such a record once a second while it waits
+        (``pg_log_standby_snapshot()``, as for slot-invalidation); a long-lived slot in
+        production has long passed that point."""
+        t0 = time.monotonic()
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_primary_dsn, autocommit=True) as conn:
+            cur = await conn.execute("SELECT slot_name FROM pg_replication_slots WHERE failover ORDER BY 1")
+            wanted = {r[0] for r in await cur.fetchall()}
+            nudged = 0.0
+            while True:
+                copies = [c for c in await asyncio.to_thread(standby.slots) if c["slot"] in wanted]
+                if {c["slot"] for c in copies if c["synced"] and not c["temporary"]} == wanted:
+                    return round(time.monotonic() - t0, 3), copies
+                if time.monotonic() - t0 > SYNC_WAIT_S:
+                    raise RunError(f"failover slots not synchronised to the standby within {SYNC_WAIT_S:.0f} s "
+                                   f"(a promotion now would lose them): {copies}; a new slot needs a few "
+                                   "seconds of traffic first (Debezium confirms only the positions of the "
+                                   "changes it streamed): inject the fault later, e.g. @20s")
+                if time.monotonic() - nudged >= 1.0:
+                    await conn.execute("SELECT pg_log_standby_snapshot()")
+                    nudged = time.monotonic()
+                await asyncio.sleep(0.2)
+
+    async def fail_back(self) -> None:
+        """After the run's cleanup: undo a failover (:meth:`lab.stack.native.NativeStack.fail_back`:
+        the promoted standby stops, the primary starts, the standby is rebuilt); never raises."""
+        if not self.failed_over:
+            return
+        try:
+            await asyncio.to_thread(self.run.stack.fail_back)
+            self.failed_over = False
+        except Exception as exc:  # the next `lab stack up` tries again (NativeStack.up)
+            log.error("could not fail back after postgres-failover: %s: %s", type(exc).__name__, exc)
+
     async def _big_transaction(self, rows: int) -> None:
         """``rows`` executions of the web service's INSERT in one transaction (pipelined)."""
         async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn) as conn:
@@ -694,7 +786,7 @@ class FaultInjector:
                             await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
                         await asyncio.sleep(WAL_SAMPLE_S)
             except psycopg.Error as exc:  # informative: never fails the run
-                if self.fault.kind != "postgres-restart":
+                if self.fault.kind not in ("postgres-restart", "postgres-failover"):
                     log.warning("WAL sampling stopped: %s", exc)
                     return
                 await asyncio.sleep(WAL_SAMPLE_S)  # sample again once PostgreSQL is back

@@ -285,6 +285,9 @@ class RunPhases:
         if f.kind == "broker-node-kill":  # the other nodes go on: how long did delivery stop?
             killed = at.get("node killed")
             return None if killed is None else longest_stall_after(arrivals["t"], killed)
+        if f.kind == "postgres-failover":  # from the primary's stop to the first work call after it
+            stopping = at.get("primary stopping")
+            return None if stopping is None else longest_stall_after(arrivals["t"], stopping)
         anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal", "broker-restart": "service started",
                          "postgres-restart": "service started"}.get(f.kind, "resume"))
         if anchor is None:

@@ -189,3 +189,5 @@ class RunProcesses:
             await asyncio.to_thread(drop_slots, self.settings.pg_dsn, "load_test_slot")
         if self._http is not None:
             await self._http.close()
+        if self.injector is not None:  # last: nothing of the run may still use the promoted standby
+            await self.injector.fail_back()

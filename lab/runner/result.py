@@ -52,7 +52,7 @@ class RunResult:
             )
         else:  # at-least-once: duplicates allowed and counted, nothing lost (lab.runner.accounting)
             extra = len(self.injector.extra_ids)  # big-transaction's rows
-            if self.injector.fault.kind == "postgres-restart":
+            if self.injector.fault.kind in ("postgres-restart", "postgres-failover"):
                 # an INSERT refused while PostgreSQL was down is a message never sent (counted, the
                 # sender does not retry), not a lost one; one whose commit raced the shutdown may
                 # have a row without a 2xx: a message too (rows_without_reply), and must be worked
@@ -60,7 +60,9 @@ class RunResult:
                 rows_ok = acc is not None and counters["sent"] + extra <= acc["messages"] <= m + extra
                 if acc is not None:
                     acc["not_sent"] = counters["send_failed"]
-                    acc["rows_without_reply"] = acc["messages"] - extra - counters["sent"]
+                    acc["rows_without_reply"] = max(0, acc["messages"] - extra - counters["sent"])
+                    # a failover's crash: acknowledged inserts the promoted standby never received
+                    acc["acknowledged_absent"] = max(0, counters["sent"] + extra - acc["messages"])
             else:
                 sends_ok = counters["send_failed"] == 0 and counters["sent"] == m
                 rows_ok = acc is not None and acc["messages"] == m + extra
@@ -71,7 +73,8 @@ class RunResult:
             if error is None and not success:
                 error = "fault accounting: " + (", ".join(
                     f"{k}={acc.get(k)}" for k in ("messages", "lost", "foreign", "extra_calls", "adds_up",
-                                                  "lost_claimed_by")
+                                                  "lost_claimed_by", "acknowledged_absent")
+                    if k in acc
                 ) if acc else "not measured") + f", sent={counters['sent']}, send_failed={counters['send_failed']}"
                 if acc and set(acc.get("lost_claimed_by") or ()) - {"(unclaimed)"} and s.claim == "owner":
                     error += ("; the reference's claim binds a row to a consumer name: with --claim takeover "

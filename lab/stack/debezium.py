@@ -121,16 +121,18 @@ COMPOSE_ENDPOINTS = {"pg_host": "postgres", "pg_port": 5432, "kafka_bootstrap": 
                      "amqp_host": "rabbitmq", "amqp_port": 5672, "http_port": 8080}
 
 
-def render_properties(settings: Settings, sink: str, *, compose: bool = False, durable: bool = False) -> str:
+def render_properties(settings: Settings, sink: str, *, compose: bool = False, durable: bool = False,
+                      pg_port: int | None = None) -> str:
     """``application.properties`` for ``sink``: method.md §1.5 with this stack's endpoints.
 
     ``compose=True`` renders the file docker-compose.yml mounts (container-network endpoints);
-    ``durable=True`` overrides the keys of :data:`DURABLE` (fault runs only).
+    ``durable=True`` overrides the keys of :data:`DURABLE` (fault runs only); ``pg_port``: another
+    PostgreSQL than the primary (the promoted standby after ``postgres-failover``).
     """
     s = settings
     values: dict[str, object] = {
         "http_port": http_port(s, sink),
-        "pg_host": s.host, "pg_port": s.pg_port, "pg_user": s.pg_user,
+        "pg_host": s.host, "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
         "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
         # ha (issue 15): the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
@@ -177,6 +179,7 @@ class DebeziumService:
         self.state_dir = settings.stack_dir / f"debezium-{sink}"
         self.log_path = self.state_dir / "debezium.log"
         self.last_start_s: float | None = None
+        self.pg_port: int | None = None  # None: the primary's; the promoted standby's after a failover
 
     def provision(self) -> None:
         """Unpack the distribution into the cache (idempotent); starts nothing."""
@@ -201,7 +204,7 @@ class DebeziumService:
         if not resume:
             (self.state_dir / OFFSETS_FILE).unlink(missing_ok=True)
         write_private(config / "application.properties",
-                      render_properties(self.settings, self.sink, durable=durable))
+                      render_properties(self.settings, self.sink, durable=durable, pg_port=self.pg_port))
         jhome = java_home(self.settings)
         runner = next(home.glob("debezium-server-*runner.jar"))
         classpath = ":".join([str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")])

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import shutil
 import signal
+import time
 
 import psutil
 
@@ -88,6 +89,8 @@ class NativeStack:
             now = "single" if self.settings.ha else "ha"
             raise StackError(f"this stack runs topology {now} ({', '.join(other)}); stop it first "
                              f"(`lab stack down --topology {now}`)")
+        if self.standby is not None and self.standby.promoted():  # a failover never undone
+            self.fail_back()
         started: list[NativeService] = []
         try:
             for service in self.services:
@@ -137,7 +140,7 @@ class NativeStack:
         if not self.postgres.processes():
             return
         try:
-            dropped = slots.drop_slots(self.settings.pg_dsn, "")
+            dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
         except Exception as exc:
             errors.append(f"replication slots: {exc}")
         else:
@@ -211,6 +214,44 @@ class NativeStack:
         pids = [] if root is None else [root.pid, *(c.pid for c in _children(root))]
         proc.terminate(state_dir, timeout=0, sig=signal.SIGKILL)
         return pids
+
+    def fail_over(self, *, immediate: bool = False) -> dict[str, float]:
+        """``postgres-failover`` (issue 15, ``ha`` only): stop the primary (a fast shutdown, which
+        first streams every committed change to the standby; ``immediate``: a crash, what was not
+        streamed yet is gone), then promote the standby. Clients find it through
+        :attr:`Settings.pg_dsn`'s host list; Debezium, which takes one host, is moved by the
+        caller (:meth:`move_debezium`). Returns the seconds of the stop and of the promotion."""
+        if self.standby is None:
+            raise StackError("postgres-failover needs the ha topology (a standby to promote)")
+        t0 = time.monotonic()
+        self.postgres.stop(immediate=immediate)
+        stopped = round(time.monotonic() - t0, 3)
+        return {"stop_s": stopped, "promote_s": self.standby.promote()}
+
+    def move_debezium(self, sink: str, port: int | None) -> None:
+        """Point one Debezium instance at another PostgreSQL port (the promoted standby's, or
+        None: the primary's again) for its next start. Debezium's connector takes a single
+        host and port: after a failover it is restarted pointed at the new primary, as its
+        documentation prescribes."""
+        self.debezium[check_sink(sink)].pg_port = port
+
+    def fail_back(self) -> None:
+        """Undo a failover: stop the promoted standby, start the primary again (its data up to
+        the failover; a later run truncates what it needs), drop every slot it still has (the
+        failed-over run's, stale now) and rebuild the standby from it. Debezium points at the
+        primary again."""
+        assert self.standby is not None
+        log.info("failing back: the promoted standby stops, the primary starts, the standby is rebuilt")
+        for debezium in self.debezium.values():
+            debezium.stop()
+            debezium.pg_port = None
+        self.standby.stop()
+        self.postgres.start()
+        dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
+        if dropped:
+            log.info("dropped the failed-over run's slots on the primary: %s", ", ".join(dropped))
+        configure_primary(self.settings)
+        self.standby.start()
 
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()

@@ -239,10 +239,13 @@ class PostgresService:
             proc.terminate(self.state_dir, timeout=STOP_TIMEOUT, sig=signal.SIGINT)
             raise
 
-    def stop(self, *, purge: bool = False) -> None:
-        """Fast shutdown (SIGINT) of our postmaster; ``purge`` also deletes the data."""
-        if proc.terminate(self.state_dir, timeout=STOP_TIMEOUT, sig=signal.SIGINT):
-            log.info("PostgreSQL stopped")
+    def stop(self, *, purge: bool = False, immediate: bool = False) -> None:
+        """Fast shutdown (SIGINT) of our postmaster; ``immediate``: an immediate shutdown
+        (SIGQUIT: every process exits at once, no checkpoint, crash recovery at the next start;
+        what a crash leaves behind); ``purge`` also deletes the data."""
+        sig = signal.SIGQUIT if immediate else signal.SIGINT
+        if proc.terminate(self.state_dir, timeout=STOP_TIMEOUT, sig=sig):
+            log.info("PostgreSQL stopped%s", " (immediate)" if immediate else "")
         if purge and self.state_dir.exists():
             pid = self._foreign_pid()
             if pid is not None:
@@ -402,7 +405,7 @@ class PostgresService:
 
     def _dsn(self, dbname: str | None = None) -> str:
         return make_conninfo(
-            self.settings.pg_dsn, dbname=dbname or self.settings.pg_database,
+            self.settings.pg_primary_dsn, dbname=dbname or self.settings.pg_database,
             connect_timeout=5, application_name="fanout-lab stack",
         )
 

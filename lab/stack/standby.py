@@ -49,7 +49,9 @@ STANDBY_SLOT = "lab_standby"
 APPLICATION_NAME = "lab_standby"
 BASEBACKUP_TIMEOUT = 300.0
 STREAMING_TIMEOUT = 120.0
-_SYNCED = "SELECT slot_name, synced, failover, temporary FROM pg_replication_slots ORDER BY slot_name"
+PROMOTE_TIMEOUT = 60.0
+_SYNCED = ("SELECT slot_name, synced, failover, temporary, confirmed_flush_lsn::text FROM pg_replication_slots "
+           "ORDER BY slot_name")
 
 
 def standby_flags(settings: Settings, passfile: Path) -> dict[str, str]:
@@ -72,7 +74,7 @@ def configure_primary(settings: Settings) -> None:
     """The primary's side of the topology: under ``ha`` the standby's physical slot and
     ``synchronized_standby_slots``; under ``single`` neither (a failover slot would otherwise wait
     for a standby that is not there). Applied with a reload, no restart."""
-    with psycopg.connect(settings.pg_dsn, autocommit=True, connect_timeout=5) as conn:
+    with psycopg.connect(settings.pg_primary_dsn, autocommit=True, connect_timeout=5) as conn:
         current = conn.execute("SELECT current_setting('synchronized_standby_slots')").fetchone()
         if settings.ha:
             exists = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
@@ -111,13 +113,18 @@ class PostgresStandby(PostgresService):
         return f"{self.settings.host}:{self.port}"
 
     def _dsn(self, dbname: str | None = None) -> str:
-        return make_conninfo(self.settings.pg_dsn, port=self.port, dbname=dbname or self.settings.pg_database,
+        return make_conninfo(self.settings.pg_primary_dsn, port=self.port, dbname=dbname or self.settings.pg_database,
                              connect_timeout=5, application_name="fanout-lab stack")
 
     def start(self) -> None:
-        """Copy the primary, start the standby, return once it streams from its slot."""
+        """Copy the primary, start the standby, return once it streams from its slot. A running
+        standby that was promoted (a ``postgres-failover`` run that never failed back) is stopped
+        and rebuilt: it is no standby any more."""
         if proc.running(self.state_dir) is not None:
-            return
+            if not self.promoted():
+                return
+            log.warning("the PostgreSQL standby runs promoted (a failover was not undone): rebuilding it")
+            self.stop()
         t0 = time.monotonic()
         proc.require_free(self.port, "the PostgreSQL standby", "LAB_PG_PORT + 1")
         self._check_lock()
@@ -176,16 +183,41 @@ class PostgresStandby(PostgresService):
             return True
 
     def _streaming(self) -> bool:
-        with psycopg.connect(self.settings.pg_dsn, autocommit=True, connect_timeout=2) as conn:
+        with psycopg.connect(self.settings.pg_primary_dsn, autocommit=True, connect_timeout=2) as conn:
             row = conn.execute("SELECT 1 FROM pg_stat_replication WHERE application_name = %s "
                                "AND state = 'streaming'", (APPLICATION_NAME,)).fetchone()
         return row is not None
 
+    def promoted(self) -> bool:
+        """Whether the running standby left recovery (``pg_promote``); False when it is not
+        running or does not answer."""
+        if proc.running(self.state_dir) is None:
+            return False
+        try:
+            with psycopg.connect(self._dsn(), autocommit=True, connect_timeout=3) as conn:
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and not row[0]
+
+    def promote(self, timeout: float = PROMOTE_TIMEOUT) -> float:
+        """``pg_promote``: end recovery, become a primary on a new timeline; returns the seconds
+        it took. Its synced failover slots are the readers' and Debezium's from then on."""
+        t0 = time.monotonic()
+        with psycopg.connect(self._dsn(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_promote(true, %s)", (int(timeout),)).fetchone()
+        if row is None or not row[0]:
+            raise StackError(f"the PostgreSQL standby did not finish its promotion within {timeout:.0f} s; "
+                             f"last log lines: {proc.tail(self.log_path)}")
+        return round(time.monotonic() - t0, 3)
+
     def slots(self) -> list[dict[str, object]]:
-        """The standby's replication slots (``synced``: copied from the primary by slot sync)."""
+        """The standby's replication slots (``synced``: copied from the primary by slot sync;
+        ``confirmed_flush``: the position a reader resumes from after a promotion)."""
         with psycopg.connect(self._dsn(), autocommit=True) as conn:
             rows = conn.execute(_SYNCED).fetchall()
-        return [{"slot": r[0], "synced": r[1], "failover": r[2], "temporary": r[3]} for r in rows]
+        return [{"slot": r[0], "synced": r[1], "failover": r[2], "temporary": r[3], "confirmed_flush": r[4]}
+                for r in rows]
 
     def status(self) -> ServiceStatus:
         postmaster = proc.running(self.state_dir)

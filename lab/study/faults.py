@@ -41,7 +41,7 @@ LABEL = "faults"  # every cell's Scenario.label
 KIND_ORDER = ("consumer-dead", "consumer-kill", "sink-outage", "walsender-kill", "consumer-slow",
               "debezium-kill", "broker-restart", "postgres-restart", "slot-invalidation", "big-transaction")
 # kinds of the ha topology only (issue 15's failover), run on their own, not in the single matrix
-HA_KINDS = ("broker-node-kill",)
+HA_KINDS = ("broker-node-kill", "postgres-failover")
 TARGET = 1  # the consumer a targeted fault hits (consumer 0 stays healthy)
 GROWTH = 2.0  # a backlog "lives" where its peak after the fault's start exceeds GROWTH x its pre-fault peak
 SOURCE_FLOOR = 64 * 1024  # ... and this many bytes of unconfirmed WAL
