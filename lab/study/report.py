@@ -189,6 +189,8 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     if settings.topology == "ha":  # issue 15: the same study under single, stored beside it
         execute_notebook("topology", out / "topology.ipynb", {
             "ha_series_id": series_id, "single_series_id": single_series_id, "report_dir": str(out),
+            "ha_latency_series_id": ids["latency"],
+            "single_latency_series_id": report_series(single_series_id, profile)["latency"] if single_series_id else "",
         }, settings=settings, echo=echo)
         pages.append("topology")
     page = combine([out / f"{n}.ipynb" for n in pages], out / "report.ipynb")

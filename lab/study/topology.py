@@ -197,6 +197,38 @@ def crossover_table(df: pd.DataFrame, *, upto: int = 8, n_boot: int = 2000, seed
     return out[["topology", *[c for c in out.columns if c != "topology"]]]
 
 
+LATENCY = ("p50", "p99")  # the percentiles :func:`latency_table` compares
+
+
+def latency_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Latency at a fixed rate (issue 15): pipeline x N x percentile (:data:`LATENCY`, ms from an
+    outbox row's ``created_at`` to its work call, ``latency_ms``) under ``single`` and ``ha``, each
+    the median over the cell's runs with its interval, and ha ÷ single with its bound. Only
+    open-loop runs without a fault count, and a cell pairs runs of the same rate (``rate``
+    column); empty unless both topologies have such runs."""
+    if df.empty or "rate" not in df:
+        return pd.DataFrame(columns=["rate", "percentile", *_PAIR])
+    rate = pd.to_numeric(df["rate"], errors="coerce")
+    clean = df["fault"].fillna("").astype(str) == "" if "fault" in df else pd.Series(True, index=df.index)
+    runs = df[(rate > 0) & clean]
+    rows = []
+    for r, same in runs.groupby(pd.to_numeric(runs["rate"], errors="coerce"), sort=True):
+        sides = split(same)
+        for q in LATENCY:
+            col = f"latency_ms.{q}"
+            if col not in same:
+                continue
+
+            def values(x: pd.DataFrame, col: str = col) -> np.ndarray:
+                return pd.to_numeric(x[col], errors="coerce").to_numpy(float)
+
+            rows += [dict(rate=float(r), percentile=q, **row) for row in _pair_rows(sides, values)]
+    out = _ordered(rows, ["rate", "percentile", *_PAIR])
+    if out.empty:
+        return out
+    return out.sort_values(["rate", "percentile"], kind="stable").reset_index(drop=True)
+
+
 def quietness(df: pd.DataFrame) -> pd.DataFrame:
     """Per topology: runs, when, and the median ``unattributed`` ms per message (host CPU no
     participant accounts for) with the median steal: how quiet each block of the comparison was."""

@@ -272,9 +272,23 @@ def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Pat
                            "success": True, "cpu_s": cpu, "cpu_ms_per_msg": sum(cpu.values()),
                            "series_id": f"t-{topo}"}, settings=settings)
                 i += 1
-    params = {"ha_series_id": "t-ha", "single_series_id": "t-single", "report_dir": str(tmp_path)}
+    for topo, p99 in (("single", 100.0), ("ha", 250.0)):  # the fixed-rate series beside them
+        for j in range(3):
+            cpu = {"postgres": 1.0, "debezium": 1.0, "consumers": 1.0, "web": 0.5, "senders": 0.5}
+            write_run({"run_id": f"r{i}", "started_at": f"2026-12-01T00:01:{i:02d}", "topology": topo,
+                       "scenario": {"pipeline": "kafka", "consumers": 2, "messages": 1000, "senders": 200,
+                                    "rate": 500.0},
+                       "success": True, "cpu_s": cpu, "cpu_ms_per_msg": sum(cpu.values()),
+                       "latency_ms": {"p50": p99 / 4, "p99": p99 + j}, "series_id": f"t-{topo}-rate500"},
+                      settings=settings)
+            i += 1
+    params = {"ha_series_id": "t-ha", "single_series_id": "t-single", "report_dir": str(tmp_path),
+              "ha_latency_series_id": "t-ha-rate500", "single_latency_series_id": "t-single-rate500"}
     text = _outputs(execute_notebook("topology", tmp_path / "topology.ipynb", params, settings=settings))
     assert "single: 9 measured runs of series t-single" in text and "ha: 9 measured runs" in text
+    latency = pd.read_csv(tmp_path / "topology_latency.csv")
+    p99 = latency[latency["percentile"] == "p99"].iloc[0]
+    assert (p99["rate"], p99["consumers"], p99["single"], p99["ha"]) == (500.0, 2, 101.0, 251.0)
     mult = pd.read_csv(tmp_path / "topology_multiplier.csv")
     assert mult["broker_x"].tolist() == pytest.approx([3.0] * 4) and mult["x3"].tolist() == pytest.approx([1.0] * 4)
     parts = pd.read_csv(tmp_path / "topology_participants.csv")

@@ -121,3 +121,29 @@ def test_a_broker_node_kill_under_single_is_refused_before_the_stack_starts(tmp_
     with pytest.raises(ValueError, match="broker-node-kill needs the ha topology"):
         asyncio.run(run_scenario(scenario, settings))
     assert not (tmp_path / "stack").exists()
+
+
+def test_a_postgres_failover_crashes_the_primary_unless_told_fast() -> None:
+    """issue 15's PostgreSQL failover: ``immediate`` (a crash) by default, ``=fast`` a switchover;
+    no target, no duration, no other mode, on any pipeline."""
+    assert parse_fault("postgres-failover@5s") == Fault("postgres-failover", None, 5.0, 0.0, mode="immediate")
+    assert parse_fault("postgres-failover=fast@20s").mode == "fast"
+    for pipeline in ("wal", "wal-sharded", "kafka", "rabbitmq"):
+        assert Scenario(pipeline=pipeline, consumers=2, fault="postgres-failover@5s").parsed_fault.mode == "immediate"
+    with pytest.raises(ValueError, match="postgres-failover=MODE takes immediate or fast"):
+        parse_fault("postgres-failover=smart@5s")
+    with pytest.raises(ValueError, match="is instantaneous and takes no"):
+        parse_fault("postgres-failover@5s+3s")
+    with pytest.raises(ValueError, match="takes no :TARGET"):
+        parse_fault("postgres-failover:1@5s")
+
+
+def test_a_postgres_failover_under_single_is_refused_before_the_stack_starts(tmp_path: Path) -> None:
+    from lab.runner import run_scenario
+    from lab.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", stack_dir=tmp_path / "stack")
+    scenario = Scenario(pipeline="wal", consumers=2, messages=10, rate=10, fault="postgres-failover=fast@1s")
+    with pytest.raises(ValueError, match="postgres-failover needs the ha topology"):
+        asyncio.run(run_scenario(scenario, settings))
+    assert not (tmp_path / "stack").exists()

@@ -57,3 +57,24 @@ def test_connect_env_prints_no_secret(tmp_path: Path) -> None:
     assert env["PGPASSFILE"] == str(s.pg_passfile) and env["AMQP_URL"].startswith("amqp://lab@")
     url_file = Path(env["AMQP_URL_FILE"])
     assert _mode(url_file) == 0o600 and url_file.read_text().strip() == s.amqp_url
+
+
+def test_ha_clients_list_the_standby_and_ask_for_a_primary(tmp_path: Path) -> None:
+    """Under ha every client's DSN names the primary and the standby, and libpq keeps only a
+    read-write server (so after a promotion a new connection finds the new primary); the stack's
+    own DSN of the primary, and the single topology's, name one server."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    single = Settings(stack_dir=tmp_path, pg_port=31234)
+    ha = single.replace(topology="ha")
+    parsed = conninfo_to_dict(ha.pg_dsn)  # libpq's own parser
+    assert parsed["host"] == "127.0.0.1,127.0.0.1" and parsed["port"] == "31234,31235"
+    assert parsed["target_session_attrs"] == "read-write"
+    assert single.pg_dsn == single.pg_primary_dsn == ha.pg_primary_dsn
+    assert conninfo_to_dict(ha.pg_primary_dsn)["port"] == "31234"
+    assert "target_session_attrs" not in conninfo_to_dict(single.pg_dsn)
+    assert s_secret_free(ha)
+
+
+def s_secret_free(s: Settings) -> bool:
+    return "password" not in s.pg_dsn and s.secret("pg") not in s.pg_dsn

@@ -34,3 +34,16 @@ def test_durable_changes_only_its_keys(sink: str, monkeypatch: pytest.MonkeyPatc
 def test_with_overrides_replaces_in_place_and_appends() -> None:
     text = "# a=comment\na=1\nb=2\n"
     assert with_overrides(text, {"a": "9", "c": "3"}) == "# a=comment\na=9\nb=2\nc=3\n"
+
+
+@pytest.mark.parametrize("sink", ["kafka", "rabbitmq"])
+def test_a_moved_debezium_changes_only_its_port(sink: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After postgres-failover Debezium is restarted pointed at the promoted standby: the
+    database port is the only key that changes."""
+    settings = Settings.from_env()
+    monkeypatch.setattr(Settings, "secret", lambda self, name: "pw")
+    clean = _props(render_properties(settings, sink, durable=True))
+    moved = _props(render_properties(settings, sink, durable=True, pg_port=settings.pg_standby_port))
+    assert clean["debezium.source.database.port"] == str(settings.pg_port)
+    assert moved["debezium.source.database.port"] == str(settings.pg_port + 1)
+    assert {k for k in clean if clean[k] != moved[k]} == {"debezium.source.database.port"}

@@ -131,3 +131,35 @@ def test_quietness_per_block(both: pd.DataFrame) -> None:
     assert q.loc["ha", "unattributed_ms_per_msg"] == pytest.approx(0.3)
     assert q.loc["ha", "steal_pct"] == 4.0 and q.loc["single", "runs"] == 18
     assert np.isfinite(q["unattributed_ms_per_msg"]).all()
+
+
+def test_latency_pairs_fixed_rate_clean_runs_of_the_same_rate(settings: Settings) -> None:
+    """Latency at a fixed rate under both topologies: only open-loop runs without a fault, a cell
+    per pipeline x N x percentile and rate, the medians' ratio inside its bound."""
+    runs, i = [], 0
+    for topo, p99 in (("single", (100.0, 120.0, 140.0)), ("ha", (200.0, 260.0, 300.0))):
+        for rate in (500.0, 200.0):
+            for v in p99:
+                run = _run(f"lat-{topo}-{rate}", i, "kafka", 2, topo, _cpu("kafka", 2, topo, 0.0))
+                run["scenario"]["rate"] = rate
+                run["latency_ms"] = {"p50": v / 2, "p99": v * (2 if rate == 200.0 else 1)}
+                runs.append(run)
+                i += 1
+        closed = _run(f"closed-{topo}", i, "kafka", 2, topo, _cpu("kafka", 2, topo, 0.0))  # rate 0: not latency
+        closed["latency_ms"] = {"p50": 1e6, "p99": 1e6}
+        faulty = _run(f"fault-{topo}", i + 1, "kafka", 2, topo, _cpu("kafka", 2, topo, 0.0))
+        faulty["scenario"] |= {"rate": 500.0, "fault": "consumer-dead:1@3s+2s"}
+        faulty["latency_ms"] = {"p50": 1e6, "p99": 1e6}
+        runs += [closed, faulty]
+        i += 2
+    table = topology.latency_table(_write(settings, runs))
+    assert sorted(zip(table["rate"], table["percentile"])) == [(200.0, "p50"), (200.0, "p99"), (500.0, "p50"),
+                                                               (500.0, "p99")]
+    p99 = table[(table["rate"] == 500.0) & (table["percentile"] == "p99")].iloc[0]
+    assert (p99["single"], p99["ha"]) == (120.0, 260.0)  # the fault and closed-loop runs were left out
+    assert p99["ratio"] == pytest.approx(260 / 120)
+    assert (p99["ratio_lo"], p99["ratio_hi"]) == (pytest.approx(200 / 140), pytest.approx(300 / 100))
+    assert table.loc[(table["rate"] == 200.0) & (table["percentile"] == "p99"), "single"].iloc[0] == 240.0
+    assert topology.latency_table(pd.DataFrame()).empty
+    stored = load_runs(settings=settings)
+    assert topology.latency_table(stored[topology.topology_of(stored) == "single"]).empty  # one side only
