@@ -51,7 +51,7 @@ def _injector(reader: Reader) -> FaultInjector:
 
 
 def test_backlog_samples_and_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lab.runner.faults.BACKLOG_SAMPLE_S", 0.01)
+    monkeypatch.setattr("lab.runner.fault_sampling.BACKLOG_SAMPLE_S", 0.01)
     t = time.monotonic()
     reader = Reader([[{"t": t + 1.0, "messages": 5}], [{"t": t + 2.0, "error": "broker down"}],
                      [{"t": t + 3.0, "messages": 9, "ready": 4, "unacked": 5}], RuntimeError("boom")])
@@ -65,7 +65,7 @@ def test_backlog_samples_and_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_backlog_sampling_is_cancelled_and_closes_its_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lab.runner.faults.BACKLOG_SAMPLE_S", 0.01)
+    monkeypatch.setattr("lab.runner.fault_sampling.BACKLOG_SAMPLE_S", 0.01)
     t = time.monotonic()
     reader = Reader([[{"t": t - 5.0, "messages": -1}]] + [[{"t": t + k, "messages": k}] for k in range(1000)])
     inj = _injector(reader)

@@ -1,0 +1,174 @@
+"""While the fault run drains, :meth:`FaultInjector.watch_wal` samples every logical slot once a
+second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
+(``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size``, whether a walsender holds it, and
+what its decoding spilled to disk (``spill_txns``, ``spill_bytes`` of ``pg_stat_replication_slots``).
+With a broker, :meth:`FaultInjector.watch_backlog` samples the broker's backlog once a second too
+(:mod:`lab.pipelines.backlog`: the Kafka group's lag, the quorum queue's ready + unacknowledged);
+a reading that fails while the broker restarts is a gap (``backlog_gaps``), never a failure.
+After the run, :meth:`FaultInjector.analysis` adds the per-consumer lag, the before / during /
+after phases (rate, CPU per message per participant, latency) and the recovery time
+(:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
+
+Retention guard (issue 14, Safety): each sample also checks every slot against
+``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
+2 GB). A slot whose retained WAL plus three times its growth over the last second reaches the
+limit trips it: the fault is ended at once (its task cancelled, every stopped process continued, a
+lowered keep size restored), the senders are killed (the load is what writes the WAL) and the run
+fails with one line naming the slot, the bytes and the limit; its cleanup drops the slots. The
+projection is what keeps the slots below the limit although sampling is once a second.
+
+A part of :class:`lab.runner.faults.FaultInjector` (issue 14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import psutil
+import psycopg
+
+from lab.runner.fault_slots import _reset_keep
+
+log = logging.getLogger(__name__)
+WAL_SAMPLE_S = 1.0
+BACKLOG_SAMPLE_S = 1.0  # the broker's backlog (lab.pipelines.backlog); 0 turns it off (cost measurement)
+GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
+SLOT_SQL = (
+    "SELECT r.slot_name, pg_current_wal_lsn() - r.restart_lsn, pg_current_wal_lsn() - r.confirmed_flush_lsn, "
+    "r.wal_status, r.safe_wal_size, r.active_pid, s.spill_txns, s.spill_bytes "
+    "FROM pg_replication_slots r LEFT JOIN pg_stat_replication_slots s USING (slot_name) "
+    "WHERE r.slot_type = 'logical' ORDER BY 1"
+)
+
+
+class FaultSampling:
+    """The WAL and backlog samplers and the retention guard: a part of
+    :class:`lab.runner.faults.FaultInjector`."""
+
+    run: Any
+    fault: Any
+    sampling: bool
+    wal: list[dict[str, Any]]
+    guard: dict[str, Any] | None
+    backlog: list[dict[str, Any]]
+    backlog_gaps: list[dict[str, Any]]
+    _backlog_reader: Any
+    _last_retained: dict[str, int]
+    _tasks: list[asyncio.Task[None]]
+    _keep_set: bool
+    _t0: float
+
+    async def watch_wal(self) -> None:
+        """Sample every logical slot each second into :attr:`wal` until cancelled."""
+        while self.sampling:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+                    while self.sampling:
+                        t = round(time.monotonic() - self._t0, 3)
+                        rows = await (await conn.execute(SLOT_SQL)).fetchall()
+                        for name, retained, unconfirmed, status, safe, holder, spill_txns, spill in rows:
+                            self.wal.append({"t_s": t, "slot": name, "retained_bytes": _int(retained),
+                                             "unconfirmed_bytes": _int(unconfirmed), "wal_status": status,
+                                             "safe_wal_size": _int(safe), "active": holder is not None,
+                                             "spill_txns": _int(spill_txns), "spill_bytes": _int(spill)})
+                        if self.guard is None:
+                            await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
+                        await asyncio.sleep(WAL_SAMPLE_S)
+            except psycopg.Error as exc:  # informative: never fails the run
+                if self.fault.kind not in ("postgres-restart", "postgres-failover"):
+                    log.warning("WAL sampling stopped: %s", exc)
+                    return
+                await asyncio.sleep(WAL_SAMPLE_S)  # sample again once PostgreSQL is back
+
+    async def watch_backlog(self) -> None:
+        """Sample the broker's backlog (:mod:`lab.pipelines.backlog`) about once a second into
+        :attr:`backlog`, until cancelled; a failed reading is a gap in :attr:`backlog_gaps`. Never
+        raises (the drain loop would fail the run on it)."""
+        reader = self._backlog_reader
+        try:
+            while self.sampling:
+                for sample in await reader.read():
+                    t_s = round(sample.pop("t") - self._t0, 3)
+                    if t_s < 0:  # read before the gate (the child started earlier)
+                        continue
+                    if "error" in sample:
+                        self.backlog_gaps.append({"t_s": t_s, "where": reader.where, "error": sample["error"]})
+                    else:
+                        self.backlog.append({"t_s": t_s, "where": reader.where, **sample})
+                await asyncio.sleep(BACKLOG_SAMPLE_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # informative: never fails the run, never silent
+            log.warning("backlog sampling stopped: %s: %s", type(exc).__name__, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await reader.aclose()
+
+    async def _guard(self, conn: psycopg.AsyncConnection[Any], retained: list[tuple[str, int | None]]) -> None:
+        """The retention guard (module docstring): trip on the first slot whose retained WAL plus
+        :data:`GUARD_GROWTH_SAMPLES` samples of its growth reach ``Settings.max_retained_wal``."""
+        limit = self.run.settings.max_retained_wal
+        for name, now in retained:
+            if now is None:  # invalidated: it retains nothing any more
+                continue
+            growth = max(0, now - self._last_retained.get(name, now))
+            self._last_retained[name] = now
+            if now + GUARD_GROWTH_SAMPLES * growth < limit:
+                continue
+            self.guard = {
+                "slot": name, "retained_bytes": now, "growth_bytes_per_sample": growth, "limit_bytes": limit,
+                "error": (f"WAL retention guard: slot {name} retains {now} bytes ({now / 2**20:.1f} MB, "
+                          f"+{growth} bytes in the last second), too close to the limit of {limit} "
+                          f"bytes ({limit / 2**20:.1f} MB; LAB_MAX_RETAINED_WAL, --max-retained-wal): "
+                          f"fault {self.run.scenario.fault} ended, run failed"),
+            }
+            log.error("%s", self.guard["error"])
+            self._event("retention guard", slot=name, retained_bytes=now, limit_bytes=limit)
+            if self._tasks:  # the injection: its own finally continues what it stopped
+                self._tasks[0].cancel()
+            self._continue_stopped("continued by the retention guard")
+            senders = getattr(self.run, "procs", {}).get("senders")
+            if senders is not None and senders.poll() is None:  # the load writes the WAL: end it too
+                with contextlib.suppress(psutil.Error):
+                    senders.kill()
+                self._event("senders killed by the retention guard", pid=senders.pid)
+            if self._keep_set:
+                await _reset_keep(conn)
+                self._keep_set = False
+                self._event("keep size reset by the retention guard")
+            return
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def wal_summary(samples: list[dict[str, Any]], fault_start: float, fault_end: float) -> dict[str, Any]:
+    """Per slot: peak WAL retained and unconfirmed, the ``wal_status`` values seen, what logical
+    decoding spilled to disk (``spill_txns``, ``spill_bytes``: cumulative counters of
+    ``pg_stat_replication_slots``, their last sample), and the seconds
+    from the end of the fault until the unconfirmed WAL is back within its pre-fault band (the
+    highest value sampled before the fault; None when it never was, or there was no sample before)."""
+    out: dict[str, Any] = {}
+    for slot in sorted({s["slot"] for s in samples}):
+        rows = [s for s in samples if s["slot"] == slot]
+        before = [s["unconfirmed_bytes"] or 0 for s in rows if s["t_s"] < fault_start]
+        band = max(before) if before else None
+        back = next((s["t_s"] for s in rows if s["t_s"] >= fault_end and band is not None
+                     and (s["unconfirmed_bytes"] or 0) <= band), None)
+        out[slot] = {
+            "retained_bytes_max": max((s["retained_bytes"] or 0 for s in rows), default=0),
+            "unconfirmed_bytes_max": max((s["unconfirmed_bytes"] or 0 for s in rows), default=0),
+            "pre_fault_band_bytes": band,
+            "wal_status": sorted({s["wal_status"] for s in rows if s["wal_status"]}),
+            "min_safe_wal_size": min((s["safe_wal_size"] for s in rows if s["safe_wal_size"] is not None),
+                                     default=None),
+            "recovered_after_s": round(back - fault_end, 3) if back is not None else None,
+            "spill_txns": max((s.get("spill_txns") or 0 for s in rows), default=0),
+            "spill_bytes": max((s.get("spill_bytes") or 0 for s in rows), default=0),
+        }
+    return out

@@ -1,0 +1,186 @@
+"""``slot-invalidation`` (a direct reader's slot; ``=KEEP``, default 32 MB): SIGSTOP reader I, set
+``max_slot_wal_keep_size`` to KEEP with ``ALTER SYSTEM`` + ``pg_reload_conf()`` (the lab's
+PostgreSQL reads that flag from a file, :data:`lab.stack.postgres.RELOADABLE`), then push the
+current WAL position past the slot's reserve. Writing KEEP of rows would take minutes at a
+fixed rate, so the lab closes WAL segments instead: a one-row ``pg_logical_emit_message``
+(non-transactional, ignored by pgoutput without ``messages``) and ``pg_switch_wal()``, repeated
+until slot I retains KEEP + 2 segments, each costing one new segment file (16 MB of disk
+writes). The other readers' slots keep up, but a logical slot's ``restart_lsn`` only moves at a
+running-transactions record: ``pg_log_standby_snapshot()`` writes one and the lab waits until
+every other slot retains less than half of KEEP, so the ``CHECKPOINT`` that follows invalidates
+slot I alone (``wal_status`` 'lost', ``invalidation_reason`` 'wal_removed'; the checkpointer
+also terminates its walsender). The keep size is then reset (``ALTER SYSTEM RESET``, reload;
+:meth:`FaultInjector.restore` does it too when the run fails), the reader continued: it finds
+its stream gone, cannot start its slot again ("can no longer get changes from replication
+slot") and exits. The runner expects that exit (``Run.ended``) and reports the invalidation in
+one loud line and in run.json (``fault.invalidation``); the accounting counts what no reader
+worked (``lost``, their ids in ``lost_ids``), all of it the invalidated slot's: with ``wal``
+(fan-out) the other readers see every row, so the loss is 0 unless the reader was alone.
+
+A part of :class:`lab.runner.faults.FaultInjector` (issue 14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg import sql
+
+from lab.pipelines.wal import slot_name
+from lab.runner.processes import RunError
+
+log = logging.getLogger(__name__)
+KEEP_GUC = "max_slot_wal_keep_size"
+INVALIDATION_SQL = (
+    "SELECT wal_status, invalidation_reason, confirmed_flush_lsn::text, "
+    "pg_current_wal_lsn() - confirmed_flush_lsn, pg_current_wal_lsn() - restart_lsn "
+    "FROM pg_replication_slots WHERE slot_name = %s"
+)
+INVALIDATE_TIMEOUT_S = 120.0  # switches, the other slots catching up, the checkpoint
+READER_EXIT_S = 120.0  # a continued reader finds its slot lost and exits within this (47 s seen under load)
+
+
+class SlotFaults:
+    """``slot-invalidation``: a part of :class:`lab.runner.faults.FaultInjector`."""
+
+    run: Any
+    stopped: list[psutil.Process]
+    invalidation: dict[str, Any] | None
+    _keep_set: bool
+    _t0: float
+
+    async def _invalidate(self, i: int, keep_mb: int) -> None:
+        """``slot-invalidation`` (module docstring): stop reader ``i``, lower the keep size, push
+        the WAL past it until the server invalidates its slot, reset the keep size, continue the
+        reader and wait until it exits, having found its slot lost."""
+        run, slot = self.run, slot_name(i)
+        proc = run.consumers[i]
+        async with await psycopg.AsyncConnection.connect(run.settings.pg_dsn, autocommit=True) as conn:
+            source = await _scalar(conn, "SELECT source FROM pg_settings WHERE name = %s", KEEP_GUC)
+            if source == "command line":
+                raise RunError(f"{KEEP_GUC} is set on this server's command line, which ALTER SYSTEM cannot "
+                               "override (the compose backend): slot-invalidation needs the native stack")
+            before = await _scalar(conn, sql.SQL("SHOW {}").format(sql.Identifier(KEEP_GUC)))
+            segment = int(await _scalar(conn, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"))
+            if keep_mb * 2**20 + 3 * segment >= run.settings.max_retained_wal:
+                raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about {keep_mb * 2**20 + 3 * segment} "
+                               f"bytes, past the retention guard's limit of {run.settings.max_retained_wal}: "
+                               "lower KEEP or raise --max-retained-wal")
+            self.stopped.append(proc)
+            proc.send_signal(signal.SIGSTOP)
+            self._event("stop", consumers=[i], pids=[proc.pid])
+            keep = f"{keep_mb}MB"
+            self._keep_set = True
+            await conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(KEEP_GUC), sql.Literal(keep)))
+            await conn.execute("SELECT pg_reload_conf()")
+            await self._until(conn, sql.SQL("SELECT current_setting({}) = {}").format(
+                sql.Literal(KEEP_GUC), sql.Literal(keep)), f"{KEEP_GUC} = {keep} after the reload")
+            self._event("keep size set", keep_size=keep, was=before)
+            deadline = time.monotonic() + INVALIDATE_TIMEOUT_S
+            switches, state = 0, None
+            while True:
+                state = await (await conn.execute(INVALIDATION_SQL, (slot,))).fetchone()
+                if state is None:
+                    raise RunError(f"slot {slot} vanished during slot-invalidation")
+                if state[1] is not None:  # invalidation_reason: the server let go of its WAL
+                    break
+                if time.monotonic() > deadline:
+                    raise RunError(f"slot {slot} not invalidated {INVALIDATE_TIMEOUT_S:.0f} s after "
+                                   f"{switches} WAL switches (wal_status {state[0]})")
+                if (state[4] or 0) < keep_mb * 2**20 + 2 * segment:
+                    await conn.execute("SELECT pg_logical_emit_message(false, 'fanout-lab', 'wal switch')")
+                    await conn.execute("SELECT pg_switch_wal()")
+                    switches += 1
+                    continue
+                await self._others_caught_up(conn, slot, keep_mb * 2**20 // 2, deadline)
+                await conn.execute("CHECKPOINT")
+                await asyncio.sleep(0.2)
+            status, reason, confirmed, unconfirmed, _ = state
+            self.invalidation = {
+                "slot": slot, "consumer": i, "wal_status": status, "invalidation_reason": reason,
+                "keep_size": keep, "keep_size_before": before, "wal_switches": switches,
+                "confirmed_flush_lsn": confirmed, "unconfirmed_bytes": None if unconfirmed is None else int(unconfirmed),
+                "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(),
+            }
+            log.error("SLOT INVALIDATED: %s (%s, wal_status %s) under %s=%s: reader %d can no longer read it; "
+                      "every change after %s (%s bytes) is gone for it",
+                      slot, reason, status, KEEP_GUC, keep, i, confirmed, unconfirmed)
+            self._event("slot invalidated", slot=slot, wal_status=status, invalidation_reason=reason,
+                        confirmed_flush_lsn=confirmed, wal_switches=switches)
+            await _reset_keep(conn)
+            self._keep_set = False
+            self._event("keep size reset", keep_size=before)
+        run.ended.add(i)  # its exit is the fault's outcome, not a failure of the run
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGCONT)
+        with contextlib.suppress(ValueError):
+            self.stopped.remove(proc)
+        self._event("resume", consumers=[i])
+        try:
+            code = await asyncio.to_thread(proc.wait, READER_EXIT_S)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            code = await asyncio.to_thread(proc.wait, 10)
+            self.invalidation["reader_error"] = f"still running {READER_EXIT_S:.0f} s after its slot was lost: killed"
+        else:
+            self.invalidation["reader_error"] = _reader_error(run.scratch / f"consumer-{i}.json")
+        self.invalidation["reader_exit_code"] = code
+        self._event("reader exited", consumer=i, code=code, error=self.invalidation["reader_error"])
+
+    async def _others_caught_up(self, conn: psycopg.AsyncConnection[Any], slot: str, below: int,
+                                deadline: float) -> None:
+        """Log running transactions until every other slot retains less than ``below`` bytes (a
+        logical slot's restart point only moves at such a record), so the checkpoint spares them."""
+        while True:
+            await conn.execute("SELECT pg_log_standby_snapshot()")
+            rows = await (await conn.execute(
+                "SELECT slot_name, pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots "
+                "WHERE slot_name <> %s AND restart_lsn IS NOT NULL", (slot,))).fetchall()
+            behind = {name: int(b) for name, b in rows if b is not None and b >= below}
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise RunError(f"the other slots did not catch up before the checkpoint: {behind} bytes retained")
+            await asyncio.sleep(0.5)
+
+    async def _until(self, conn: psycopg.AsyncConnection[Any], query: Any, what: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not await _scalar(conn, query):
+            if time.monotonic() > deadline:
+                raise RunError(f"no {what} within {timeout:.0f} s")
+            await asyncio.sleep(0.05)
+
+
+def _reset_keep(conn: Any) -> Any:
+    """``ALTER SYSTEM RESET max_slot_wal_keep_size`` and a reload, on a sync or an async connection
+    (await the result of the latter)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        async def reset() -> None:
+            await conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(KEEP_GUC)))
+            await conn.execute("SELECT pg_reload_conf()")
+        return reset()
+    conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(KEEP_GUC)))
+    conn.execute("SELECT pg_reload_conf()")
+    return None
+
+
+async def _scalar(conn: psycopg.AsyncConnection[Any], query: Any, *params: Any) -> Any:
+    row = await (await conn.execute(query, params or None)).fetchone()
+    return row[0] if row else None
+
+
+def _reader_error(path: Path) -> str | None:
+    """The error an ended reader wrote into its result file (None: it wrote none)."""
+    try:
+        return json.loads(path.read_text()).get("error")
+    except (OSError, ValueError):
+        return None
