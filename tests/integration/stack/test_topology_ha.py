@@ -247,7 +247,7 @@ def test_a_killed_broker_node_loses_nothing(ha: NativeStack, pipeline: str) -> N
         assert isinstance(ha.rabbitmq, RabbitMQCluster) and ha.rabbitmq.clustered()
 
 
-@pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 2400, "4s"), ("kafka", 6000, "15s")])
+@pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 4000, "5s"), ("kafka", 9000, "20s")])
 def test_a_promoted_standby_loses_nothing(ha: NativeStack, pipeline: str, m: int, at: str) -> None:
     """issue 15's PostgreSQL failover: once the failover slots are synced, the primary stops (a
     fast shutdown: every commit reached the standby first) and the standby is promoted; the
