@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -56,6 +56,14 @@ class ReplicationStream:
     flushed and applied; written is the newest ``wal_end`` received); it is sent by
     :meth:`send_status`, when the server asks for a reply, and every ``status_interval``
     seconds while streaming. Use as ``async with await ReplicationStream.connect(dsn)``.
+
+    ``settled``: when set, a callable the owner answers True when it holds nothing read but
+    unresolved. At a keepalive it is asked, and if True the keepalive's ``wal_end`` becomes the
+    status: every transaction that committed before it was sent already and is done, so nothing
+    is skipped on a restart (what PostgreSQL's own apply worker reports when nothing is pending).
+    Without it a client stays behind the WAL no change of its lies in (a checkpoint, another
+    table's writes), and a fast shutdown of the server never ends: a logical walsender exits only
+    once its client confirmed everything it sent, the shutdown checkpoint included.
     """
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], *, status_interval: float = 10.0):
@@ -71,6 +79,7 @@ class ReplicationStream:
         self._writer_on = False
         self._timer: asyncio.TimerHandle | None = None
         self._drained: asyncio.Future[None] | None = None
+        self.settled: Callable[[], bool] | None = None
 
     @classmethod
     async def connect(
@@ -237,6 +246,8 @@ class ReplicationStream:
             n, data = pg.get_copy_data(1)
             if n > 0:
                 if data[0] == 0x6B:  # 'k': a keepalive; its last byte asks for a reply
+                    if self.settled is not None and self.settled():  # everything sent is done
+                        self._status_lsn = max(self._status_lsn, int.from_bytes(data[1:9]))
                     if data[17]:
                         self._queue_status()
                     continue

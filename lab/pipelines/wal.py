@@ -134,6 +134,7 @@ class WalSource:
                     create = False
                 await stream.start(self.slot, PUBLICATION, protocol_version(stream.server_version_num),
                                    binary=True)
+                stream.settled = self._marks.settled  # a shutdown's last WAL is confirmed when idle
                 if self._stream is not None:  # carry the reported position over
                     stream.set_status(self._stream.status_lsn)
                 return stream

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -19,14 +20,22 @@ import psycopg
 from lab.measure.cgroups import tree_pids
 from lab.pipelines.wal import slot_name
 from lab.runner.processes import RunError
-from lab.stack.debezium import SLOT
+from lab.stack.debezium import SLOT, START_TIMEOUT
+from lab.stack.postgres import STOP_TIMEOUT
 from lab.stack.proc import tied
+from lab.stack.standby import PROMOTE_TIMEOUT
 
 log = logging.getLogger(__name__)
 RESUME_WAIT_S = 60.0  # a terminated walsender's client should be back well within this
 HELD_S = 2.0  # a slot is held again once one walsender has held it this long
 HOLDER_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
 SYNC_WAIT_S = 60.0  # postgres-failover: the failover slots' synced copies on the standby, within this
+# postgres-failover: the primary's stop (a fast shutdown that outlasts its timeout is killed) and
+# the promotion, each within these; the cleanup waits as long for them before it fails back
+FAILOVER_THREAD_S = STOP_TIMEOUT + 5.0 + PROMOTE_TIMEOUT
+# how long a failover may still take once the drain is over: the slots' sync, the stop and the
+# promotion, Debezium's start on the new primary and its slot held again
+FAILOVER_SETTLE_S = SYNC_WAIT_S + FAILOVER_THREAD_S + START_TIMEOUT + RESUME_WAIT_S
 
 
 class ServiceFaults:
@@ -38,6 +47,7 @@ class ServiceFaults:
     down: list[str]
     failed_over: bool
     _failing_over: bool
+    _failover_thread: asyncio.Future[dict[str, float]] | None
     _supervising: bool
     _tasks: list[asyncio.Task[None]]
 
@@ -153,8 +163,9 @@ class ServiceFaults:
         self._supervising = True
         self._tasks.append(asyncio.create_task(self._supervise(), name="fault-supervise"))
         self.down.append(name)
+        t0 = time.monotonic()
         await asyncio.to_thread(stop, name)
-        self._event("service stopped", service=name)
+        self._event("service stopped", service=name, stop_s=round(time.monotonic() - t0, 3))
         await asyncio.sleep(outage_s)
         await asyncio.to_thread(start, name)
         self.down.remove(name)
@@ -206,8 +217,11 @@ class ServiceFaults:
         sink = self.run.pipeline.cdc_sink
         try:
             self._event("primary stopping", mode=mode)
-            times = await asyncio.to_thread(self._native("fail_over"), immediate=mode == "immediate")
-            self.failed_over = True
+            self.failed_over = True  # from here on the cleanup fails back, whatever happens next
+            # a future of its own: the cleanup waits for the thread even when this task is cancelled
+            self._failover_thread = asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(self._native("fail_over"), immediate=mode == "immediate"))
+            times = await asyncio.shield(self._failover_thread)
             self._event("standby promoted", **times, slots=await asyncio.to_thread(standby.slots))
             if sink is not None:  # its JVM retries the old primary's one address: move it
                 stack.move_debezium(sink, standby.port)
@@ -259,6 +273,12 @@ class ServiceFaults:
         the promoted standby stops, the primary starts, the standby is rebuilt); never raises."""
         if not self.failed_over:
             return
+        thread = self._failover_thread
+        if thread is not None and not thread.done():  # the run ended while the stop or promotion ran
+            log.warning("waiting up to %.0f s for the failover under way to end before failing back", FAILOVER_THREAD_S)
+            await asyncio.wait({thread}, timeout=FAILOVER_THREAD_S)
+        if thread is not None and thread.done() and not thread.cancelled():
+            thread.exception()  # retrieved: the run recorded or logged it
         try:
             await asyncio.to_thread(self.run.stack.fail_back)
             self.failed_over = False

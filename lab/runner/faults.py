@@ -63,7 +63,7 @@ from lab.pipelines.backlog import reader_for
 from lab.runner import fault_sampling
 from lab.runner.fault_processes import ProcessFaults
 from lab.runner.fault_sampling import FaultSampling, wal_summary
-from lab.runner.fault_services import RESUME_WAIT_S, ServiceFaults
+from lab.runner.fault_services import FAILOVER_SETTLE_S, RESUME_WAIT_S, ServiceFaults
 from lab.runner.fault_slots import INVALIDATE_TIMEOUT_S, KEEP_GUC, READER_EXIT_S, SlotFaults, _reset_keep
 from lab.runner.processes import RunError
 from lab.stack.debezium import DURABLE
@@ -102,7 +102,8 @@ class FaultInjector(ProcessFaults, SlotFaults, ServiceFaults, FaultSampling):
         self.extra_ids: list[int] = []  # big-transaction: the ids of its rows, once committed
         self._supervising = False  # a restart replaces consumers that exit (see _supervise)
         self._failing_over = False  # postgres-failover under way: the supervision waits
-        self.failed_over = False  # the standby was promoted: the cleanup fails back (fail_back)
+        self.failed_over = False  # the primary was stopped for a failover: the cleanup fails back
+        self._failover_thread: asyncio.Future[dict[str, float]] | None = None  # its stop and promotion
         self.over_mono = 0.0  # when the injection ended (resumed, replaced, reconnected)
         self._t0 = 0.0
         self._t0_wall = 0.0
@@ -240,6 +241,8 @@ class FaultInjector(ProcessFaults, SlotFaults, ServiceFaults, FaultSampling):
         """How long an injection may still take once the drain is over."""
         if self.fault.kind == "slot-invalidation":  # switches, catch-up, checkpoint, the reader's exit
             return INVALIDATE_TIMEOUT_S + READER_EXIT_S + 20.0
+        if self.fault.kind == "postgres-failover":
+            return FAILOVER_SETTLE_S
         return RESUME_WAIT_S
 
     def restore(self) -> None:

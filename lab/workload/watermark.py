@@ -133,6 +133,10 @@ class SlotWatermark:
     def in_flight(self) -> int:
         return self._marks.in_flight
 
+    def settled(self) -> bool:
+        """Nothing read is unresolved and no commit waits to be confirmed."""
+        return not self._marks.in_flight and not self._commits
+
     def row(self) -> int:
         self._seq = seq = self._seq + 1
         self._marks.hold(seq)

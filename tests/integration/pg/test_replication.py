@@ -205,6 +205,43 @@ def test_keepalive_replies_keep_the_walsender(dsn: str, slot: str, proto_version
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_settled_reader_confirms_what_a_keepalive_reports(dsn: str, slot: str, settled: bool) -> None:
+    """Past the reader's last commit the server writes WAL none of its changes lie in (here a
+    transactional message the stream did not ask for); a keepalive reports that position. A
+    reader whose owner says it is settled confirms it (a fast shutdown of the server waits for
+    exactly that); one that still holds rows stays at its last commit."""
+
+    async def scenario() -> None:
+        admin = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with admin, await ReplicationStream.connect(dsn, status_interval=3600) as stream:
+            await stream.create_slot(slot)
+            await stream.start(slot, PUBLICATION)
+            await streaming(admin, slot)
+            await insert(admin, ["before the unpublished WAL"])
+            stream.set_status(end := await read_commit(stream))
+            stream.settled = lambda: settled
+            cur = await admin.execute("SELECT pg_logical_emit_message(true, 'lab-test', 'not published')::text")
+            unpublished = parse_lsn((await cur.fetchone())[0])  # type: ignore[index]
+            deadline = time.monotonic() + (10 if settled else 2)
+            while stream.status_lsn <= unpublished and time.monotonic() < deadline:
+                await stream.send_status(reply=True)  # the server answers with a keepalive
+                assert await stream.read(timeout=0.3) is None  # an empty transaction is not sent
+            await stream.send_status()
+
+            async def reported() -> bool:
+                return (await slot_state(admin, slot))[2] == stream.status_lsn
+
+            await until(reported, "the slot confirms the reader's status")
+            confirmed = (await slot_state(admin, slot))[2]
+            if settled:
+                assert confirmed > unpublished
+            else:
+                assert confirmed == end
+
+    asyncio.run(scenario())
+
+
 def test_periodic_status_confirms_without_send_status(dsn: str, slot: str) -> None:
     async def scenario() -> None:
         admin = await psycopg.AsyncConnection.connect(dsn, autocommit=True)

@@ -11,6 +11,7 @@ three Erlang VMs): run it on its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -24,6 +25,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from lab.pg.replication import ReplicationStream
+from lab.pg.slots import drop_slots
+from lab.pipelines.wal import SLOT_PREFIX, WalSource
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -247,8 +250,67 @@ def test_a_killed_broker_node_loses_nothing(ha: NativeStack, pipeline: str) -> N
         assert isinstance(ha.rabbitmq, RabbitMQCluster) and ha.rabbitmq.clustered()
 
 
+@pytest.fixture
+def restored(ha: NativeStack) -> Iterator[NativeStack]:
+    """The ha stack; afterwards a primary left stopped or a standby left promoted is failed back,
+    so that one failed failover test does not fail the rest of the module."""
+    yield ha
+    assert ha.standby is not None
+    if not ha.postgres.processes() or ha.standby.promoted():
+        ha.fail_back()
+
+
+def test_a_fast_shutdown_does_not_wait_for_an_idle_wal_reader(restored: NativeStack) -> None:
+    """A logical walsender exits at a fast shutdown only once its client confirmed everything it
+    sent, the shutdown checkpoint included; a reader that confirmed only its last commit holds
+    the primary up until the stop's timeout kills it (a CI run's failover did: 60 s, then a
+    timeout). The wal reader, idle with every row done, confirms what the keepalive reports:
+    the primary stops within seconds."""
+    ha = restored
+    settings = ha.settings
+
+    async def scenario() -> float:
+        source = WalSource(Scenario(pipeline="wal", consumers=1), settings, 0)
+        await source.open()
+        try:
+            with psycopg.connect(settings.pg_primary_dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO messages (content) VALUES ('before the stop')")
+            batch: list[Any] = []
+            deadline = time.monotonic() + 30
+            while not batch and time.monotonic() < deadline:
+                batch = await source.claim(await source.fill(10, 1.0, 0.05))
+            assert batch, "the reader never saw the row"
+            for item in batch:
+                source.done(item)
+            await source.idle()  # its last commit confirmed: nothing of it is unresolved
+
+            async def keep_reading() -> None:  # a consumer's loop: keepalives are answered in fill
+                with contextlib.suppress(psycopg.Error, OSError):
+                    while True:
+                        await source.fill(10, 0.5, 0.05)
+
+            reading = asyncio.create_task(keep_reading())
+            await asyncio.sleep(1.0)
+            t0 = time.monotonic()
+            await asyncio.to_thread(ha.postgres.stop)  # fast: SIGINT
+            took = time.monotonic() - t0
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+            return took
+        finally:
+            with contextlib.suppress(Exception):
+                await source.close()
+
+    took = asyncio.run(scenario())
+    print(f"\nfast shutdown with an idle wal reader attached: {took:.2f} s")
+    ha.postgres.start()
+    drop_slots(settings.pg_primary_dsn, SLOT_PREFIX)
+    assert took < 20, f"the fast shutdown took {took:.1f} s: a walsender waited for its client"
+
+
 @pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 4000, "5s"), ("kafka", 9000, "20s")])
-def test_a_promoted_standby_loses_nothing(ha: NativeStack, pipeline: str, m: int, at: str) -> None:
+def test_a_promoted_standby_loses_nothing(restored: NativeStack, pipeline: str, m: int, at: str) -> None:
     """issue 15's PostgreSQL failover: once the failover slots are synced, the primary stops (a
     fast shutdown: every commit reached the standby first) and the standby is promoted; the
     direct readers (and Debezium, moved by the lab) resume from their synchronised slots on the
@@ -257,6 +319,7 @@ def test_a_promoted_standby_loses_nothing(ha: NativeStack, pipeline: str, m: int
     primary serves again with a standby in recovery streaming from it, and no slot of the run is
     left. Kafka needs longer: Debezium's slot copy is persisted only after it confirmed a few
     seconds of changes."""
+    ha = restored
     assert ha.standby is not None
     primary = ha.postgres.processes()[0].pid
     r = run(ha.settings, pipeline=pipeline, consumers=2, messages=m, rate=200, claim="takeover",

@@ -212,3 +212,20 @@ def test_slot_watermark_keeps_a_multi_row_transaction_open_until_all_rows_are_do
     assert s.passed(500) is None
     assert s.resolve(second) is None
     assert s.resolve(first) == 500
+
+
+def test_slot_watermark_is_settled_only_with_nothing_held():
+    """``settled`` lets the reader confirm a keepalive's WAL end (lab.pg.replication): never while a
+    row read is unresolved, even one whose transaction has not committed yet."""
+    s = SlotWatermark()
+    assert s.settled()  # nothing read yet
+    s.passed()  # Begin
+    a = s.row()
+    assert not s.settled()  # mid-transaction, the row in flight
+    assert s.passed(0x100) is None
+    assert not s.settled()  # committed, its row still in flight
+    assert s.resolve(a) == 0x100
+    assert s.settled()
+    s.passed()  # Begin of a transaction whose row is done before its Commit arrives
+    assert s.resolve(s.row()) is None
+    assert s.settled()  # a keepalive now reports a position before that Commit: safe to confirm
