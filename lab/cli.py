@@ -185,6 +185,7 @@ def fault_line(fault: dict[str, object]) -> dict[str, object]:
             "max_retained_wal": fault.get("max_retained_wal"), "guard": fault.get("guard"),
             "invalidation": fault.get("invalidation"),
             "recovery_s": fault.get("recovery_s"), "backlog_peak": fault.get("backlog_peak"),
+            "excess_cpu_s": (fault.get("excess_cpu") or {}).get("total_s"),  # type: ignore[union-attr]
             "backlog_where": next((b["where"] for b in fault.get("backlog") or []), None),  # type: ignore[index]
             "backlog_gaps": len(fault.get("backlog_gaps") or []),  # type: ignore[arg-type]
             "phases": {k: {"delivered_per_s": v.get("delivered_per_s"),
@@ -201,7 +202,8 @@ def phases_line(fault: dict[str, object]) -> str:
              for k, v in phases.items()]
     where = fault.get("backlog_where")
     peak = f"{fault.get('backlog_peak')} ({where}, {fault.get('backlog_gaps')} gaps)" if where else "-"
-    return f"recovered after {fault.get('recovery_s')} s, peak backlog {peak}; " + "; ".join(parts)
+    return (f"recovered after {fault.get('recovery_s')} s, excess CPU {fault.get('excess_cpu_s')} s, "
+            f"peak backlog {peak}; " + "; ".join(parts))
 
 
 def _print_run(result: dict[str, object]) -> None:

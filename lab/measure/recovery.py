@@ -45,6 +45,15 @@ Definitions (for every pipeline):
 
   None when the run had no pre-fault reference (fault start < ``SKIP_S`` + 1 s, or nothing
   delivered before it), or the lag never came back into its band (messages lost beyond it).
+* **Excess CPU** (:func:`excess_cpu`): per participant, its CPU-seconds from the fault's start
+  until the run recovered (fault end + recovery time; the last delivery when it never did) minus
+  the same span at its pre-fault CPU per second, over the later half of the time before the fault
+  (``[max(SKIP_S, fault start / 2), fault start)``: the first half holds each run's start,
+  connections and warm-up, dearer per second than a steady state). The senders keep
+  their rate through a fault, so the pre-fault cost per second is what the span would have cost
+  without it; the rest is the fault's own price: restarts (a JVM, a crash recovery), replayed
+  messages, the backlog worked off. Negative where work was not done (refused inserts, a dead
+  participant). ``total_s`` sums the participants, ``unattributed`` left out as in the totals.
 """
 
 from __future__ import annotations
@@ -245,3 +254,19 @@ def recovery_s(d: Deliveries, fault_start: float, fault_end: float) -> float | N
 def backlog_peak(samples: Iterable[Mapping[str, Any]]) -> int | None:
     """The largest broker backlog sampled (messages), None without a sample."""
     return max((int(s["messages"]) for s in samples if s.get("messages") is not None), default=None)
+
+
+def excess_cpu(timeline: Sequence[Snapshot], gate_mono: float, fault_start: float,
+               until: float) -> dict[str, Any] | None:
+    """The fault's CPU on top of the steady state, from ``fault_start`` to ``until`` (seconds after
+    the gate; module docstring): ``{"t0_s", "t1_s", "baseline_s", "excess_s": {participant: s},
+    "total_s"}``. None without a timeline, a pre-fault reference of :data:`MIN_PRE_S`, or a span."""
+    ref = max(SKIP_S, fault_start / 2)
+    if not timeline or fault_start - ref < MIN_PRE_S or until <= fault_start:
+        return None
+    pre = phase_cpu_s(timeline, gate_mono + ref, gate_mono + fault_start)
+    span = phase_cpu_s(timeline, gate_mono + fault_start, gate_mono + until)
+    per_s, length = fault_start - ref, until - fault_start
+    excess = {k: round(span[k] - pre[k] / per_s * length, 3) for k in sorted(span.keys() & pre.keys())}
+    return {"t0_s": round(fault_start, 3), "t1_s": round(until, 3), "baseline_s": round(per_s, 3),
+            "excess_s": excess, "total_s": round(sum(v for k, v in excess.items() if k != "unattributed"), 3)}

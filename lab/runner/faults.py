@@ -176,10 +176,11 @@ class FaultInjector(ProcessFaults, SlotFaults, ServiceFaults, FaultSampling):
         }
 
     def analysis(self, timeline: list[Snapshot] | None = None) -> dict[str, Any]:
-        """``consumer_lag``, ``phases``, ``recovery_s`` and the pre-fault ``bands`` it used
+        """``consumer_lag``, ``phases``, ``recovery_s``, the pre-fault ``bands`` it used and the
+        ``excess_cpu`` until the recovery (``recovered`` False: until the last delivery)
         (:mod:`lab.measure.recovery`), from the arrivals and ``created_at``; all None when those
         were not read (the run failed before its verification). Never raises: a failure is logged."""
-        out: dict[str, Any] = dict.fromkeys(("consumer_lag", "phases", "recovery_s", "recovery_bands"))
+        out: dict[str, Any] = dict.fromkeys(("consumer_lag", "phases", "recovery_s", "recovery_bands", "excess_cpu"))
         a, created = self.arrivals, self.created_at
         if a is None or created is None or not self._tasks:
             return out
@@ -190,6 +191,11 @@ class FaultInjector(ProcessFaults, SlotFaults, ServiceFaults, FaultSampling):
             out["phases"] = recovery.phases(d, start, end, timeline=timeline, gate_mono=self._t0)
             out["recovery_s"] = recovery.recovery_s(d, start, end)
             out["recovery_bands"] = recovery.bands(d, start)
+            rec = out["recovery_s"]
+            if timeline:
+                excess = recovery.excess_cpu(
+                    timeline, self._t0, start, end + rec if rec is not None else max(d.end_s, end))
+                out["excess_cpu"] = None if excess is None else {**excess, "recovered": rec is not None}
         except Exception as exc:  # informative: never fails the run, never silent
             log.warning("fault analysis failed: %s: %s", type(exc).__name__, exc)
         return out

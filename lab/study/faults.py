@@ -246,7 +246,7 @@ COLUMNS = (
     "pipeline", "fault", "spec", "success", "lost", "duplicates", "max_burst", "resume_s", "recovery_s",
     "slots_back_s", "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "source_backlog_peak_kb",
     "broker_backlog_peak", "healthy_lag_peak", "healthy_lag_peak_s", "p99_during_ms", "cpu_ms_per_msg",
-    "cpu_vs_clean_ms", "recovery_cpu_ms", "loadavg_1m", "unattributed_ms", "run_id", "error",
+    "cpu_vs_clean_ms", "recovery_cpu_ms", "excess_cpu_s", "loadavg_1m", "unattributed_ms", "run_id", "error",
 )
 NAN = float("nan")
 COUNTS = ("lost", "duplicates", "max_burst", "broker_backlog_peak", "healthy_lag_peak")  # whole numbers (or <NA>)
@@ -408,6 +408,7 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
         "cpu_ms_per_msg": cpu,
         "cpu_vs_clean_ms": cpu - (clean or {}).get(str(s.get("pipeline")), NAN) if f else NAN,
         "recovery_cpu_ms": _phase_cpu(run, "after") - _phase_cpu(run, "before"),
+        "excess_cpu_s": _num((f.get("excess_cpu") or {}).get("total_s")),
         "loadavg_1m": _num(run.get("loadavg_1m")),
         "unattributed_ms": unattributed * 1000 / messages if messages else NAN,
         "run_id": run.get("run_id"), "error": run.get("error"),

@@ -155,3 +155,27 @@ def test_first_arrival_wins_and_foreign_ids_are_left_out() -> None:
 def test_backlog_peak() -> None:
     assert backlog_peak([{"messages": 3}, {"messages": None}, {"messages": 7}]) == 7
     assert backlog_peak([]) is None
+
+
+def test_excess_cpu_is_the_faults_own_price_above_the_steady_state() -> None:
+    """Steady state: consumers 10 + 20 ms/s, web 50 ms/s; the run's start costs the web 2 s more
+    in its first 2 s (warm-up, outside the baseline: the later half before the fault). The fault
+    at 10 s: consumer-1 stops for 3 s, then catches up with 1.5 s of CPU in one second; a restarted
+    JVM ("debezium", idle before) burns 4 s in [10, 12)."""
+
+    def cpu(t: float) -> dict[str, float]:
+        c1 = 0.02 * min(t, 10.0) + (1.5 * min(max(t - 13.0, 0.0), 1.0)) + 0.02 * max(t - 14.0, 0.0)
+        return {"consumer-0": 0.01 * t, "consumer-1": c1, "web": 0.05 * t + 2.0 * min(max(t, 0.0), 2.0) / 2.0,
+                "debezium": 2.0 * min(max(t - 10.0, 0.0), 2.0), "probe": t}
+
+    snaps = [Snapshot(100.0 + k / 10, GATE + k / 10, cpu(k / 10), {}, 1.0 * k / 10, 0.0) for k in range(-5, 200)]
+    out = rec.excess_cpu(snaps, 100.0, 10.0, 16.0)
+    assert out is not None and (out["t0_s"], out["t1_s"], out["baseline_s"]) == (10.0, 16.0, 5.0)
+    e = out["excess_s"]
+    assert e["debezium"] == pytest.approx(4.0, abs=1e-6)
+    assert e["consumers"] == pytest.approx(1.5 - 0.02 * 4, abs=1e-6)  # the burst, less 4 s not worked
+    assert e["web"] == pytest.approx(0.0, abs=1e-6)  # its warm-up is not held against the steady state
+    assert "probe" not in e
+    assert out["total_s"] == pytest.approx(4.0 + 1.5 - 0.08, abs=1e-3)
+    assert rec.excess_cpu(snaps, 100.0, 1.5, 16.0) is None  # no steady state before the fault
+    assert rec.excess_cpu([], 100.0, 10.0, 16.0) is None
