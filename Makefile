@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 KERNEL := $(VENV)/share/jupyter/kernels/fanout-lab/kernel.json
 
 
-.PHONY: setup lock system-deps test test-unit test-integration test-notebooks up down status report lab clean
+.PHONY: setup lock system-deps check test test-full test-unit test-integration test-notebooks up down status report lab clean
 
 # requirements.lock pins every distribution (pip freeze of the venv the figures were measured
 # with); pyproject.toml keeps the supported ranges. Refresh the lock with `make lock`.
@@ -30,8 +30,22 @@ setup: system-deps $(STAMP) $(KERNEL)  ## idempotent: system packages, venv, pac
 system-deps:
 	bash scripts/system-deps.sh
 
-test: setup  ## unit tests, then integration and notebook tests against the real native stack (and a Docker engine)
-	BIN=$(BIN) bash scripts/with-docker.sh $(BIN)/pytest tests/unit tests/integration tests/notebooks
+# Tiers. `check` is the edit loop (lint, types, unit tests, one real wal run). `test` is what CI
+# runs: every pipeline, backend, topology and fault family on the real stack once; a further cell of
+# a matrix is marked `matrix` and left to `test-full` (and to the study's `lab faults`).
+PYTEST_TIMES := --durations=25 --durations-min=1
+
+check: setup  ## lint, types, unit tests and one real wal run: the edit loop (a few minutes)
+	$(BIN)/ruff check lab tests
+	$(BIN)/mypy lab
+	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q 'tests/integration/test_run_wal.py::test_wal_fan_out[1-auto]'
+
+test: setup  ## unit tests, then one real run of every family on the native stack (and a Docker engine)
+	BIN=$(BIN) bash scripts/with-docker.sh $(BIN)/pytest $(PYTEST_TIMES) -m 'not matrix' tests/unit tests/integration tests/notebooks
+
+test-full: setup  ## everything, the whole fault, ha and compose matrices included
+	BIN=$(BIN) bash scripts/with-docker.sh $(BIN)/pytest $(PYTEST_TIMES) tests/unit tests/integration tests/notebooks
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -34,7 +34,7 @@ def assert_clean(settings: Settings, stack: Any) -> None:
     assert not asyncio.run(queue_exists(settings, QUEUE))
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.matrix), 2, 4])
 def test_every_message_is_worked_once_and_nothing_is_left(
     settings: Settings, stack: Any, n: int
 ) -> None:

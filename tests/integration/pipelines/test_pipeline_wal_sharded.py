@@ -65,7 +65,7 @@ def assert_clean(settings: Settings) -> None:
     assert scalar(settings, OUR_SLOTS) == 0
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.matrix), 2, 4])
 def test_a_run_delivers_every_message_once_and_leaves_nothing(
     settings: Settings, stack: object, n: int
 ) -> None:

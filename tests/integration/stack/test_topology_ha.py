@@ -191,7 +191,8 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
         ha.stop_debezium("kafka")
 
 
-@pytest.mark.parametrize("pipeline", ["wal", "wal-sharded", "kafka", "rabbitmq"])
+@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix), pytest.param("wal-sharded", marks=pytest.mark.matrix),
+                                      "kafka", "rabbitmq"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
     per = {k: round(v * 1000 / M, 3) for k, v in r["cpu_s"].items()}
@@ -221,7 +222,7 @@ def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipel
         assert ps["replicas_at_start"]["leader"] == ha.rabbitmq.nodes[0].node_name
 
 
-@pytest.mark.parametrize("pipeline", ["kafka", "rabbitmq"])
+@pytest.mark.parametrize("pipeline", ["kafka", pytest.param("rabbitmq", marks=pytest.mark.matrix)])
 def test_a_killed_broker_node_loses_nothing(ha: NativeStack, pipeline: str) -> None:
     """issue 15's failover: SIGKILL node 1 (RabbitMQ's quorum leader, where every client connects;
     a Kafka node leading some of the 4 partitions) 3 s into a fixed-rate run, start it again 5 s
@@ -309,7 +310,7 @@ def test_a_fast_shutdown_does_not_wait_for_an_idle_wal_reader(restored: NativeSt
     assert took < 20, f"the fast shutdown took {took:.1f} s: a walsender waited for its client"
 
 
-@pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 4000, "5s"), ("kafka", 9000, "20s")])
+@pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 4000, "5s"), pytest.param("kafka", 9000, "20s", marks=pytest.mark.matrix)])
 def test_a_promoted_standby_loses_nothing(restored: NativeStack, pipeline: str, m: int, at: str) -> None:
     """issue 15's PostgreSQL failover: once the failover slots are synced, the primary stops (a
     fast shutdown: every commit reached the standby first) and the standby is promoted; the
