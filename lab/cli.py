@@ -257,7 +257,8 @@ def invalidation_line(inv: dict[str, object]) -> str:
     """The loud line of a slot-invalidation run (run.json's ``fault.invalidation``)."""
     return (f"SLOT INVALIDATED: {inv['slot']} ({inv.get('invalidation_reason')}, wal_status "
             f"{inv.get('wal_status')}) under max_slot_wal_keep_size={inv.get('keep_size')}; reader "
-            f"{inv.get('consumer')} ended ({str(inv.get('reader_error')).splitlines()[0]}); lost {inv.get('lost')} message(s)"
+            f"{inv.get('consumer')} ended ({str(inv.get('reader_error')).splitlines()[0]}); "
+            f"lost {inv.get('lost')} message(s)"
             f" the run's readers never worked")
 
 
@@ -574,7 +575,8 @@ def _faults_options(parser: argparse.ArgumentParser) -> None:
                         help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
     parser.add_argument("--pipelines", default="", help="comma-separated subset (default: the profile's)")
     parser.add_argument("--series-id", default="",
-                        help="runs are stored under it; a cell with a stored run is skipped (default: faults-<profile>)")
+                        help="runs are stored under it; a cell with a stored run is skipped "
+                             "(default: faults-<profile>)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run the cells whose stored run failed again (a failed run is otherwise a finding, kept)")
     parser.add_argument("--force", action="store_true", help="run every cell again, adding to the series")

@@ -133,7 +133,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in run.items():
         if key in ("scenario", "counters"):
             row.update(value)
-        elif key in ("cpu_s", "mem_mb", "mem_mb_max", "latency_ms", "latency_from_due_ms", "speed") and isinstance(value, Mapping):
+        elif (key in ("cpu_s", "mem_mb", "mem_mb_max", "latency_ms", "latency_from_due_ms", "speed")
+              and isinstance(value, Mapping)):
             row.update({f"{key}.{k}": v for k, v in value.items()})
         elif key == "senders" and isinstance(value, Mapping):  # the senders' record: send times, p95, ...
             row.update({f"senders.{k}": v for k, v in value.items() if not isinstance(v, Mapping | list)})

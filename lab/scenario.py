@@ -63,6 +63,7 @@ readers claim by slot either way (a slot streams to one reader at a time).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -174,7 +175,7 @@ def parse_rate_steps(text: str) -> tuple[float, ...]:
         raise ValueError(f"rate_steps {text!r} is not a comma-separated list of msg/s like 200,400,800") from None
     if not all(math.isfinite(r) and r > 0 for r in rates):
         raise ValueError(f"rate_steps {text!r}: every rate must be a positive finite number of msg/s")
-    if any(b <= a for a, b in zip(rates, rates[1:])):
+    if any(b <= a for a, b in itertools.pairwise(rates)):
         raise ValueError(f"rate_steps {text!r}: the rates must increase strictly (a staircase up)")
     return rates
 
@@ -213,7 +214,8 @@ class Scenario:
     seed: int = 0  # for anything randomised in a series
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
-    consumer_layout: str = "auto"  # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
+    # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
+    consumer_layout: str = "auto"
     claim: str = "owner"  # inbox claim: owner (the reference's, by consumer name) | takeover (a gone claimant's rows)
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
     rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none

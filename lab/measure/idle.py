@@ -31,8 +31,8 @@ import psutil
 
 from lab.measure.cgroups import attached, choose_cpu_method, tree_pids
 from lab.measure.sampler import Participant, Sampler
-from lab.settings import Settings, child_env
 from lab.measure.services import Source, service_names, service_sources
+from lab.settings import Settings, child_env
 from lab.stack import children, get_stack
 from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 

@@ -221,7 +221,8 @@ class RabbitBacklog:
     async def _erl_call(self) -> tuple[tuple[int, int] | None, str]:
         argv, env = self.erl_call
         try:
-            p = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            p = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+                                                     stdout=asyncio.subprocess.PIPE,
                                                      stderr=asyncio.subprocess.STDOUT, env=env)
         except OSError as exc:
             return None, str(exc)

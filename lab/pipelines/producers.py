@@ -60,6 +60,7 @@ import orjson
 
 from lab.pipelines.kafka import DIRECT_TOPIC as TOPIC
 from lab.pipelines.rabbitmq import DIRECT_QUEUE as QUEUE
+from lab.settings import Settings, get_settings
 from lab.workload.senders import (
     SendResult,
     Tally,
@@ -69,7 +70,6 @@ from lab.workload.senders import (
     send_phase,
     tally_result,
 )
-from lab.settings import Settings, get_settings
 
 TARGETS = ("kafka", "rabbitmq", "pg")
 CONTENT = "helloworld"

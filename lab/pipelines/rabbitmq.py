@@ -63,11 +63,11 @@ import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
 from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
-from lab.workload.inbox import take_lease
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import StackError
 from lab.stack.debezium import RABBITMQ_EXCHANGE, RABBITMQ_ROUTING_KEY, SLOT
+from lab.workload.inbox import take_lease
 
 log = logging.getLogger(__name__)
 

@@ -33,19 +33,20 @@ get new sequence numbers; an older commit LSN never moves the reported position 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, ClassVar
 
 import psycopg
 
-from lab.workload.inbox import claim_lsns
 from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
-from lab.pipelines.base import Item
 from lab.pg.replication import ReplicationStream
+from lab.pg.slots import drop_slots, wait_streaming
+from lab.pipelines.base import Item
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.pg.slots import drop_slots, wait_streaming
+from lab.workload.inbox import claim_lsns
 from lab.workload.watermark import SlotWatermark
 
 log = logging.getLogger(__name__)
@@ -148,10 +149,8 @@ class WalSource:
         log.warning("%s: replication stream ended (%s); reconnecting", self.slot, exc)
         old = self._stream
         if old is not None:
-            try:
+            with contextlib.suppress(Exception):
                 await old.close()
-            except Exception:  # noqa: S110 - the connection is gone already
-                pass
         self._stream = await self._start(create=False)
         self._broken = None
         self._sent_lsn = 0  # the new walsender has not heard our position yet
@@ -235,7 +234,5 @@ class WalSource:
     async def close(self) -> None:
         for closer in (self._stream, self._claims):
             if closer is not None:
-                try:
+                with contextlib.suppress(Exception):
                     await closer.close()
-                except Exception:  # noqa: S110 - closing must never raise
-                    pass

@@ -62,10 +62,6 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from lab.pipelines.base import Item
-from lab.pipelines.wal import WalPipeline, WalSource
-from lab.scenario import Scenario
-from lab.settings import Settings
 from lab.pg.shards import (
     LOCKS_SQL,
     MEMBER_SPACE,
@@ -77,6 +73,10 @@ from lab.pg.shards import (
     census,
     target,
 )
+from lab.pipelines.base import Item
+from lab.pipelines.wal import WalPipeline, WalSource
+from lab.scenario import Scenario
+from lab.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class ShardedWalSource(WalSource):
 
     async def _wait_turn(self, previous: Path) -> None:
         deadline = time.monotonic() + self.ready_timeout
-        while not previous.exists():  # noqa: ASYNC240 - one stat per poll, only while opening
+        while not previous.exists():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"consumer {self.index}: {previous.name} not written "
                                    f"after {self.ready_timeout:.0f} s")

@@ -135,7 +135,7 @@ class ServiceFaults:
         replacing: dict[int, asyncio.Task[None]] = {}
         try:
             while True:
-                while self.down or self._failing_over:  # a replacement could not connect yet
+                while self.down or self._failing_over:  # noqa: ASYNC110 -- a replacement could not connect yet
                     await asyncio.sleep(0.1)
                 if sink is not None and not run.stack.debezium[sink].processes():
                     self._event("debezium exited", sink=sink)

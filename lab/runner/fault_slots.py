@@ -70,9 +70,11 @@ class SlotFaults:
                 raise RunError(f"{KEEP_GUC} is set on this server's command line, which ALTER SYSTEM cannot "
                                "override (the compose backend): slot-invalidation needs the native stack")
             before = await _scalar(conn, sql.SQL("SHOW {}").format(sql.Identifier(KEEP_GUC)))
-            segment = int(await _scalar(conn, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"))
+            segment = int(await _scalar(
+                conn, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"))
             if keep_mb * 2**20 + 3 * segment >= run.settings.max_retained_wal:
-                raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about {keep_mb * 2**20 + 3 * segment} "
+                raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about "
+                               f"{keep_mb * 2**20 + 3 * segment} "
                                f"bytes, past the retention guard's limit of {run.settings.max_retained_wal}: "
                                "lower KEEP or raise --max-retained-wal")
             self.stopped.append(proc)
@@ -108,7 +110,8 @@ class SlotFaults:
             self.invalidation = {
                 "slot": slot, "consumer": i, "wal_status": status, "invalidation_reason": reason,
                 "keep_size": keep, "keep_size_before": before, "wal_switches": switches,
-                "confirmed_flush_lsn": confirmed, "unconfirmed_bytes": None if unconfirmed is None else int(unconfirmed),
+                "confirmed_flush_lsn": confirmed,
+                "unconfirmed_bytes": None if unconfirmed is None else int(unconfirmed),
                 "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(),
             }
             log.error("SLOT INVALIDATED: %s (%s, wal_status %s) under %s=%s: reader %d can no longer read it; "
@@ -152,7 +155,7 @@ class SlotFaults:
                 raise RunError(f"the other slots did not catch up before the checkpoint: {behind} bytes retained")
             await asyncio.sleep(0.5)
 
-    async def _until(self, conn: psycopg.AsyncConnection[Any], query: Any, what: str, timeout: float = 10.0) -> None:
+    async def _until(self, conn: psycopg.AsyncConnection[Any], query: Any, what: str, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
         while not await _scalar(conn, query):
             if time.monotonic() > deadline:

@@ -14,8 +14,8 @@ import psycopg
 from psycopg import sql
 
 from lab.measure.latency import due_latencies, message_latencies, summarize
-from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.measure.sampler import Sampler
+from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after, longest_stall_after
 from lab.runner.processes import RunError

@@ -55,7 +55,8 @@ class RunProcesses:
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
             web_args += ["--by-consumer"]
         self.procs["web"] = self._spawn("web", web_args)
-        self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe", "--out", str(self.scratch / "probe.json")])
+        self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
+                                                    "--out", str(self.scratch / "probe.json")])
         await self._wait_web()
 
     def start_senders(self) -> None:
@@ -84,7 +85,8 @@ class RunProcesses:
         def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
             if self.cpu_method != "cgroup":
                 return None
-            return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
+            pids = (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
+            return attached(self.settings, name, pids)
 
         parts = service_participants(self.stack, (*service_names(self.stack), "debezium"), group)
         self.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)

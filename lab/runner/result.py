@@ -11,11 +11,11 @@ from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate
 from lab.measure.provenance import client_versions, provenance
 from lab.measure.sampler import Sampler, Snapshot
+from lab.measure.services import stack_record
 from lab.measure.steps import step_rows
 from lab.measure.steps import summary as step_summary
-from lab.measure.services import stack_record
-from lab.workload import HARNESS
 from lab.pipelines.versions import broker_client_versions
+from lab.workload import HARNESS
 
 log = logging.getLogger(__name__)
 

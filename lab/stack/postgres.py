@@ -50,8 +50,8 @@ LOOPBACK = "127.0.0.1"
 MAJOR = 18
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
-SUN_PATH_MAX = 107
-LEGACY_PASSWORD = "lab"  # the superuser password of clusters made before secrets were generated  # sockaddr_un.sun_path (108) minus the terminating NUL
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path (108) minus the terminating NUL
+LEGACY_PASSWORD = "lab"  # the superuser password of clusters made before secrets were generated
 
 #: Server flags of the reference bench (method.md §1.2), passed as ``-c name=value``.
 SERVER_FLAGS: dict[str, str] = {
@@ -386,7 +386,7 @@ class PostgresService:
                 f"--pwfile={pwfile}", "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
                 "--no-instructions",
             ]
-            res = subprocess.run(  # noqa: S603 - argv is ours
+            res = subprocess.run(
                 argv, capture_output=True, text=True, env=child_env(), cwd=self.state_dir,
                 check=False, **self._as_user(),  # type: ignore[arg-type]
             )

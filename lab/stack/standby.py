@@ -166,7 +166,7 @@ class PostgresStandby(PostgresService):
         argv = [str(bin_dir() / "pg_basebackup"), "-D", str(self.data_dir), "-h", self.settings.service_host,
                 "-p", str(self.settings.pg_port), "-U", self.settings.pg_user, "-S", STANDBY_SLOT,
                 "-X", "stream", "-c", "fast", "--no-password"]
-        res = subprocess.run(  # noqa: S603 - argv is ours
+        res = subprocess.run(
             argv, capture_output=True, text=True, env=child_env(PGPASSFILE=str(self.passfile)),
             cwd=self.state_dir, check=False, timeout=BASEBACKUP_TIMEOUT, **self._as_user(),  # type: ignore[arg-type]
         )

@@ -15,10 +15,10 @@ from typing import Any
 import psutil
 
 from lab.measure.idle import sample_idle
+from lab.measure.services import Source, service_names, service_sources
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.measure.services import Source, service_names, service_sources
 from lab.stack import get_stack
 
 Say = Callable[[str], None]

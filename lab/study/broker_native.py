@@ -23,9 +23,9 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
+from lab.scenario import Scenario
 from lab.study.costmodel import METRIC, measured
 from lab.study.plots import PARTICIPANT_COLORS, breakdown_figure
-from lab.scenario import Scenario
 from lab.study.series import matrix
 
 ARMS = ("kafka", "rabbitmq", "wal")  # the published stand's three transports

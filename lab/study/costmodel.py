@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 
 from lab.results import load_reference
+from lab.scenario import PIPELINE_NAMES
 from lab.study import groups
 from lab.study.intervals import median_interval
 from lab.study.nodes import rollup_nodes
-from lab.scenario import PIPELINE_NAMES
 
 METRIC = "cpu_ms_per_msg"
 Z975 = 1.959963984540054  # standard normal 97.5 % quantile

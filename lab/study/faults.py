@@ -264,7 +264,9 @@ def _fault(run: dict[str, Any]) -> dict[str, Any]:
 
 def _rows(run: dict[str, Any], key: str) -> list[dict[str, Any]]:
     rows = _fault(run).get(key)
-    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("t_s"), int | float)] if isinstance(rows, list) else []
+    if not isinstance(rows, list):
+        return []
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("t_s"), int | float)]
 
 
 def timeline(run: dict[str, Any], key: str = "wal") -> pd.DataFrame:
@@ -448,7 +450,8 @@ def wal_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
         for slot, samples in _per_slot(run).items():
             info = summary.get(slot) if isinstance(summary.get(slot), dict) else {}
             rows.append({
-                "pipeline": (run.get("scenario") or {}).get("pipeline"), "spec": (run.get("scenario") or {}).get("fault"),
+                "pipeline": (run.get("scenario") or {}).get("pipeline"),
+                "spec": (run.get("scenario") or {}).get("fault"),
                 "slot": slot, "retained_peak_mb": _peak([s.get("retained_bytes") for s in samples]) / 2**20,
                 "unconfirmed_peak_mb": _peak([s.get("unconfirmed_bytes") for s in samples]) / 2**20,
                 "slope_kb_s": _slot_slope(samples, window) / 1024,
@@ -562,9 +565,9 @@ def reading(table: pd.DataFrame) -> list[str]:
     out = []
     lossy = t[_positive(t["lost"])]
     measured = t["lost"].notna()
-    out.append(f"**Losses**: {int((t['lost'] == 0).fillna(False).sum())} of {int(measured.sum())} accounted cells lost nothing"
-               + (f"; lost messages in {_list([f'{r.pipeline} {r.fault} ({int(r.lost):,})' for r in lossy.itertuples()])}."
-                  if not lossy.empty else "."))
+    lossy_cells = _list([f"{r.pipeline} {r.fault} ({int(r.lost):,})" for r in lossy.itertuples()])
+    out.append(f"**Losses**: {int((t['lost'] == 0).fillna(False).sum())} of {int(measured.sum())} accounted cells "
+               "lost nothing" + (f"; lost messages in {lossy_cells}." if not lossy.empty else "."))
     dup = t[_positive(t["duplicates"])].sort_values("duplicates", ascending=False)
     out.append("**Duplicates** (re-worked, at-least-once): "
                + (_list([f"{r.pipeline} {r.fault} {int(r.duplicates):,} (burst {_fmt(r.max_burst, digits=0)})"
@@ -585,7 +588,8 @@ def reading(table: pd.DataFrame) -> list[str]:
     if not rec.empty:
         worst = rec.loc[rec["recovery_s"].idxmax()]
         out.append(f"**Recovery** (rate and lag back in the pre-fault band): median {rec['recovery_s'].median():.1f} s "
-                   f"over {len(rec)} cells, longest {worst['recovery_s']:.1f} s ({worst['pipeline']} {worst['fault']}).")
+                   f"over {len(rec)} cells, longest {worst['recovery_s']:.1f} s "
+                   f"({worst['pipeline']} {worst['fault']}).")
     cost = t.dropna(subset=["cpu_vs_clean_ms"])
     if not cost.empty:
         by = cost.groupby("pipeline")["cpu_vs_clean_ms"].median()
@@ -594,9 +598,11 @@ def reading(table: pd.DataFrame) -> list[str]:
     failed = t[~t["success"].astype(bool) & ~_positive(t["lost"])]
     if not failed.empty:
         out.append("**Failed without a loss** (the run's error says why): "
-                   + _list([f"{r.pipeline} {r.fault}: {str(r.error).splitlines()[0][:160]}" for r in failed.itertuples()]) + ".")
+                   + _list([f"{r.pipeline} {r.fault}: {str(r.error).splitlines()[0][:160]}"
+                            for r in failed.itertuples()]) + ".")
     load = table["loadavg_1m"].dropna()
     if not load.empty:
-        out.append(f"Measured with a 1-min load average of {load.min():.1f}-{load.max():.1f} (median {load.median():.1f}); "
+        out.append(f"Measured with a 1-min load average of {load.min():.1f}-{load.max():.1f} "
+                   f"(median {load.median():.1f}); "
                    "times are slower on a loaded machine, the counts are not.")
     return out

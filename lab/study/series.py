@@ -184,7 +184,8 @@ def cell_label(s: Scenario) -> str:
 class Step:
     """A progress event of :func:`run_series`.
 
-    ``status``: ``idle`` (the idle baseline is being measured; ``index`` is -1), ``start`` (a run begins), ``phase`` (the run moved on; ``phase`` says where),
+    ``status``: ``idle`` (the idle baseline is being measured; ``index`` is -1), ``start`` (a run
+    begins), ``phase`` (the run moved on; ``phase`` says where),
     ``skipped`` (a successful run exists) or ``done`` (``result`` is the run.json content).
     """
 

@@ -289,7 +289,7 @@ def tally_result(t: Tally, *, url: str, messages: int, senders: int, rate: float
 
 async def _wait_for_file(path: Path, gate: asyncio.Event) -> None:
     # A 20 ms stat() poll: nothing to wait on across processes, and it ends before the window.
-    while not path.exists():  # noqa: ASYNC110, ASYNC240 - one stat() per tick
+    while not path.exists():  # noqa: ASYNC110 - one stat() per tick
         await asyncio.sleep(GATE_POLL_S)
     gate.set()
 

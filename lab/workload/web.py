@@ -211,7 +211,7 @@ def _spawn_control(port: int, host: str, argv: list[str]) -> subprocess.Popen[by
     return subprocess.Popen(
         [sys.executable, "-m", "lab.workload.web", "--control", "--host", host, "--port", str(port),
          "--insert-pid", str(os.getpid()), *argv],
-        stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - a prctl
+        stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid()),
     )
 
 

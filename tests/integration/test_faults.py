@@ -168,7 +168,8 @@ def _check_measures(f: dict, pipeline: str, kind: str) -> None:
     if f["recovery_bands"] is not None and kind == "consumer-dead":  # run on the real stack (h2);
         # the other kinds' recovery is recorded, and asserted once measured
         assert isinstance(f["recovery_s"], float), f["recovery_s"]
-    elif f["recovery_bands"] is None:  # nothing delivered in [1 s, fault start): no band to return to (a loaded machine, where
+    # nothing delivered in [1 s, fault start): no band to return to (a loaded machine, where
+    elif f["recovery_bands"] is None:
         # Debezium ran seconds behind the senders, docs/benchmarks.md); then it must say None
         assert f["recovery_s"] is None and phases["before"]["delivered_per_s"] < 1, phases["before"]
     lag = f["consumer_lag"]

@@ -23,10 +23,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
-from lab.runner import run_scenario
-from lab.scenario import Scenario
-from lab.settings import Settings
 from lab.pg.shards import (
     JOIN_SQL,
     LEAVE_SQL,
@@ -36,6 +32,10 @@ from lab.pg.shards import (
     ShardOwnership,
     target,
 )
+from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
 from tests.integration.checks import scalar
 
 pytestmark = pytest.mark.integration

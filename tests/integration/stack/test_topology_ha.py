@@ -191,7 +191,8 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
         ha.stop_debezium("kafka")
 
 
-@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix), pytest.param("wal-sharded", marks=pytest.mark.matrix),
+@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix),
+                                      pytest.param("wal-sharded", marks=pytest.mark.matrix),
                                       "kafka", "rabbitmq"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
@@ -310,7 +311,8 @@ def test_a_fast_shutdown_does_not_wait_for_an_idle_wal_reader(restored: NativeSt
     assert took < 20, f"the fast shutdown took {took:.1f} s: a walsender waited for its client"
 
 
-@pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 4000, "5s"), pytest.param("kafka", 9000, "20s", marks=pytest.mark.matrix)])
+@pytest.mark.parametrize(("pipeline", "m", "at"),
+                         [("wal", 4000, "5s"), pytest.param("kafka", 9000, "20s", marks=pytest.mark.matrix)])
 def test_a_promoted_standby_loses_nothing(restored: NativeStack, pipeline: str, m: int, at: str) -> None:
     """issue 15's PostgreSQL failover: once the failover slots are synced, the primary stops (a
     fast shutdown: every commit reached the standby first) and the standby is promoted; the

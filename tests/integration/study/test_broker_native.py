@@ -25,7 +25,8 @@ M = 2000
 N = 2
 
 
-@pytest.mark.parametrize("pipeline", ["kafka", pytest.param("rabbitmq", marks=pytest.mark.matrix), pytest.param("wal", marks=pytest.mark.matrix)])
+@pytest.mark.parametrize("pipeline", ["kafka", pytest.param("rabbitmq", marks=pytest.mark.matrix),
+                                      pytest.param("wal", marks=pytest.mark.matrix)])
 def test_direct_producers_feed_the_usual_consumers(
     settings: Settings, stack: Any, pipeline: str
 ) -> None:

@@ -21,7 +21,6 @@ import pytest
 
 from lab.pg.pgoutput import (
     UNCHANGED,
-    commit_end_lsn,
     Begin,
     BeginPrepare,
     Commit,
@@ -45,6 +44,7 @@ from lab.pg.pgoutput import (
     Type,
     Update,
     XLogData,
+    commit_end_lsn,
     format_lsn,
     parse_copy_data,
     parse_lsn,

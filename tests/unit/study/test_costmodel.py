@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.study import costmodel as cm
 from lab.results import load_reference
+from lab.study import costmodel as cm
 
 
 def synth(

@@ -10,9 +10,9 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
+from lab.results import load_reference
 from lab.study import costmodel as cm
 from lab.study import plots
-from lab.results import load_reference
 
 PIPES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from lab.study import control, faults, report
 from lab.results import new_report_id, report_dir
 from lab.settings import Settings
+from lab.study import control, faults, report
 
 RESULT = {
     "run_id": "r1", "success": True, "error": None, "window_s": 2.0, "cpu_ms_per_msg": 4.0,
@@ -58,7 +58,8 @@ def test_outputs_go_to_the_report_folder_only_when_one_is_given(tmp_path: Path) 
     report.save_table(pd.DataFrame({"a": [1]}), "", "nowhere")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "f.svg", "t.csv"]
     rid = new_report_id("quick")
-    assert rid.endswith("Z-quick") and report_dir(rid, Settings().replace(data_dir=tmp_path)) == tmp_path / "reports" / rid
+    assert rid.endswith("Z-quick")
+    assert report_dir(rid, Settings().replace(data_dir=tmp_path)) == tmp_path / "reports" / rid
 
 
 def _control_runs(rates: dict[tuple[str, int], float]) -> pd.DataFrame:

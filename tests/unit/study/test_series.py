@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 import lab.runner
-from lab.study import series
 from lab.results import read_idle, write_run
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.study import series
 
 
 def test_plan_is_warmup_then_every_cell_then_drift_probe() -> None:
