@@ -8,7 +8,7 @@ never look at the backend themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
@@ -54,9 +54,16 @@ def service_participants(stack: Any, names: tuple[str, ...], group: GroupFor) ->
         if callable(source):
             parts.append(Participant(name, [], counter=source))
         else:
-            parts.append(Participant(name, lambda n=name: service_sources(stack, (n,))[n],
-                                     cgroup=group(name, source)))
+            parts.append(Participant(name, _roots(stack, name), cgroup=group(name, source)))
     return parts
+
+
+def _roots(stack: Any, name: str) -> Callable[[], Iterable[Any]]:
+    """The service's process roots, asked again at every walk (a restarted service is the same participant)."""
+    def roots() -> Iterable[Any]:
+        source = service_sources(stack, (name,))[name]
+        return [] if callable(source) else source
+    return roots
 
 
 def is_local(stack: Any) -> bool:

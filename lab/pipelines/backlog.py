@@ -219,6 +219,7 @@ class RabbitBacklog:
         return []
 
     async def _erl_call(self) -> tuple[tuple[int, int] | None, str]:
+        assert self.erl_call is not None  # only called when the service has erl_call
         argv, env = self.erl_call
         try:
             p = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,

@@ -122,7 +122,7 @@ def names(scenario: Scenario) -> tuple[str, str]:
 
 
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})  # type: ignore[dict-item]
 
 
 def partition_count(admin: AdminClient, topic: str = TOPIC) -> int | None:
@@ -246,9 +246,10 @@ class KafkaPipeline:
     def _members(self) -> list[int] | None:
         """Partitions of the topic per member when the group is stable; None otherwise."""
         try:
-            futures = self.admin.describe_consumer_groups([self.group],
-                                                          request_timeout=METADATA_TIMEOUT)
-            desc = futures[self.group].result()
+            group = self.group
+            assert group is not None  # set by prepare()
+            futures = self.admin.describe_consumer_groups([group], request_timeout=METADATA_TIMEOUT)
+            desc = futures[group].result()
         except KafkaException:
             return None
         if desc.state != ConsumerGroupState.STABLE:

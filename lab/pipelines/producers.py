@@ -142,7 +142,7 @@ class _Kafka:
         async def send(i: int) -> None:
             done = new_future()
             produce(TOPIC, body(i), str(i).encode(),
-                    on_delivery=lambda err, msg, f=done: report((f, err)))
+                    on_delivery=lambda err, msg: report((done, err)))
             err = await done
             if err is not None:
                 raise error(err)

@@ -157,7 +157,7 @@ class RabbitPipeline:
                 await queue.bind(exchange, routing_key=ROUTING_KEY)
         cluster = getattr(self.stack, "rabbitmq", None)
         if self.settings.ha and hasattr(cluster, "queue_replicas"):  # before the window: rabbitmqctl
-            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)
+            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)  # type: ignore[union-attr]
 
     async def wait_ready(self) -> None:
         n, timeout = self.scenario.consumers, self.scenario.ready_timeout_s
@@ -204,7 +204,7 @@ async def _declare_queue(
         try:
             return await channel.declare_queue(
                 name, durable=True, exclusive=False, auto_delete=False,
-                arguments=QUEUE_ARGUMENTS if arguments is None else arguments,
+                arguments=QUEUE_ARGUMENTS if arguments is None else arguments,  # type: ignore[arg-type]
             )
         except aio_pika.exceptions.AMQPError as exc:
             if attempt == DECLARE_ATTEMPTS:
@@ -258,12 +258,13 @@ class RabbitSource:
             url = self.settings.amqp_url
             conn = await self._shared.get("amqp", lambda: aiormq.connect(url))
         self._channel = channel = await conn.channel()
-        self._write, self._number = channel.write_queue.put_nowait, channel.number
+        # aiormq's own write queue: the pre-packed ack frame goes straight onto it
+        self._write, self._number = channel.write_queue.put_nowait, channel.number  # type: ignore[attr-defined]
         await channel.basic_qos(prefetch_count=PREFETCH)
         await channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
 
     async def _on_delivery(self, message: DeliveredMessage) -> None:
-        self._buf.append((message.body, message.delivery_tag))
+        self._buf.append((message.body, message.delivery_tag or 0))  # always set on a basic.deliver
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -210,8 +210,8 @@ class WalSource:
         msg = self._decoder.decode(item.pos[2])
         assert type(msg) is Insert
         row, idx = msg.new, msg.relation.index
-        item.id, item.content = row[idx["id"]], row[idx["content"]]
-        item.created_at = row[idx["created_at"]].isoformat()
+        item.id, item.content = row[idx["id"]], row[idx["content"]]  # type: ignore[assignment]
+        item.created_at = row[idx["created_at"]].isoformat()  # type: ignore[attr-defined]
 
     def done(self, item: Item) -> None:
         self._report(self._marks.resolve(item.pos[1]))

@@ -36,9 +36,10 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
+from lab.runner.context import Progress
 from lab.runner.faults import FaultInjector, check_topology
 from lab.runner.phases import RunPhases
-from lab.runner.processes import Progress, RunError, RunProcesses
+from lab.runner.processes import RunError, RunProcesses
 from lab.runner.result import RunResult, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -50,6 +51,8 @@ class FaultSampling:
     :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
+    _continue_stopped: Callable[..., None]  # FaultInjector._continue_stopped
     fault: Any
     sampling: bool
     wal: list[dict[str, Any]]

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psycopg
@@ -43,6 +44,8 @@ class ServiceFaults:
     :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
+    _replace: Callable[[int], Coroutine[Any, Any, None]]  # ProcessFaults._replace
     fault: Any
     down: list[str]
     failed_over: bool

@@ -28,6 +28,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class SlotFaults:
     """``slot-invalidation``: a part of :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
     stopped: list[psutil.Process]
     invalidation: dict[str, Any] | None
     _keep_set: bool

@@ -15,12 +15,13 @@ from lab.measure.services import stack_record
 from lab.measure.steps import step_rows
 from lab.measure.steps import summary as step_summary
 from lab.pipelines.versions import broker_client_versions
+from lab.runner.context import RunContext
 from lab.workload import HARNESS
 
 log = logging.getLogger(__name__)
 
 
-class RunResult:
+class RunResult(RunContext):
     """What one run stores (a part of :class:`lab.runner.Run`)."""
 
     def _assemble(self, started_at: str, sampler: Sampler | None, sent: dict[str, Any],

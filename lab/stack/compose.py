@@ -149,7 +149,7 @@ class ComposeStack:
                     raise
                 time.sleep(0.5)
         with psycopg.connect(s.pg_dsn) as conn, conn.transaction():
-            conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
+            conn.execute((TEMPLATES / "schema.sql").read_text())
 
     def down(self, *, purge: bool = False) -> None:
         """Remove the project's containers and network (``purge``: its volumes too)."""

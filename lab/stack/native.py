@@ -18,6 +18,7 @@ import logging
 import shutil
 import signal
 import time
+from typing import Any
 
 import psutil
 
@@ -150,7 +151,7 @@ class NativeStack:
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other
         topology's nodes too while they run (a status asked without ``--topology``)."""
-        out = []
+        out: list[Any] = []
         other = [s for s in self._other_topology() if s.processes()]
         for service in [*self.services, *other, *self.debezium.values()]:
             statuses = getattr(service, "statuses", None)

@@ -31,7 +31,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psutil
 import psycopg
@@ -260,7 +260,7 @@ class PostgresService:
         postmaster = proc.running(self.state_dir)
         if postmaster is None:
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
-        version, detail = "", {}
+        version, detail = "", dict[str, object]()
         try:
             with psycopg.connect(self._dsn(), autocommit=True) as conn:
                 version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -310,7 +310,7 @@ class PostgresService:
                 _grant_traverse(target, self.os_user, uid, gids, mine=self.settings.stack_dir)
         return uid, gid
 
-    def _as_user(self) -> dict[str, object]:
+    def _as_user(self) -> dict[str, Any]:
         if not self.os_user:
             return {}
         gid = pwd.getpwnam(self.os_user).pw_gid
@@ -388,7 +388,7 @@ class PostgresService:
             ]
             res = subprocess.run(
                 argv, capture_output=True, text=True, env=child_env(), cwd=self.state_dir,
-                check=False, **self._as_user(),  # type: ignore[arg-type]
+                check=False, **self._as_user(),
             )
         finally:
             os.unlink(pwfile)
@@ -446,7 +446,7 @@ class PostgresService:
     def _apply_schema(self) -> None:
         """schema.sql: tables and the publication, each created only if missing (method.md §2)."""
         with psycopg.connect(self._dsn()) as conn, conn.transaction():
-            conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
+            conn.execute((TEMPLATES / "schema.sql").read_text())
 
 
 def _grant_traverse(target: Path, user: str, uid: int, gids: set[int], *, mine: Path) -> None:

@@ -106,7 +106,7 @@ def spawn(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = extra_groups = None
     if user is not None and os.geteuid() == 0:  # drop root's gid and groups too, not just the uid
-        group, extra_groups = pwd.getpwnam(user).pw_gid, []
+        group, extra_groups = pwd.getpwnam(user).pw_gid, list[int]()
     with open(log_path, "ab") as out:
         popen = subprocess.Popen(
             [str(a) for a in argv],

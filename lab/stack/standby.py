@@ -96,7 +96,7 @@ def configure_primary(settings: Settings) -> None:
 class PostgresStandby(PostgresService):
     """A hot standby of the lab's PostgreSQL on ``settings.pg_standby_port``, rebuilt at start."""
 
-    name = "postgres-standby"  # type: ignore[misc]
+    name = "postgres-standby"
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -168,7 +168,7 @@ class PostgresStandby(PostgresService):
                 "-X", "stream", "-c", "fast", "--no-password"]
         res = subprocess.run(
             argv, capture_output=True, text=True, env=child_env(PGPASSFILE=str(self.passfile)),
-            cwd=self.state_dir, check=False, timeout=BASEBACKUP_TIMEOUT, **self._as_user(),  # type: ignore[arg-type]
+            cwd=self.state_dir, check=False, timeout=BASEBACKUP_TIMEOUT, **self._as_user(),
         )
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).strip().splitlines()[-3:]

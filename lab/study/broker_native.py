@@ -90,7 +90,7 @@ def figure(runs: pd.DataFrame, published: pd.DataFrame) -> Figure:
     fig = breakdown_figure(measured(runs, producer="direct"))
     ax = fig.axes[0]
     pub = published.drop_duplicates("pipeline").set_index("pipeline")["ms_per_msg"]
-    legend = "published total"
+    legend: str | None = "published total"
     for x, label in zip(ax.get_xticks(), ax.get_xticklabels(), strict=True):
         value = pub.get(label.get_text().split(" ")[0])
         if value is not None:

@@ -386,12 +386,12 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
     """One run as one row of the matrix (:data:`COLUMNS`); ``clean``: each pipeline's ms CPU/msg
     without a fault, for ``cpu_vs_clean_ms``."""
     s, f = run.get("scenario") or {}, _fault(run)
-    acc = f.get("accounting") if isinstance(f.get("accounting"), dict) else {}
+    acc: dict[str, Any] = f["accounting"] if isinstance(f.get("accounting"), dict) else {}
     window = fault_window(run) if f else None
     slots = _per_slot(run)
     where, source_peak, broker_peak = backlog_where(run, window) if f else ("—", NAN, NAN)
     lag, lag_s = _healthy_lag(run, window)
-    summary = f.get("wal_summary") if isinstance(f.get("wal_summary"), dict) else {}
+    summary: dict[str, Any] = f["wal_summary"] if isinstance(f.get("wal_summary"), dict) else {}
     cpu = _num(run.get("cpu_ms_per_msg"))
     unattributed = _num((run.get("cpu_s") or {}).get("unattributed"))
     messages = _num(s.get("messages"))
@@ -445,10 +445,10 @@ def wal_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for run in results:
         f = _fault(run)
-        summary = f.get("wal_summary") if isinstance(f.get("wal_summary"), dict) else {}
+        summary: dict[str, Any] = f["wal_summary"] if isinstance(f.get("wal_summary"), dict) else {}
         window = fault_window(run) if f else None
         for slot, samples in _per_slot(run).items():
-            info = summary.get(slot) if isinstance(summary.get(slot), dict) else {}
+            info: dict[str, Any] = summary[slot] if isinstance(summary.get(slot), dict) else {}
             rows.append({
                 "pipeline": (run.get("scenario") or {}).get("pipeline"),
                 "spec": (run.get("scenario") or {}).get("fault"),

@@ -32,7 +32,7 @@ def parse_vary(spec: str) -> tuple[str, list[Any]]:
     default = getattr(Scenario(), name, None)
     if not sep or name not in Scenario.field_names():
         raise ValueError(f"--vary wants FIELD=V1,V2 with a Scenario field, got {spec!r}")
-    kind = type(default)
+    kind: Any = type(default)
     items = [v.strip() for v in values.split(",") if v.strip()]
     if len(items) < 2:
         raise ValueError(f"--vary {name} needs at least two values, got {values!r}")

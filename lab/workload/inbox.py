@@ -141,13 +141,17 @@ async def id_sets(conn: psycopg.AsyncConnection, worked: Sequence[int], inbox_ta
     All zero: the sets are equal.
     """
     cur = await conn.execute(ID_SETS, {"ids": list(worked)})
-    rows, foreign, missing = await cur.fetchone()
+    one = await cur.fetchone()
+    assert one is not None  # aggregates always answer
+    rows, foreign, missing = one
     out: dict[str, int | None] = {"messages_rows": rows, "worked_not_in_messages": foreign,
                                   "messages_not_worked": missing,
                                   "claimed_not_in_messages": None, "messages_not_claimed": None}
     if inbox_table == "inbox":
         cur = await conn.execute(CLAIMED_IDS)
-        out["claimed_not_in_messages"], out["messages_not_claimed"] = await cur.fetchone()
+        claimed = await cur.fetchone()
+        assert claimed is not None
+        out["claimed_not_in_messages"], out["messages_not_claimed"] = claimed
     return out
 
 

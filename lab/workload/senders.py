@@ -41,7 +41,7 @@ import os
 import resource
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,10 @@ class Tally:
         self.remaining, self.next_id = messages, 0
         self.sent = self.failed = 0
         self.steps = 0  # staircase: steps started
-        self.first_wall = self.last_wall = self.first_mono = self.last_mono = None
+        self.first_wall: float | None = None
+        self.last_wall: float | None = None
+        self.first_mono: float | None = None
+        self.last_mono: float | None = None
         self.first_error: str | None = None
         self.latency = array("d")
 
@@ -327,7 +330,7 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
                    help="counter file, rewritten each second")
 
 
-def run_and_write(main: Callable[[], Awaitable[SendResult]], out: Path) -> int:
+def run_and_write(main: Callable[[], Coroutine[Any, Any, SendResult]], out: Path) -> int:
     """Run ``main()`` on uvloop, write its result to ``out``; the process's exit status."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
         result = r.run(main())

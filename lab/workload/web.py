@@ -119,7 +119,7 @@ async def _results(pgconn: PGconn, *, pipeline: bool) -> list[PGresult]:
     fd = pgconn.socket
     while pgconn.flush():  # 1: the socket's buffer is full, more to send
         await _ready(loop, fd, write=True)
-    out = []
+    out: list[Any] = []
     while True:
         while pgconn.is_busy():
             await _ready(loop, fd)
