@@ -22,7 +22,9 @@ import pandas as pd
 
 from lab.settings import Settings, get_settings
 
-SCHEMA_VERSION = 1
+# run.json's shape. 2: ``cost_split`` (the window's CPU as F + c·M per participant and in total,
+# lab.measure.steady) added beside ``cpu_s``; everything of 1 is still there and read the same way.
+SCHEMA_VERSION = 2
 SAMPLE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 
 

@@ -80,6 +80,7 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
+        self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""

@@ -193,6 +193,7 @@ class RunPhases(RunContext):
                         "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)",
                         (ids,))
                 created: dict[int, float] = dict(await cur.fetchall())
+            self.flow = sorted(created.values()), sorted(arrivals["t"])  # the cost split's regressors
             self.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
             if self.scenario.rate_steps and sent.get("gate_opened_at"):
                 self.stair_data = {"created_at": created, "arrivals": arrivals}
