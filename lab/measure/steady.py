@@ -12,7 +12,7 @@ own timeline (the sampler's cumulative CPU per participant, every 0.5 s):
   consumers on two cores, so counting deliveries for them would charge their cost to the wrong
   messages.
 * **The steady part**: the samples taken while between :data:`STEADY_FROM` and :data:`STEADY_TO` of
-  the messages had been delivered: the start-up and the drain's tail are left out.
+  the messages had passed the participant's stage: the start-up and the drain's tail are left out.
 * **The estimator**: the Theil–Sen slope (the median of the slopes between every pair of steady
   samples) of cumulative CPU against that count. A GC pause or a scheduling stall moves a median
   little, where least squares follows it; with the 10–100 points of a run it costs nothing.
@@ -23,8 +23,11 @@ own timeline (the sampler's cumulative CPU per participant, every 0.5 s):
   20 % of a short run) shows as a clearly negative drift, and its ``c`` is then too high and ``F``
   too low: a longer run, or the split of one, says more.
 
-The total is the sum over participants (``unattributed`` is left out, as in the headline). A run with
-fewer than :data:`MIN_POINTS` steady samples (a few thousand messages on a fast machine) gets no split
+The total is the sum over participants (``unattributed`` is left out, as in the headline). A
+participant with fewer than :data:`MIN_POINTS` steady samples (closed loop, the senders insert a few
+thousand messages in a second or two) is not split: its whole window counts as steady cost
+(``"split": false``), so the total still adds up to the window's CPU and says how much of it is
+unsplit. A run whose deliveries give fewer than :data:`MIN_POINTS` steady samples gets no split at all
 and says why.
 """
 
@@ -80,32 +83,43 @@ def split(samples: Sequence[Sample], window_cpu_s: Mapping[str, float], messages
     """``F`` and ``c`` per participant and in total; ``inserted`` and ``delivered`` are the sorted
     wall-clock times of every outbox insert and every work call, ``window_cpu_s`` the window's CPU
     per participant (run.json's ``cpu_s``). Returns ``{"method", "points", "participants": {name:
-    {"fixed_cpu_s", "steady_ms_per_msg", "drift"}}, "total": {"fixed_cpu_s", "steady_ms_per_msg"}}``,
+    {"fixed_cpu_s", "steady_ms_per_msg", "drift", "split"}}, "total": {"fixed_cpu_s",
+    "steady_ms_per_msg", "unsplit_cpu_s"}}``,
     or ``{"method", "points", "error"}``."""
     method = (f"Theil-Sen slope of cumulative CPU against messages passed, over the samples "
               f"between {STEADY_FROM:.0%} and {STEADY_TO:.0%} delivered")
     if messages <= 0 or not delivered:
         return {"method": method, "points": 0, "error": "no message delivered"}
     lo, hi = STEADY_FROM * messages, STEADY_TO * messages
-    steady = [s for s in samples if lo <= _count(delivered, s.t_wall) <= hi]
-    if len(steady) < MIN_POINTS:
-        return {"method": method, "points": len(steady),
-                "error": f"{len(steady)} steady samples, fewer than {MIN_POINTS}: the run is too short to split"}
+
+    def steady_part(times: Sequence[float]) -> list[Sample]:
+        return [s for s in samples if lo <= _count(times, s.t_wall) <= hi]
+
+    points = len(steady_part(delivered))
+    if points < MIN_POINTS:
+        return {"method": method, "points": points,
+                "error": f"{points} steady samples, fewer than {MIN_POINTS}: the run is too short to split"}
     parts: dict[str, dict[str, Any]] = {}
+    unsplit = 0.0
     for name, cpu in window_cpu_s.items():
-        if name == "unattributed" or not all(name in s.cpu_s for s in steady):
+        if name == "unattributed":
             continue
         times = inserted if name in UPSTREAM and inserted else delivered
+        steady = [s for s in steady_part(times) if name in s.cpu_s]
         xs = [float(_count(times, s.t_wall)) for s in steady]
-        if len(set(xs)) < 2:
+        if len(steady) < MIN_POINTS or len(set(xs)) < 2:
+            parts[name] = {"fixed_cpu_s": 0.0, "steady_ms_per_msg": round(cpu * 1000 / messages, 5),
+                           "drift": None, "split": False}
+            unsplit += cpu
             continue
         ys = [s.cpu_s[name] for s in steady]
         c = theil_sen(xs, ys)
         parts[name] = {"fixed_cpu_s": round(cpu - c * messages, 4), "steady_ms_per_msg": round(c * 1000, 5),
-                       "drift": _drift(xs, ys, c)}
+                       "drift": _drift(xs, ys, c), "split": True}
     total = {"fixed_cpu_s": round(sum(p["fixed_cpu_s"] for p in parts.values()), 4),
-             "steady_ms_per_msg": round(sum(p["steady_ms_per_msg"] for p in parts.values()), 5)}
-    return {"method": method, "points": len(steady), "participants": parts, "total": total}
+             "steady_ms_per_msg": round(sum(p["steady_ms_per_msg"] for p in parts.values()), 5),
+             "unsplit_cpu_s": round(unsplit, 4)}
+    return {"method": method, "points": points, "participants": parts, "total": total}
 
 
 def per_message(split_record: Mapping[str, object], messages: float) -> float | None:

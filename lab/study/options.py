@@ -6,6 +6,11 @@ figures are medians of ms CPU per message in total and per participant, plus eac
 median as a ratio of the first value's (the default goes first), and the machine's load: the
 median ``unattributed`` CPU (other work on the host during the window, in ms per message) and
 the 1-minute load average when each run ended.
+
+Beside the whole-window figure each value gets its runs' cost split (:mod:`lab.measure.steady`):
+the steady cost per message ``c`` and the fixed part ``F``, total and per participant, with their
+range over the repeats. ``--vary messages=5000,20000,100000`` is the volume check: the whole-window
+figure falls with M when a fixed part is spread over it, the steady cost should not.
 """
 
 from __future__ import annotations
@@ -41,12 +46,38 @@ def parse_vary(spec: str) -> tuple[str, list[Any]]:
     return name, [kind(v) for v in items]
 
 
-def summarize(runs: Sequence[dict[str, Any]], messages: int) -> dict[str, Any]:
-    """Medians over the runs of one value (ms CPU per message)."""
+def _median_range(values: Sequence[float]) -> dict[str, float] | None:
+    return ({"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+             "max": round(max(values), 4)} if values else None)
+
+
+def split_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The cost split of the runs of one value: median and range of the steady cost (ms/msg) and
+    the fixed part (CPU-s), in total and per participant; runs without a split are counted."""
+    splits = [r["cost_split"] for r in runs if isinstance(r.get("cost_split"), dict) and "total" in r["cost_split"]]
+    names = sorted({n for s in splits for n in s["participants"]})
+    return {
+        "runs_split": len(splits),
+        "steady_ms_per_msg": _median_range([s["total"]["steady_ms_per_msg"] for s in splits]),
+        "fixed_cpu_s": _median_range([s["total"]["fixed_cpu_s"] for s in splits]),
+        "steady_by_participant": {
+            n: _median_range([s["participants"][n]["steady_ms_per_msg"] for s in splits if n in s["participants"]])
+            for n in names},
+        "fixed_by_participant": {
+            n: _median_range([s["participants"][n]["fixed_cpu_s"] for s in splits if n in s["participants"]])
+            for n in names},
+    }
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the runs of one value (ms CPU per message, each run divided by its own M)."""
     names = sorted({k for r in runs for k in r["cpu_s"]})
-    per = {n: round(statistics.median(r["cpu_s"].get(n, 0.0) * 1000 / messages for r in runs), 3)
-           for n in names}
-    consumers = [r["cpu_s"].get("consumers", 0.0) * 1000 / messages for r in runs]
+
+    def ms(r: dict[str, Any], n: str) -> float:
+        return float(r["cpu_s"].get(n, 0.0)) * 1000 / r["scenario"]["messages"]
+
+    per = {n: round(statistics.median(ms(r, n) for r in runs), 3) for n in names}
+    consumers = [ms(r, "consumers") for r in runs]
     totals = [r["cpu_ms_per_msg"] for r in runs]
     return {
         "runs": [r["run_id"] for r in runs],
@@ -56,6 +87,8 @@ def summarize(runs: Sequence[dict[str, Any]], messages: int) -> dict[str, Any]:
         "consumers_ms_per_msg": round(statistics.median(consumers), 3),
         "web_plus_senders_ms_per_msg": round(per.get("web", 0.0) + per.get("senders", 0.0), 3),
         "window_s": [r["window_s"] for r in runs],
+        "whole_window_ms_per_msg": _median_range(totals),
+        **split_summary(runs),
     }
 
 
@@ -80,7 +113,7 @@ def bench_options(
             runs[str(v)].append(result)
     if any(not r for r in runs.values()):
         raise RuntimeError(f"no successful run for some value of {field}: {failed}")
-    out = {str(v): summarize(runs[str(v)], base.messages) for v in values}
+    out = {str(v): summarize(runs[str(v)]) for v in values}
     first = out[str(values[0])]
     for s in out.values():
         s["ratio_to_first"] = round(s["median_ms_per_msg"] / first["median_ms_per_msg"], 3)

@@ -78,6 +78,19 @@ def test_upstream_participants_are_charged_per_insert_not_per_delivery() -> None
     assert abs(web["fixed_cpu_s"]) < 0.05
 
 
+def test_a_participant_too_quick_to_split_counts_whole_and_says_so() -> None:
+    # the inserts all happen in the first 0.4 s: no steady part for web, which stays unsplit
+    m = 20_000
+    samples, window, ins, dlv = _timeline(m, f_s=1.0, c_ms=0.3, upstream_c_ms=0.2)
+    ins = [ins[0] + i * 0.4 / m for i in range(m)]
+    out = split(samples, window, m, ins, dlv)
+    web = out["participants"]["web"]
+    assert web["split"] is False and web["fixed_cpu_s"] == 0.0
+    assert web["steady_ms_per_msg"] == pytest.approx(0.2)
+    assert out["total"]["unsplit_cpu_s"] == pytest.approx(window["web"], abs=1e-3)
+    assert out["participants"]["dbz"]["split"] is True
+
+
 def test_a_run_too_short_to_split_says_why() -> None:
     samples, window, ins, dlv = _timeline(1_000, f_s=1.0, c_ms=0.3)  # one second of traffic
     out = split(samples, window, 1_000, ins, dlv)
