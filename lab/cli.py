@@ -323,7 +323,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
     sid = args.series_id or series.default_series_id(
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology=settings.topology)
-    single = series.default_series_id(  # what an ha report compares with (issue 15)
+    single = series.default_series_id(  # what an ha report compares with
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology="single")
     _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
     out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,

@@ -1,4 +1,4 @@
-"""What a fault run measures after the fact (issue 14): per-consumer lag, the before / during /
+"""What a fault run measures after the fact: per-consumer lag, the before / during /
 after phases, and the recovery time. Pure functions (no I/O): :mod:`lab.runner.faults` gives them
 the web service's arrivals, the ``created_at`` of every outbox row and the sampler's timeline.
 

@@ -1,4 +1,4 @@
-"""The stack's services as measured participants, whatever the backend (DESIGN.md §2).
+"""The stack's services as measured participants, whatever the backend.
 
 The native backend's services are local process trees (each put in its own cgroup by the
 caller); the compose backend's are containers, possibly on another host, whose cumulative CPU
@@ -77,5 +77,5 @@ def stack_record(stack: Any) -> dict[str, Any]:
     ``container_cpu`` (service -> how its counter was read: ``cgroup`` or ``engine api``)."""
     record = getattr(stack, "record", None)
     return {"backend": getattr(stack, "backend", "native"),
-            "topology": getattr(stack, "topology", "single"),  # issue 15; compose: single only
+            "topology": getattr(stack, "topology", "single"),  # compose: single only
             **(record() if record else {"images": None})}

@@ -1,4 +1,4 @@
-"""The broker's backlog during a fault run (issue 14), about once a second; read by the runner.
+"""The broker's backlog during a fault run, about once a second; read by the runner.
 
 * **Kafka**: Σ over the topic's 2N partitions of (log end offset − the run's group's committed
   offset; the log start offset when the group committed none), what ``kafka-consumer-groups``

@@ -1,4 +1,4 @@
-"""The broker-native producers (method.md §9.5): S tasks write exactly M messages straight into
+"""The broker-native producers: S tasks write exactly M messages straight into
 the transport, with no web service, no outbox and no Debezium in between.
 
 Run by the runner, in place of :mod:`lab.workload.senders`, as the measured participant ``senders``::

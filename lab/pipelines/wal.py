@@ -1,4 +1,4 @@
-"""``wal``: every consumer reads its own logical replication slot (method.md §4.3).
+"""``wal``: every consumer reads its own logical replication slot.
 
 Each of the N consumers creates ``load_test_slot_<i>`` (pgoutput, no snapshot), streams the
 publication ``load_test_pub`` with protocol 4 and binary tuples, decodes every Insert by column
@@ -6,20 +6,20 @@ name and claims batches of rows by WAL position in ``inbox_wal``. Every reader s
 so exactly (N−1)·M claims are lost (``skipped``) and N·M/100 claim statements run.
 
 Positions are confirmed through a :class:`~lab.workload.watermark.Watermark` over the stream order
-(the reference confirmed each position as it went and could jump over unfinished work,
-method.md §10.16): the slot's confirmed LSN only moves to the end of a transaction once every
-row streamed up to it was worked on or lost its claim. Stream order is used rather than LSNs
-because transactions arrive in commit order, so a Begin or an Insert LSN can be lower than
+(the reference confirmed each position as it went and could jump over unfinished work): the
+slot's confirmed LSN only moves to the end of a transaction once every row streamed up to it was
+worked on or lost its claim. Stream order is used rather than LSNs because transactions arrive in
+commit order, so a Begin or an Insert LSN can be lower than
 one already seen; only commit LSNs are what a slot's restart point is made of.
 
-Per-row work is only what claiming needs (method.md §4.3 decodes every row; here only won rows
+Per-row work is only what claiming needs (the reference study decodes every row; here only won rows
 are): an Insert is kept as its raw payload and position, and its columns (by name, the
 contract) are decoded after the claim, for the rows this reader won. With N readers each row is
 claimed by one and lost by N-1, so the losers never decode it; Begin messages are not decoded at
 all and a Commit only for its end LSN. Other messages (Relation, ...) go through the decoder,
 which keeps the relations that the won rows are decoded with. Measured in docs/benchmarks.md.
 
-Faults (issue 14): a reader resumes. :meth:`WalSource.open` creates its slot only when it does
+Faults: a reader resumes. :meth:`WalSource.open` creates its slot only when it does
 not exist yet (the runner drops every ``load_test_slot`` before a run), so a replacement
 started with the same index after a kill streams the dead reader's slot from its confirmed
 position, once the dead walsender has let go of it. When the stream breaks (its walsender

@@ -1,4 +1,4 @@
-"""One measured run, phase by phase (DESIGN.md §3, method.md §4.0 and §7).
+"""One measured run, phase by phase.
 
 reset → web service → consumers → readiness gates → CDC source → senders (gate) → window →
 drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
@@ -6,11 +6,11 @@ work is a participant of the CPU metric: the stack's services, ``web``, ``sender
 consumer, and this runner process itself (its own CPU only, never its children's).
 
 The run is a failure, stored with its error, when anything in the Success predicate of
-method.md §7.1 does not hold: no send failed, sent = processed = distinct claimed ids =
+the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
 the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
 
-With a fault (``Scenario.fault``, issue 14) :mod:`lab.runner.faults` injects it during the drain
+With a fault (``Scenario.fault``) :mod:`lab.runner.faults` injects it during the drain
 and the predicate becomes at-least-once, proven by :mod:`lab.runner.accounting`: no send failed,
 every message sent, no message of ``messages`` without a work call (0 lost), no foreign id, and the
 accounting adds up; duplicates are allowed and counted. Without a fault it is exactly the above.

@@ -1,4 +1,4 @@
-"""Every message accounted for (issue 14): from the work calls the web service saw and the ids
+"""Every message accounted for: from the work calls the web service saw and the ids
 of ``messages``, never from the consumers' own counters (a killed consumer's die with it).
 
 Input: the web service's arrivals in call order (id, wall time, and with ``--by-consumer`` the

@@ -1,4 +1,4 @@
-"""The consumer faults (issue 14), a part of :class:`lab.runner.faults.FaultInjector`:
+"""The consumer faults, a part of :class:`lab.runner.faults.FaultInjector`:
 ``consumer-kill`` (and the replacement of a consumer that exited), ``consumer-dead`` and
 ``sink-outage``, ``consumer-slow``; and ``big-transaction``.
 """

@@ -17,7 +17,7 @@ one loud line and in run.json (``fault.invalidation``); the accounting counts wh
 worked (``lost``, their ids in ``lost_ids``), all of it the invalidated slot's: with ``wal``
 (fan-out) the other readers see every row, so the loss is 0 unless the reader was alone.
 
-A part of :class:`lab.runner.faults.FaultInjector` (issue 14).
+A part of :class:`lab.runner.faults.FaultInjector`.
 """
 
 from __future__ import annotations

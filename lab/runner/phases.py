@@ -158,7 +158,7 @@ class RunPhases(RunContext):
         return stats
 
     async def _standby_copies(self, stats: dict[str, dict[str, Any]]) -> None:
-        """Under the ``ha`` topology (issue 15): each slot's copy on the standby at the drain's end,
+        """Under the ``ha`` topology: each slot's copy on the standby at the drain's end,
         ``synced`` (slot sync persisted it: a promoted standby carries it), ``temporary`` (still
         waiting for the slot to pass the standby's catalog xmin: a failover now would lose it) or
         ``absent``. Informative only."""

@@ -6,8 +6,8 @@ recorded root of the ``postgres`` participant's process tree (backends, walsende
 background workers are its children). PostgreSQL refuses to run as root; when the lab is root
 the cluster belongs to the unprivileged system user ``Settings.pg_os_user``.
 
-Server flags are those of the reference bench (method.md §1.2), given as ``-c`` options so they
-beat any config file, except :data:`RELOADABLE` ones: a fault (issue 14, ``slot-invalidation``)
+Server flags are those of the reference bench, given as ``-c`` options so they
+beat any config file, except :data:`RELOADABLE` ones: a fault (``slot-invalidation``)
 lowers ``max_slot_wal_keep_size`` for one run with ``ALTER SYSTEM`` + reload, which a ``-c`` would
 override, so the lab writes those to ``data/lab.conf`` (included from ``postgresql.conf``, read
 before ``postgresql.auto.conf``) and strips a leftover ``ALTER SYSTEM`` of them at every start;
@@ -53,7 +53,7 @@ STOP_TIMEOUT = 60.0
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path (108) minus the terminating NUL
 LEGACY_PASSWORD = "lab"  # the superuser password of clusters made before secrets were generated
 
-#: Server flags of the reference bench (method.md §1.2), passed as ``-c name=value``.
+#: Server flags of the reference bench, passed as ``-c name=value``.
 SERVER_FLAGS: dict[str, str] = {
     "wal_level": "logical",
     "max_connections": "400",  # web pool + sender/consumer pools + replication connections
@@ -444,7 +444,7 @@ class PostgresService:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
 
     def _apply_schema(self) -> None:
-        """schema.sql: tables and the publication, each created only if missing (method.md §2)."""
+        """schema.sql: tables and the publication, each created only if missing."""
         with psycopg.connect(self._dsn()) as conn, conn.transaction():
             conn.execute((TEMPLATES / "schema.sql").read_text())
 

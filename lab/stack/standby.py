@@ -1,4 +1,4 @@
-"""The ``ha`` topology's PostgreSQL standby (issue 15): physical streaming with failover slots.
+"""The ``ha`` topology's PostgreSQL standby: physical streaming with failover slots.
 
 A direct reader's counterpart of a replicated broker is a hot standby that carries every logical
 slot, so that a promoted standby lets the readers and Debezium resume where they were

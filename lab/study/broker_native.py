@@ -1,4 +1,4 @@
-"""The broker-native experiment (method.md §9.5): what the transports cost without an outbox.
+"""The broker-native experiment: what the transports cost without an outbox.
 
 A separate stand in the reference: no web hop for the producer, no outbox, no Debezium. The
 producers (:mod:`lab.pipelines.producers`) write every message straight into the Kafka topic, the RabbitMQ
@@ -30,7 +30,7 @@ from lab.study.series import matrix
 
 ARMS = ("kafka", "rabbitmq", "wal")  # the published stand's three transports
 SERIES_ID = "broker-native"
-WARMUP_SHARE = 5  # the warm-up run has M / 5 messages, as the main series (method.md §3)
+WARMUP_SHARE = 5  # the warm-up run has M / 5 messages, as the main series
 
 
 def plan(*, messages: int = 20_000, consumers: int = 8, producers: int = 200, repeats: int = 1,

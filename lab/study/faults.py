@@ -1,4 +1,4 @@
-"""The insulation matrix (issue 14): every pipeline x every fault it applies to, at a fixed rate.
+"""The insulation matrix: every pipeline x every fault it applies to, at a fixed rate.
 
 A profile (:data:`PROFILES`) fixes the load (N = 2 consumers, M messages open-loop at a fixed rate,
 so that lag and recovery mean something) and the faults' timing; :func:`plan` turns it into one
@@ -40,7 +40,7 @@ LABEL = "faults"  # every cell's Scenario.label
 # fault kinds in the order a matrix runs them: the telling ones first, the slow ones last
 KIND_ORDER = ("consumer-dead", "consumer-kill", "sink-outage", "walsender-kill", "consumer-slow",
               "debezium-kill", "broker-restart", "postgres-restart", "slot-invalidation", "big-transaction")
-# kinds of the ha topology only (issue 15's failover), run on their own, not in the single matrix
+# kinds of the ha topology only (the failover), run on their own, not in the single matrix
 HA_KINDS = ("broker-node-kill", "postgres-failover")
 TARGET = 1  # the consumer a targeted fault hits (consumer 0 stays healthy)
 GROWTH = 2.0  # a backlog "lives" where its peak after the fault's start exceeds GROWTH x its pre-fault peak

@@ -5,9 +5,9 @@ pipeline and N: the producer (web or direct), the open-loop ``rate`` (0: closed 
 delay, the message count, the topology of the load (``senders``, ``batch_size``) and the
 ``cpu_method`` the run was measured with (:mod:`lab.measure.provenance`; runs stored before it was
 recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout``, the inbox ``claim``
-and the stack's ``backend`` (native or compose), the injected ``fault`` (issue 14), the stack's ``topology``
-(issue 15: ``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
-senders implementation, issue 12 §5). :func:`check` refuses a mixture in one line;
+and the stack's ``backend`` (native or compose), the injected ``fault``, the stack's ``topology``
+(``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
+senders implementation). :func:`check` refuses a mixture in one line;
 :func:`select` picks one comparable group for an analysis (``series_id=""``: the newest series)
 and names it.
 """

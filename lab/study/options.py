@@ -1,4 +1,4 @@
-"""``lab bench options``: one option's values side by side, in one sitting, runs alternating.
+"""``lab bench options``: one option's values side by side, in one go, runs alternating.
 
 Every value of one Scenario field (``--vary reset=discard,none``) is run ``repeats`` times in
 rounds (A B A B ...), so a slow drift of a shared machine lands on every value alike. The

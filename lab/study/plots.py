@@ -25,7 +25,7 @@ from lab.study.nodes import is_node
 PIPELINE_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}
 PARTICIPANT_COLORS = {
     "postgres": "C0",
-    "postgres-standby": "C9",  # ha (issue 15)
+    "postgres-standby": "C9",  # ha
     "debezium": "C4",
     "kafka": "C3",
     "rabbitmq": "C1",

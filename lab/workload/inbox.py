@@ -1,6 +1,6 @@
 """The inbox claims: one statement per batch decides which rows this consumer owns.
 
-Both shapes follow the reference bench (method.md §4.0 and §4.3):
+Both shapes follow the reference bench:
 
 * ``inbox`` (broker pipelines) is keyed by message id. The data-modifying CTE inserts the batch
   with ``on conflict do nothing``; the ``union all`` branch returns ids this consumer already
@@ -10,7 +10,7 @@ Both shapes follow the reference bench (method.md §4.0 and §4.3):
   (as in the reference, where the driver could not send ``pg_lsn[]``) and the statement returns
   the 1-based ordinals of the claimed inputs, so the caller maps them back to its batch.
 
-Takeover (``Scenario.claim == "takeover"``, issue 14), for ``inbox`` only. The reference's claim
+Takeover (``Scenario.claim == "takeover"``), for ``inbox`` only. The reference's claim
 binds a row to a consumer *name*: only that name gets it back. A broker that moves a message to
 another consumer (RabbitMQ requeues a dead consumer's unacked deliveries to anyone; a Kafka
 partition moves after a session timeout) then makes the new holder lose the claim and ack the

@@ -1,4 +1,4 @@
-"""The closed-loop HTTP senders of a run (method.md §3): S tasks that POST exactly M messages.
+"""The closed-loop HTTP senders of a run: S tasks that POST exactly M messages.
 
 Run as its own measured process::
 
@@ -22,7 +22,7 @@ consumers are ready. The measured process is silent: no progress output; ``--pro
 optionally rewrites a tiny JSON counter file at most once per second. The result is written once,
 atomically (temp file + rename), to ``--out``, also when every send failed or the run crashed.
 
-``--rate-steps R1,R2,... --step-s S`` (issue 14) is the open loop as a staircase: step i sends
+``--rate-steps R1,R2,... --step-s S`` is the open loop as a staircase: step i sends
 ``round(Ri * S)`` messages, message j due at ``gate + i * S + j / Ri`` (:func:`lab.scenario.step_plan`;
 ``--messages`` must be their sum). ``--stop-file PATH`` ends the staircase early: it is looked at
 once per step boundary (one ``stat``), and once it exists no further step starts; ``planned`` and

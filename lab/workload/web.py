@@ -8,7 +8,7 @@ Two listeners in two processes (one participant, ``web``: the runner measures th
 
 * ``--port``: ``POST /load/messages`` ``{"content": ...}`` -> one autocommit
   ``INSERT INTO messages (content) VALUES ($1) RETURNING id, created_at`` -> 201
-  ``{"id", "createdAt"}`` (method.md §3). With ``--reset discard`` (the default) a reused pooled
+  ``{"id", "createdAt"}``. With ``--reset discard`` (the default) a reused pooled
   connection first gets ``DISCARD ALL``, pipelined with the INSERT in one round trip (one Sync,
   no wait in between), as Npgsql does when a pooled connection is reused without ``No Reset On
   Close``; ``--reset none`` sends the INSERT alone.

@@ -1,4 +1,4 @@
-"""Faults (issue 14, first slice) on the real stack: each fault on each pipeline it applies to, at a
+"""Faults on the real stack: each fault on each pipeline it applies to, at a
 low fixed rate, and every message accounted for from the web service's arrivals and the database.
 
 Asserted for every run: the fault happened (its events), the accounting adds up (once + repeated =
@@ -242,7 +242,7 @@ def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settin
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-# --- Safety: the retention guard, slot invalidation (issue 14) -----------------------------------
+# --- Safety: the retention guard, slot invalidation -----------------------------------
 
 def _keep_size(settings: Settings) -> tuple[str, str]:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:

@@ -254,7 +254,7 @@ def test_faults_notebook_analyses_a_stored_matrix_without_running(
 
 
 def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Path) -> None:
-    """The ha report's last page (issue 15) on stored runs, no stack: three nodes that each cost
+    """The ha report's last page on stored runs, no stack: three nodes that each cost
     what the single broker did triple the broker's CPU (``x3`` 1.0), the standby is an added
     participant, and a side without runs says which command to run."""
     from lab.results import write_run

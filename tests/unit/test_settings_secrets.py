@@ -1,4 +1,4 @@
-"""Secrets per stack (issue 10 §3): generated once, 0600, overridable, never in a DSN."""
+"""Secrets per stack: generated once, 0600, overridable, never in a DSN."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The broker-native stand (method.md §9.5) on the real native stack: producers write straight
+"""The broker-native stand on the real native stack: producers write straight
 into the topic, the quorum queue or the table; no outbox row for the brokers, no Debezium.
 
 Each arm is one whole run through :func:`lab.runner.run_scenario` at N = 2, M = 2000, so each

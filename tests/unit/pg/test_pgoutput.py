@@ -280,7 +280,7 @@ def test_transaction_positions_and_times(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_insert_lsn_is_unique_per_row(variant: str) -> None:
-    """method.md §10.17: the Insert's XLogData dataStart is the row's own WAL position."""
+    """the reference study: the Insert's XLogData dataStart is the row's own WAL position."""
     inserts = [
         (f, m)
         for f, m in decoded(variant)

@@ -1,4 +1,4 @@
-"""What a fault run measures beyond the accounting (issue 14): the broker backlog's sampling loop,
+"""What a fault run measures beyond the accounting: the broker backlog's sampling loop,
 its readers' parsing, spill in the WAL summary, the analysis block and ``lab run``'s fault line."""
 
 from __future__ import annotations

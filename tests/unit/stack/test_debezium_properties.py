@@ -1,4 +1,4 @@
-"""The properties Debezium Server runs with: the reference's (method.md §1.5) in clean runs, and
+"""The properties Debezium Server runs with: the reference's in clean runs, and
 :data:`lab.stack.debezium.DURABLE` on top of them in fault runs, nothing else changed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The topology setting (issue 15): what ``single`` and ``ha`` render, without starting anything."""
+"""The topology setting: what ``single`` and ``ha`` render, without starting anything."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 14): its plan, its resume rules, its tables on hand-made fault blocks
+"""The fault matrix: its plan, its resume rules, its tables on hand-made fault blocks
 (the shape h2's runner writes, and the older one without backlog, lag, phases or recovery), the CLI.
 No services: stored runs are written by hand, as in test_series."""
 

@@ -125,7 +125,7 @@ def test_every_profile_has_a_fault_matrix_and_reference_gets_quick() -> None:
 def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:
     sizes = {p: report.EXTRAS[p]["control"] for p in ("smoke", "quick", "full")}
     assert sizes["smoke"]["messages"] < sizes["quick"]["messages"] < sizes["full"]["messages"] == 20_000
-    assert sizes["full"]["consumers"] == "2,4,8"  # the published control table's N (method.md §9.5)
+    assert sizes["full"]["consumers"] == "2,4,8"  # the published control table's N
     # quick stays short on 2 cores: at 15 ms per message N consumers do ~N x 66 msg/s
     runs = len(sizes["quick"]["pipelines"].split(","))
     work_s = sum(sizes["quick"]["messages"] / (n * 1000 / 15) for n in map(int, sizes["quick"]["consumers"].split(",")))

@@ -1,4 +1,4 @@
-"""single against ha (issue 15) on hand-made stored runs of both topologies."""
+"""single against ha on hand-made stored runs of both topologies."""
 
 from __future__ import annotations
 
