@@ -170,7 +170,7 @@ class RunResult(RunContext):
                 continue
             rel = {n: snap.cpu_s[n] - a.cpu_s.get(n, 0.0) for n in snap.cpu_s}
             rel.update({g: sum(rel.get(n, 0.0) for n in names) for g, names in groups.items()})
-            samples.append(steady.Sample(snap.t_wall, rel))
+            samples.append(steady.Sample(snap.t_wall, rel, t_s=snap.t_mono - a.t_mono))
         inserted, delivered = self.flow
         return steady.split(samples, cpu_s, m, inserted, delivered)
 
