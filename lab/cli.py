@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings, get_settings, parse_size
 from lab.stack import get_stack
 from lab.stack.base import DEBEZIUM_SINKS, StackError
-from lab.stack.proc import exclusive
+from lab.stack.proc import Interrupted, exclusive, raise_interrupted, run_interruptible
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -46,8 +47,7 @@ def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
 def _stack_down(args: argparse.Namespace, settings: Settings) -> int:
     from lab.measure.cgroups import remove_scope
 
-    with exclusive(settings.run_lock, "the stack"):
-        get_stack(settings).down(purge=args.purge)  # a killed run's processes too, by pid
+    get_stack(settings).down(purge=args.purge)  # a killed run's processes too, by pid
     remove_scope(settings)  # the run's participant groups, empty once everything is stopped
     _say("stack down" + (" (state purged)" if args.purge else ""))
     return 0
@@ -67,13 +67,12 @@ def _stack_env(args: argparse.Namespace, settings: Settings) -> int:
 def _debezium(args: argparse.Namespace, settings: Settings) -> int:
     stack = get_stack(settings)
     t0 = time.monotonic()
-    with exclusive(settings.run_lock, "the stack"):
-        if args.action == "start":
-            stack.start_debezium(args.sink)
-            _say(f"debezium-{args.sink} streaming after {time.monotonic() - t0:.1f} s")
-        else:
-            stack.stop_debezium(args.sink)
-            _say(f"debezium-{args.sink} stopped")
+    if args.action == "start":
+        stack.start_debezium(args.sink)
+        _say(f"debezium-{args.sink} streaming after {time.monotonic() - t0:.1f} s")
+    else:
+        stack.stop_debezium(args.sink)
+        _say(f"debezium-{args.sink} stopped")
     return 0
 
 
@@ -89,7 +88,6 @@ def _stack_images(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncio
 
     from lab.runner import run_scenario
 
@@ -110,7 +108,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             bar.update(processed - bar.n)
 
     try:
-        result = asyncio.run(run_scenario(scenario, settings, progress=progress))
+        result = run_interruptible(run_scenario(scenario, settings, progress=progress))
     finally:
         if bar is not None:
             bar.close()
@@ -270,7 +268,6 @@ def _p50_p99(lat: object) -> str:
 
 
 def _series(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncio
 
     from lab.study import series
 
@@ -304,7 +301,7 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         idle_s = series.PROFILES[args.profile].idle_s if args.idle_s is None else args.idle_s
-        results = asyncio.run(series.run_series(plan, settings, series_id=sid, force=args.force,
+        results = run_interruptible(series.run_series(plan, settings, series_id=sid, force=args.force,
                                                 progress=progress, idle_s=idle_s))
     finally:
         bar.close()
@@ -342,7 +339,6 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _faults(args: argparse.Namespace, settings: Settings) -> int:
-    import asyncio
 
     from lab.study import faults, series
 
@@ -365,7 +361,7 @@ def _faults(args: argparse.Namespace, settings: Settings) -> int:
         bar.update(1)
 
     try:
-        results = asyncio.run(faults.run_matrix(plan, settings, series_id=sid, force=args.force,
+        results = run_interruptible(faults.run_matrix(plan, settings, series_id=sid, force=args.force,
                                                 retry_failed=args.retry_failed, progress=progress))
     finally:
         bar.close()
@@ -385,8 +381,7 @@ def _faults(args: argparse.Namespace, settings: Settings) -> int:
 def _bench_stack(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study.bench import bench_stack
 
-    with exclusive(settings.run_lock, "the stack"):
-        out = bench_stack(settings, idle_s=args.idle_s, say=_say)
+    out = bench_stack(settings, idle_s=args.idle_s, say=_say)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 
@@ -465,15 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
     stack = sub.add_parser("stack", help="the native stack: PostgreSQL, Kafka, RabbitMQ, Debezium")
     ssub = stack.add_subparsers(dest="stack_command", required=True)
     ssub.add_parser("provision", help="fetch and cache every artifact (idempotent)").set_defaults(
-        handler=_stack_provision
+        handler=_stack_provision, locks=True
     )
     up = ssub.add_parser("up", help="start PostgreSQL, Kafka and RabbitMQ (idempotent)")
     _topology_option(up)
-    up.set_defaults(handler=_stack_up)
+    up.set_defaults(handler=_stack_up, locks=True)
     down = ssub.add_parser("down", help="stop everything the lab started (the nodes of either topology)")
     down.add_argument("--purge", action="store_true", help="also delete all data under .stack/")
     _topology_option(down)
-    down.set_defaults(handler=_stack_down)
+    down.set_defaults(handler=_stack_down, locks=True)
     status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _topology_option(status)
@@ -484,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     dbz = ssub.add_parser("debezium", help="start or stop one Debezium Server instance")
     dbz.add_argument("action", choices=["start", "stop"])
     dbz.add_argument("sink", help=f"one of: {', '.join(DEBEZIUM_SINKS)}")
-    dbz.set_defaults(handler=_debezium)
+    dbz.set_defaults(handler=_debezium, locks=True)
     images = ssub.add_parser("images", help="the compose backend's local images (no registry needed)")
     images.add_argument("action", choices=["build"], help="build: debootstrap + the four service images (cached)")
     images.set_defaults(handler=_stack_images)
@@ -495,38 +490,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
                      help="a fault run ends its fault and fails before any slot retains this much WAL "
                           "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB)")
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run, locks=True)
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")
     _series_options(ser, rate=True)
     _topology_option(ser)
-    ser.set_defaults(handler=_series)
+    ser.set_defaults(handler=_series, locks=True)
     rep = sub.add_parser("report", help="run (or resume) the series and write the HTML report")
     _series_options(rep)
     _topology_option(rep)
-    rep.set_defaults(handler=_report)
+    rep.set_defaults(handler=_report, locks=True)
 
     flt = sub.add_parser("faults", help="the insulation matrix: every pipeline x every fault it applies to "
                                        "(fixed rate, resumable)")
     _faults_options(flt)
-    flt.set_defaults(handler=_faults)
+    flt.set_defaults(handler=_faults, locks=True)
 
     bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures for docs/benchmarks.md)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
     bstack.add_argument("--idle-s", type=float, default=30.0, help="idle measurement (default 30 s)")
     _topology_option(bstack)
-    bstack.set_defaults(handler=_bench_stack)
+    bstack.set_defaults(handler=_bench_stack, locks=True)
     brun = bsub.add_parser("run", help="repeat one scenario: median ms CPU/msg per participant")
     _scenario_options(brun)
     brun.add_argument("--repeats", type=int, default=3)
-    brun.set_defaults(handler=_bench_run)
+    brun.set_defaults(handler=_bench_run, locks=True)
     bopt = bsub.add_parser("options", help="one Scenario option's values side by side, runs alternating")
     _scenario_options(bopt)
     bopt.add_argument("--vary", required=True, metavar="FIELD=V1,V2",
                       help="e.g. reset=discard,none or consumer_layout=processes,tasks (first = baseline)")
     bopt.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
-    bopt.set_defaults(handler=_bench_options)
+    bopt.set_defaults(handler=_bench_options, locks=True)
     bh = bsub.add_parser("harness", help="web + senders ms/msg: the lab's against a naive aiohttp/psycopg-pool one")
     bh.add_argument("--messages", type=int, default=20_000)
     bh.add_argument("--senders", type=int, default=200)
@@ -534,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--arms", default="naive,real_inserts,real_run",
                     help="comma-separated, naive always runs; also real_inserts_aiohttp_client, "
                          "real_inserts_aiohttp_server")
-    bh.set_defaults(handler=_bench_harness)
+    bh.set_defaults(handler=_bench_harness, locks=True)
     return parser
 
 
@@ -604,16 +599,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     handler: Handler = args.handler
+    signal.signal(signal.SIGTERM, raise_interrupted)  # like SIGINT: cleanups in finally blocks run
     try:
         settings = get_settings()
         if getattr(args, "topology", None):
             settings = settings.replace(topology=args.topology)
-        return handler(args, settings)
+        if not getattr(args, "locks", False):
+            return handler(args, settings)
+        # every command that changes the stack or its data holds the stack's lock throughout:
+        # one that would disturb a run (or another such command) is refused, naming it and its pid
+        with exclusive(settings.run_lock, "the stack"):
+            return handler(args, settings)
     except (StackError, ValueError) as exc:
         sys.stderr.write(f"lab: error: {exc}\n")
         return 2
+    except Interrupted as exc:
+        sys.stderr.write(f"lab: {exc}\n")
+        return exc.exit_status
     except KeyboardInterrupt:
-        sys.stderr.write("lab: interrupted\n")
+        sys.stderr.write("lab: interrupted by SIGINT\n")
         return 130
 
 

@@ -44,7 +44,7 @@ from lab.runner.result import RunResult, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
-from lab.stack.proc import exclusive, tied
+from lab.stack.proc import Interrupted, exclusive, tied
 
 __all__ = ["Progress", "Run", "RunError", "interpolate", "run_scenario"]
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
+        self.interrupted: str | None = None  # the signal that ended the run early (SIGTERM, SIGINT)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
@@ -123,11 +124,18 @@ class Run(RunProcesses, RunPhases, RunResult):
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError as exc:  # a signal (lab.stack.proc.run_interruptible): clean up, store
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            self.interrupted = str(exc.args[0]) if exc.args else "cancelled"
+            error = f"interrupted by {self.interrupted}"
         finally:
             if sampler is not None:
                 sampler.stop()
             await self.cleanup()
-        await self._checkpoint_and_cool()
+        if self.interrupted is None:
+            await self._checkpoint_and_cool()
         return self._assemble(started_at, sampler, sent, consumer_results, checks, error)
 
 
@@ -149,5 +157,9 @@ async def run_scenario(
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
         result = await run.execute()
     result.update(meta or {})
-    write_run(result, run.samples, settings=settings)
+    if run.interrupted is not None:
+        result["interrupted"] = run.interrupted
+    path = write_run(result, run.samples, settings=settings)
+    if run.interrupted is not None:
+        raise Interrupted(run.interrupted, f"run {result['run_id']} stored, marked interrupted ({path})")
     return result

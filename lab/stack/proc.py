@@ -11,6 +11,7 @@ Debezium Server) a process is also given a parent-death signal: it dies with the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import ctypes
@@ -22,13 +23,18 @@ import pwd
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psutil
 
 from lab.stack.base import StackError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +295,22 @@ def ensure_os_user(name: str, home: Path) -> tuple[int, int]:
 _held: dict[Path, list[int]] = {}  # lock file -> [fd, depth] held by this process
 
 
+def holder_label() -> str:
+    """What this process is, for a refused one's message: its command line, shortened."""
+    if not sys.argv or not sys.argv[0]:
+        return ""
+    name = Path(sys.argv[0]).name
+    return " ".join(["lab" if name == "__main__.py" else name, *sys.argv[1:]])[:200]
+
+
+def lock_holder(text: str) -> str:
+    """The lock file's ``"<pid> <command>"`` as one message part: ``lab run ... (pid 123)``."""
+    pid, _, label = text.strip().partition(" ")
+    if not pid:
+        return "another lab process (pid ?)"
+    return f"`{label}` (pid {pid})" if label else f"another lab process (pid {pid})"
+
+
 @contextlib.contextmanager
 def exclusive(path: Path, what: str) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` for the block, or fail at once with one line.
@@ -310,15 +332,75 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        holder = lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
         os.close(fd)
-        raise StackError(f"{what} is in use by another lab process (pid {holder}): wait for it to "
+        raise StackError(f"{what} is in use by {holder}: wait for it to "
                          "finish, or give this one its own LAB_STACK_DIR and ports") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    os.pwrite(fd, f"{os.getpid()} {holder_label()}".strip().encode(), 0)
     _held[path] = [fd, 1]
     try:
         yield
     finally:
         del _held[path]
         os.close(fd)  # releases the lock
+
+
+class Interrupted(BaseException):
+    """A command ended by SIGTERM or SIGINT after its cleanup ran; ``signame``: which signal.
+
+    A BaseException, like KeyboardInterrupt: nothing that catches ``Exception`` swallows it, so a
+    series stops after the interrupted run instead of starting the next one."""
+
+    def __init__(self, signame: str, detail: str = "") -> None:
+        super().__init__(signame, detail)
+        self.signame = signame
+        self.detail = detail
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(getattr(signal, self.signame, signal.SIGTERM))
+
+    def __str__(self) -> str:
+        return f"interrupted by {self.signame}" + (f": {self.detail}" if self.detail else "")
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    """A ``signal.signal`` handler: SIGTERM raises like SIGINT does (``finally`` blocks run)."""
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, with SIGTERM and SIGINT cancelling its task once (a second signal
+    while it cleans up is ignored): a run catches the cancellation, cleans up and stores its
+    result marked interrupted, then raises :class:`Interrupted`; anything else cancelled ends
+    in :class:`Interrupted` too."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        hit: list[str] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not hit and task is not None:
+                hit.append(sig.name)
+                task.cancel(sig.name)
+
+        sigs = (signal.SIGTERM, signal.SIGINT)
+        for sig in sigs:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if hit:
+                raise Interrupted(hit[0]) from None
+            raise
+        finally:
+            for sig in sigs:
+                loop.remove_signal_handler(sig)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, raise_interrupted)

@@ -6,7 +6,6 @@ report medians and ratios from one invocation, never a single absolute time.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
+from lab.stack.proc import run_interruptible
 
 Say = Callable[[str], None]
 
@@ -67,7 +67,7 @@ def bench_run(
     runs = []
     for i in range(repeats):
         say(f"run {i + 1}/{repeats}: {scenario.slug}")
-        result = asyncio.run(run_scenario(scenario, settings))
+        result = run_interruptible(run_scenario(scenario, settings))
         if not result["success"]:
             raise RuntimeError(f"run {result['run_id']} failed: {result['error']}")
         runs.append(result)

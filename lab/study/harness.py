@@ -21,7 +21,6 @@ The result is each figure's median, and the real ones as ratios of the naive one
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import statistics
@@ -116,7 +115,7 @@ def _real_inserts_aiohttp_server(settings: Settings, messages: int, senders: int
 
 def _real_run(settings: Settings, messages: int, senders: int) -> float:
     scenario = Scenario(pipeline="wal", consumers=1, messages=messages, senders=senders, cooldown_s=5)
-    r = asyncio.run(run_scenario(scenario, settings))
+    r = proc.run_interruptible(run_scenario(scenario, settings))
     if not r["success"]:
         raise RuntimeError(f"run {r['run_id']} failed: {r['error']}")
     return (r["cpu_s"]["web"] + r["cpu_s"]["senders"]) * 1000 / messages

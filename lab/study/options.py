@@ -15,7 +15,6 @@ figure falls with M when a fixed part is spread over it, the steady cost should 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ import psutil
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.proc import run_interruptible
 
 Say = Callable[[str], None]
 
@@ -104,7 +104,7 @@ def bench_options(
         for v in values:
             scenario = base.replace(**{field: v})
             say(f"round {i + 1}/{repeats}: {field}={v} ({scenario.slug})")
-            result = asyncio.run(run_scenario(scenario, settings))
+            result = run_interruptible(run_scenario(scenario, settings))
             loads.append(os.getloadavg()[0])
             if not result["success"]:  # kept out of the medians, listed in the output
                 say(f"run {result['run_id']} ({field}={v}) failed: {result['error']}")

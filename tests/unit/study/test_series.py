@@ -192,7 +192,7 @@ def test_one_stack_serves_one_lab_process_at_a_time(tmp_path: Path) -> None:
             pass
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
         assert other.returncode == 3, other.stderr
-        assert f"in use by another lab process (pid {os.getpid()})" in other.stdout
+        assert "is in use by `" in other.stdout and f"(pid {os.getpid()})" in other.stdout  # its command, its pid
     free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert free.returncode == 0, free.stdout + free.stderr  # released: the empty series runs
     with pytest.raises(ValueError, match="idle_s"):

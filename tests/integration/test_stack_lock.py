@@ -1,0 +1,83 @@
+"""Commands fired at a real run in progress: each is refused in one line naming the run and its pid,
+and the run still succeeds; a SIGTERM ends a real run through the run's own cleanup."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab.settings import Settings
+from tests.conftest import lab_env
+
+pytestmark = pytest.mark.integration
+LAB = [sys.executable, "-m", "lab"]
+
+
+def lab(settings: Settings, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LAB, *args], env=lab_env(settings), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _start_run(settings: Settings, *extra: str) -> subprocess.Popen[str]:
+    argv = [*LAB, "run", "--pipeline", "wal", "--cooldown-s", "0", "--json", *extra]
+    return subprocess.Popen(argv, env=lab_env(settings), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_drain(settings: Settings, runner: subprocess.Popen[str], before: set[Path]) -> Path:
+    """The run's directory once its senders' gate opened (the run is measuring)."""
+    runs = settings.stack_dir / "runs"
+    deadline = time.monotonic() + 240
+    while True:
+        assert runner.poll() is None, runner.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the run never reached its drain"
+        new = sorted(set(runs.glob("*")) - before) if runs.exists() else []
+        if new and (new[-1] / "start").exists():
+            return new[-1]
+        time.sleep(0.2)
+
+
+def test_commands_at_a_running_run_are_refused(stack: object, settings: Settings) -> None:
+    runs = settings.stack_dir / "runs"
+    before = set(runs.glob("*")) if runs.exists() else set()
+    runner = _start_run(settings, "--messages", "6000", "--rate", "300")  # about 20 s of sending
+    _wait_for_drain(settings, runner, before)
+    commands = [("stack", "up"), ("stack", "provision"), ("stack", "debezium", "start", "kafka"),
+                ("stack", "down"), ("stack", "down", "--purge"),
+                ("bench", "harness", "--messages", "100", "--repeats", "1"),
+                ("run", "--pipeline", "wal", "--messages", "100", "--cooldown-s", "0")]
+    for cmd in commands:
+        res = lab(settings, *cmd)
+        assert res.returncode == 2, (cmd, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1, (cmd, res.stderr)
+        assert f"pid {runner.pid}" in lines[0] and "lab run --pipeline wal" in lines[0], (cmd, lines[0])
+    assert runner.poll() is None, "every refusal came while the run was still going"
+    out, err = runner.communicate(timeout=600)
+    assert runner.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["success"] is True
+
+
+def test_sigterm_ends_a_run_through_its_cleanup(stack: object, settings: Settings) -> None:
+    runs = settings.stack_dir / "runs"
+    before = set(runs.glob("*")) if runs.exists() else set()
+    runner = _start_run(settings, "--messages", "400000")  # far more than it sends before the signal
+    run_dir = _wait_for_drain(settings, runner, before)
+    time.sleep(2.0)
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=180)
+    assert runner.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()[-1:]) == 1 and "interrupted by SIGTERM" in err.strip().splitlines()[-1]
+    result = json.loads((settings.data_dir / "runs" / run_dir.name / "run.json").read_text())
+    assert result["interrupted"] == "SIGTERM" and result["success"] is False
+    # the stack is free again and clean: the next run starts and succeeds
+    after = lab(settings, "run", "--pipeline", "wal", "--messages", "500", "--cooldown-s", "0", "--json",
+                timeout=600)
+    assert after.returncode == 0, after.stderr[-2000:]
