@@ -466,7 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_option(up)
     up.set_defaults(handler=_stack_up, locks=True)
     down = ssub.add_parser("down", help="stop everything the lab started (the nodes of either topology)")
-    down.add_argument("--purge", action="store_true", help="also delete all data under .stack/")
+    down.add_argument("--purge", action="store_true",
+                      help="also delete the stack dir (only one carrying the lab's marker; stacks nested "
+                           "in it stopped first)")
     _topology_option(down)
     down.set_defaults(handler=_stack_down, locks=True)
     status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")

@@ -24,7 +24,7 @@ import psutil
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children, proc
+from lab.stack import children, proc, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka import KafkaCluster, KafkaService
@@ -76,7 +76,9 @@ class NativeStack:
         return Endpoints(pg_dsn=s.pg_dsn, kafka_bootstrap=s.kafka_bootstrap, amqp_url=s.amqp_url)
 
     def provision(self) -> None:
-        """Check Java 21+ and fetch and cache every artifact; starts nothing."""
+        """Check Java 21+ and fetch and cache every artifact; starts nothing. Creates (and
+        marks) the stack dir."""
+        stackdir.mark(self.settings.stack_dir)
         java_home(self.settings)  # cached artifacts skip every Java call: check it here
         for service in [*self.services, self.debezium["kafka"]]:
             log.info("provisioning %s", service.name)
@@ -115,8 +117,18 @@ class NativeStack:
     def down(self, *, purge: bool = False) -> None:
         """Stop everything this stack started (by pid), a killed run's processes first
         (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
-        ``purge`` also deletes all state."""
+        ``purge`` also deletes all state: only a stack dir carrying the lab's marker, stacks
+        nested in it stopped first (:mod:`lab.stack.stackdir`)."""
         errors: list[str] = []
+        if purge:
+            stackdir.check_purgeable(self.settings.stack_dir)  # refused before anything stops
+            for nested in stackdir.nested_stacks(self.settings.stack_dir):
+                log.warning("stopping the stack nested in %s before purging", nested)
+                try:
+                    children.stop_all(self.settings.replace(stack_dir=nested))
+                    stackdir.stop_recorded(nested)
+                except Exception as exc:
+                    errors.append(f"nested stack {nested}: {exc}")
         try:
             children.stop_all(self.settings)
         except Exception as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lab.settings import Settings
-from lab.stack import children
+from lab.stack import children, proc, stackdir
 from lab.stack.base import StackError
 from lab.stack.native import NativeStack
 
@@ -15,6 +15,7 @@ from lab.stack.native import NativeStack
 def _stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str | None) -> NativeStack:
     settings = Settings().replace(stack_dir=tmp_path / "stack", data_dir=tmp_path / "data")
     settings.stack_dir.mkdir(parents=True)
+    stackdir.mark(settings.stack_dir)
     (settings.stack_dir / "marker").write_text("pid files live here")
     stack = NativeStack(settings)
     monkeypatch.setattr(children, "stop_all", lambda settings: None)
@@ -38,3 +39,35 @@ def test_purge_keeps_the_state_of_a_node_that_did_not_stop(tmp_path: Path, monke
     with pytest.raises(StackError, match=r"kafka did not exit.*state kept in .* \(not purged\)"):
         stack.down(purge=True)
     assert (stack.settings.stack_dir / "marker").exists()  # its pid file is still findable
+
+
+def test_purge_refuses_a_directory_the_lab_did_not_mark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = _stack(tmp_path, monkeypatch, failing=None)
+    (stack.settings.stack_dir / stackdir.MARKER).unlink()  # e.g. LAB_STACK_DIR set to a home directory
+    with pytest.raises(StackError, match=r"not purged: .* carries no \.fanout-lab-stack marker"):
+        stack.down(purge=True)
+    assert (stack.settings.stack_dir / "marker").exists()
+
+
+def test_purge_stops_a_nested_stack_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = _stack(tmp_path, monkeypatch, failing=None)
+    nested = stack.settings.stack_dir / "test"
+    assert stackdir.mark(nested)
+    service = proc.spawn(["sleep", "300"], state_dir=nested / "postgres", log_path=nested / "postgres.log")
+    assert stackdir.nested_stacks(stack.settings.stack_dir) == [nested]
+    stack.down(purge=True)
+    assert not service.is_running() or service.status() == "zombie"
+    assert not stack.settings.stack_dir.exists()
+
+
+def test_only_a_stack_dir_the_lab_made_is_marked(tmp_path: Path) -> None:
+    assert stackdir.mark(tmp_path / "new") and stackdir.is_marked(tmp_path / "new")
+    older = tmp_path / "older"  # made by a lab before the marker: its generated secrets
+    (older / "secrets").mkdir(parents=True)
+    (older / "secrets" / "secrets.json").write_text("{}")
+    (older / "postgres").mkdir()
+    assert stackdir.mark(older)
+    home = tmp_path / "home"  # someone's files
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    assert not stackdir.mark(home) and not stackdir.is_marked(home)
