@@ -44,6 +44,7 @@ from lab.runner.result import RunResult, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
+from lab.stack.postgres import server_settings
 from lab.stack.proc import Interrupted, exclusive, tied
 
 __all__ = ["Progress", "Run", "RunError", "interpolate", "run_scenario"]
@@ -154,12 +155,22 @@ async def run_scenario(
     with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)
         await asyncio.to_thread(check_clean, settings, stack)
+        server = await asyncio.to_thread(_server_settings, settings)
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
         result = await run.execute()
     result.update(meta or {})
+    result["server_settings"] = server  # as in force at the start (a fault may change one during the run)
     if run.interrupted is not None:
         result["interrupted"] = run.interrupted
     path = write_run(result, run.samples, settings=settings)
     if run.interrupted is not None:
         raise Interrupted(run.interrupted, f"run {result['run_id']} stored, marked interrupted ({path})")
     return result
+
+
+def _server_settings(settings: Settings) -> dict[str, str] | None:
+    try:
+        return server_settings(settings.pg_primary_dsn)
+    except Exception as exc:  # recorded as unknown: a reading never fails a run
+        log.warning("could not read the server settings: %s", exc)
+        return None

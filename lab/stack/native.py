@@ -28,7 +28,7 @@ from lab.stack import children, proc, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka import KafkaCluster, KafkaService
-from lab.stack.postgres import PostgresService
+from lab.stack.postgres import PostgresService, reset_altered
 from lab.stack.provision import java_home
 from lab.stack.rabbitmq import RabbitMQService
 from lab.stack.rabbitmq_cluster import RabbitMQCluster
@@ -103,6 +103,7 @@ class NativeStack:
                     service.start()
                 if service is self.postgres:  # the topology's slot and setting on the primary
                     configure_primary(self.settings)
+                    reset_altered(self.settings.pg_primary_dsn)  # what a killed fault run left changed
         except BaseException:
             for service in reversed(started):
                 with contextlib.suppress(Exception):

@@ -165,6 +165,34 @@ def strip_reloadable(auto_conf: str) -> str:
                    if line.split("=", 1)[0].strip() not in RELOADABLE)
 
 
+#: The server settings a run's result records (as in force when it started).
+RECORDED_SETTINGS = (*SERVER_FLAGS, "synchronized_standby_slots", "shared_buffers", "synchronous_commit", "fsync")
+
+
+def reset_altered(dsn: str) -> list[str]:
+    """``ALTER SYSTEM RESET`` every :data:`RELOADABLE` flag an earlier run left in
+    ``postgresql.auto.conf`` of a running server (a fault run killed before it restored it), and
+    reload; returns the names reset. At a start :func:`strip_reloadable` does the same."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute("SELECT DISTINCT name FROM pg_file_settings WHERE name = ANY(%s) "
+                            "AND sourcefile LIKE '%%/postgresql.auto.conf'", (list(RELOADABLE),)).fetchall()
+        names = sorted(r[0] for r in rows)
+        for name in names:
+            conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(name)))
+        if names:
+            log.warning("reset %s, left changed by an earlier run", ", ".join(names))
+            conn.execute("SELECT pg_reload_conf()")
+    return names
+
+
+def server_settings(dsn: str) -> dict[str, str]:
+    """The :data:`RECORDED_SETTINGS` in force on the server, name -> value as ``SHOW`` prints it."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+                            (list(RECORDED_SETTINGS),)).fetchall()
+    return {name: value for name, value in sorted(rows)}
+
+
 def _serves(p: psutil.Process, data_dir: Path) -> bool:
     """Whether a live process is a PostgreSQL process of ``data_dir`` (unsure counts as yes)."""
     try:
