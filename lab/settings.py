@@ -299,14 +299,21 @@ TOPOLOGIES = ("single", "ha")
 HA_PORT_STEP = 10
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` atomically into ``path`` with mode 0600 (its directory 0700)."""
+def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` atomically into ``path``, created with ``mode`` (0600; its directory 0700):
+    a fresh file opened with that mode and renamed into place, so no reader ever sees it wider
+    (never written first and narrowed with chmod after)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    tmp.unlink(missing_ok=True)  # a leftover of a killed writer may have any mode: never reused
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _stack_secrets(folder: Path) -> dict[str, str]:
@@ -318,7 +325,8 @@ def _stack_secrets(folder: Path) -> dict[str, str]:
         pass
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = folder / f".secrets.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({n: secrets.token_urlsafe(24) for n in SECRET_NAMES}, f)
     try:

@@ -93,14 +93,12 @@ def cluster_cookie(settings: Settings) -> str:
 
 
 def write_cookie(path: Path, value: str) -> None:
-    """``path`` holds ``value`` with mode 0400 (Erlang refuses a cookie others can read)."""
+    """``path`` holds ``value`` with mode 0400 (Erlang refuses a cookie others can read): created
+    with that mode and renamed into place, never readable by others for an instant."""
     with contextlib.suppress(FileNotFoundError):
         if path.read_text() == value and path.stat().st_mode & 0o777 == 0o400:
             return
-        path.chmod(0o600)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(value)
-    path.chmod(0o400)
+    write_private(path, value, mode=0o400)
 
 
 class RabbitMQService:
@@ -358,14 +356,12 @@ class RabbitMQService:
         (self.etc / "rabbitmq.conf").write_text(conf)
         (self.etc / "rabbitmq-env.conf").write_text("# empty: settings come from the environment\n")
         (self.etc / "enabled_plugins").write_text("[].\n")
-        definitions.write_text(json.dumps(self._definitions(), indent=2))
-        definitions.chmod(0o600)
+        write_private(definitions, json.dumps(self._definitions(), indent=2))  # a password hash: 0600
         cookie = self.home / ".erlang.cookie"
         if self.index is not None:  # the cluster's nodes and CLI calls share one cookie
             write_cookie(cookie, cluster_cookie(s))
         elif not cookie.exists():
-            cookie.write_text(secrets.token_hex(20).upper())
-            cookie.chmod(0o400)
+            write_private(cookie, secrets.token_hex(20).upper(), mode=0o400)
 
     def _definitions(self) -> dict[str, object]:
         s = self.settings
