@@ -9,17 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shlex
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from tqdm import tqdm
 
 from lab.results import runs_dir
-from lab.scenario import Scenario
+from lab.scenario import MAX_CONSUMERS, Scenario
 from lab.settings import Settings, get_settings, parse_size
 from lab.stack import get_stack
 from lab.stack.base import DEBEZIUM_SINKS, StackError
@@ -452,8 +453,62 @@ def _say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line ends in one line on stderr (no usage block), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def number(kind: type[int] | type[float], low: float, high: float, *, low_open: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type``: a finite ``kind`` in [low, high] (``(low, high]`` with ``low_open``),
+    refused in one line otherwise (nan, inf, 1e308, a port above 65535, a negative duration)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+            lo = f"above {low:g}" if low_open else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number {lo} and at most {high:g}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+DAY_S = 86_400.0
+COUNT = number(int, 1, 10**9)  # repeats, messages, senders
+SEED = number(int, 0, 2**31 - 1)
+DURATION = number(float, 0, 7 * DAY_S)  # seconds, finite
+RATE = number(float, 0, 10**7)  # msg/s
+
+
+def rate_steps(text: str) -> str:
+    """``--rate-steps``: comma-separated rates, each within :data:`RATE`'s range (1e308 msg/s
+    would make a step's message count infinite)."""
+    for part in text.split(","):
+        if part.strip():
+            RATE(part.strip())
+    return text
+
+
+#: bounds of every numeric Scenario field on the command line (Scenario checks the finer rules)
+SCENARIO_NUMBERS: dict[str, Callable[[str], Any]] = {
+    "consumers": number(int, 1, MAX_CONSUMERS), "messages": number(int, 1, 10**9), "senders": number(int, 1, 100_000),
+    "rate": RATE, "batch_size": number(int, 1, 10**6), "poll_wait_ms": number(int, 0, 3_600_000),
+    "flush_wait_ms": number(int, 0, 3_600_000), "work_delay_ms": number(float, 0, 3_600_000),
+    "ready_timeout_s": number(float, 0, DAY_S, low_open=True),
+    "drain_timeout_s": number(float, 0, 7 * DAY_S, low_open=True),
+    "cooldown_s": number(float, 0, DAY_S), "seed": SEED, "step_s": number(float, 1, 3600),
+    "rate_steps": rate_steps,
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lab", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="lab", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -511,23 +566,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures for docs/benchmarks.md)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
-    bstack.add_argument("--idle-s", type=float, default=30.0, help="idle measurement (default 30 s)")
+    bstack.add_argument("--idle-s", type=DURATION, default=30.0, help="idle measurement (default 30 s)")
     _topology_option(bstack)
     bstack.set_defaults(handler=_bench_stack, locks=True)
     brun = bsub.add_parser("run", help="repeat one scenario: median ms CPU/msg per participant")
     _scenario_options(brun)
-    brun.add_argument("--repeats", type=int, default=3)
+    brun.add_argument("--repeats", type=COUNT, default=3)
     brun.set_defaults(handler=_bench_run, locks=True)
     bopt = bsub.add_parser("options", help="one Scenario option's values side by side, runs alternating")
     _scenario_options(bopt)
     bopt.add_argument("--vary", required=True, metavar="FIELD=V1,V2",
                       help="e.g. reset=discard,none or consumer_layout=processes,tasks (first = baseline)")
-    bopt.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
+    bopt.add_argument("--repeats", type=COUNT, default=3, help="rounds (default 3)")
     bopt.set_defaults(handler=_bench_options, locks=True)
     bh = bsub.add_parser("harness", help="web + senders ms/msg: the lab's against a naive aiohttp/psycopg-pool one")
-    bh.add_argument("--messages", type=int, default=20_000)
-    bh.add_argument("--senders", type=int, default=200)
-    bh.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
+    bh.add_argument("--messages", type=COUNT, default=20_000)
+    bh.add_argument("--senders", type=number(int, 1, 100_000), default=200)
+    bh.add_argument("--repeats", type=COUNT, default=3, help="rounds (default 3)")
     bh.add_argument("--arms", default="naive,real_inserts,real_run",
                     help="comma-separated, naive always runs; also real_inserts_aiohttp_client, "
                          "real_inserts_aiohttp_server")
@@ -548,16 +603,16 @@ def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> N
     from lab.study.series import PROFILES
 
     if rate:  # `lab series` only: the report's notebooks run closed-loop series
-        parser.add_argument("--rate", type=float, default=0.0,
+        parser.add_argument("--rate", type=RATE, default=0.0,
                             help="open-loop msg/s for every measured cell (latency mode); default 0 = closed loop")
 
     parser.add_argument("--profile", choices=list(PROFILES), default="quick",
                         help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
-    parser.add_argument("--repeats", type=int, default=None, help="runs per cell (default: the profile's)")
-    parser.add_argument("--seed", type=int, default=None,
+    parser.add_argument("--repeats", type=COUNT, default=None, help="runs per cell (default: the profile's)")
+    parser.add_argument("--seed", type=SEED, default=None,
                         help="shuffle the cells with this seed (recorded in every run); default: the profile's "
                              "(reference order, or seed 1 when a cell has more than one repeat)")
-    parser.add_argument("--idle-s", type=float, default=None,
+    parser.add_argument("--idle-s", type=DURATION, default=None,
                         help="idle baseline before the series, seconds (default: the profile's; 0: none)")
     parser.add_argument("--pipelines", default="", help="comma-separated subset (default: every registered one)")
     parser.add_argument("--series-id", default="",
@@ -589,7 +644,9 @@ def _scenario_options(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             parser.add_argument(flag, action="store_true", default=None)
         else:
-            parser.add_argument(flag, type=type(default), default=None, metavar=type(default).__name__.upper(),
+            kind = SCENARIO_NUMBERS.get(name) or (
+                number(type(default), 0, 10**9) if type(default) in (int, float) else type(default))
+            parser.add_argument(flag, type=kind, default=None, metavar=type(default).__name__.upper(),
                                 help=f"default: {default!r}")
 
 
@@ -613,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with exclusive(settings.run_lock, "the stack"):
             return handler(args, settings)
     except (StackError, ValueError) as exc:
-        sys.stderr.write(f"lab: error: {exc}\n")
+        sys.stderr.write(f"lab: error: {one_line(exc)}\n")
         return 2
     except Interrupted as exc:
         sys.stderr.write(f"lab: {exc}\n")
@@ -621,6 +678,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("lab: interrupted by SIGINT\n")
         return 130
+    except Exception as exc:  # anything else still ends in one line (-v: the traceback in the log)
+        logging.getLogger("lab.cli").debug("failed", exc_info=True)
+        sys.stderr.write(f"lab: error: {type(exc).__name__}: {one_line(exc)}\n")
+        return 1
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a psycopg error spans several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "password authentication failed" in text:
+        text += (" (the stack's PostgreSQL keeps the password it was initialised with: was LAB_PG_PASSWORD "
+                 "changed? unset it, or start afresh with `lab stack down --purge`)")
+    return text if len(text) <= 600 else text[:597] + "..."
 
 
 if __name__ == "__main__":

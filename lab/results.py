@@ -111,11 +111,19 @@ def write_idle(series_id: str, record: Mapping[str, Any], *, settings: Settings 
 def read_idle(series_id: str, *, settings: Settings | None = None) -> dict[str, Any] | None:
     """The stored idle baseline of a series, or None."""
     path = idle_dir(settings) / f"{series_id}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
+
+
+def read_json(path: Path) -> Any:
+    """A stored JSON file; a corrupt one (a disk filled mid-write, an edit) is a ValueError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is corrupt ({exc}): move it away or delete its run directory") from None
 
 
 def read_run(run_id: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    return json.loads((runs_dir(settings) / run_id / "run.json").read_text())
+    return dict(read_json(runs_dir(settings) / run_id / "run.json"))
 
 
 def read_samples(run_id: str, *, settings: Settings | None = None) -> pd.DataFrame:
@@ -127,7 +135,7 @@ def iter_runs(*, settings: Settings | None = None) -> Iterator[dict[str, Any]]:
     root = runs_dir(settings)
     for path in sorted(root.glob("*/run.json")) if root.exists() else []:
         if not path.parent.name.endswith(".tmp"):
-            yield json.loads(path.read_text())
+            yield read_json(path)
 
 
 def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,7 +172,7 @@ def load_runs(*, settings: Settings | None = None, include_failed: bool = True) 
     for path in sorted(root.glob("*/run.json")) if root.exists() else []:
         if path.parent.name.endswith(".tmp"):
             continue
-        rows.append(_flatten(json.loads(path.read_text())))
+        rows.append(_flatten(read_json(path)))
     df = pd.DataFrame(rows)
     if df.empty:
         return df

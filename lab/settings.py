@@ -147,6 +147,10 @@ class Settings:
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"LAB_TOPOLOGY={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
+        for name, env_name in _ENV_NAMES.items():
+            value = getattr(self, name, None)
+            if name.endswith("_port") and value is not None and not 1 <= value <= 65535:
+                raise ValueError(f"{env_name}={value}: a TCP port is between 1 and 65535")
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

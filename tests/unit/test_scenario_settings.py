@@ -66,8 +66,9 @@ def test_settings_reject_a_bad_port() -> None:
     ("args", "line"),
     [
         (["run", "--pipeline", "nope"], "lab: error: unknown pipeline 'nope'"),
-        (["run", "--consumers", "0"], "lab: error: consumers must be between 1 and 60"),
-        (["run", "--messages", "0"], "lab: error: messages must be at least 1, got 0"),
+        (["run", "--consumers", "0"], "lab run: error: argument --consumers: '0' must be a finite number at least 1 "
+                                      "and at most 60"),
+        (["run", "--messages", "0"], "lab run: error: argument --messages: '0' must be a finite number at least 1"),
     ],
 )
 def test_cli_rejects_bad_scenarios_before_starting_anything(args: list[str], line: str) -> None:

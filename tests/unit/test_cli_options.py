@@ -1,0 +1,108 @@
+"""Every number option of every `lab` subcommand refuses bad values in one line, before doing
+anything: the parser tree is walked, so an option added later is covered too."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lab import cli
+
+BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "1e308", "99999999999999999999999", "x")
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],
+                                                                                          argparse.ArgumentParser]]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [(path, parser)]
+    return [leaf for name, child in subs[0].choices.items() for leaf in _leaves(child, (*path, name))]
+
+
+def _required(parser: argparse.ArgumentParser) -> list[str]:
+    """Valid values for a leaf's required arguments, so that only the bad one fails."""
+    out: list[str] = []
+    for a in parser._actions:
+        if not a.option_strings and not isinstance(a, argparse._SubParsersAction) and a.dest != "help":
+            out.append(str(a.choices[0]) if a.choices else "kafka")
+        elif a.required:
+            out += [a.option_strings[0], "reset=discard,none"]
+    return out
+
+
+LEAVES = _leaves(cli.build_parser())
+
+
+def test_the_walk_sees_every_subcommand() -> None:
+    names = {" ".join(p) for p, _ in LEAVES}
+    assert {"stack up", "stack down", "run", "series", "report", "faults", "bench harness",
+            "bench options", "stack debezium"} <= names
+
+
+def _cases() -> list[tuple[str, list[str]]]:
+    cases = []
+    for path, parser in LEAVES:
+        for a in parser._actions:
+            if not a.option_strings or a.nargs == 0 or a.dest == "help":
+                continue
+            if a.type is not None and a.type is not str:
+                cases += [(f"{' '.join(path)} {a.option_strings[0]} {v}",
+                           [*path, *_required(parser), a.option_strings[0], v]) for v in BAD_NUMBERS]
+            elif a.choices:
+                cases.append((f"{' '.join(path)} {a.option_strings[0]} bad",
+                              [*path, *_required(parser), a.option_strings[0], "no-such-choice"]))
+    return cases
+
+
+CASES = _cases()
+
+
+def test_every_number_option_is_walked() -> None:
+    numeric = {c.split()[-2] for c, _ in CASES}
+    assert {"--cooldown-s", "--drain-timeout-s", "--idle-s", "--repeats", "--messages", "--rate",
+            "--seed", "--senders", "--step-s", "--consumers"} <= numeric
+
+
+@pytest.mark.parametrize(("label", "argv"), CASES, ids=[c for c, _ in CASES])
+def test_bad_value_is_refused_in_one_line(label: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert argv[-2] in err and "Traceback" not in err
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-5", "0"])
+def test_number_type_refuses_non_finite_and_out_of_range(value: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=value.replace("+", r"\+")):
+        cli.number(float, 0, 100, low_open=True)(value)
+    assert cli.number(float, 0, 100)("2.5") == 2.5 and math.isfinite(cli.DURATION("0"))
+
+
+def test_a_port_out_of_range_and_a_corrupt_run_json_end_in_one_line(tmp_path: object) -> None:
+    """Through the real console entry point, in a subprocess: exit status, one line, no traceback."""
+    from pathlib import Path
+
+    base = Path(str(tmp_path))
+    env = {**os.environ, "LAB_STACK_DIR": str(base / "stack"), "LAB_DATA_DIR": str(base / "data")}
+    port = subprocess.run([sys.executable, "-m", "lab", "stack", "status"], env={**env, "LAB_PG_PORT": "70000"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert port.returncode == 2 and port.stderr.strip().splitlines() == [
+        "lab: error: LAB_PG_PORT=70000: a TCP port is between 1 and 65535"]
+    run_dir = base / "data" / "runs" / "x"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text('{"run_id": "x", "scen')  # cut off mid-write
+    from lab.results import iter_runs
+    from lab.settings import Settings
+
+    with pytest.raises(ValueError, match=r"runs/x/run.json is corrupt"):
+        list(iter_runs(settings=Settings().replace(data_dir=base / "data")))
