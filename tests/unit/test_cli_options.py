@@ -106,3 +106,23 @@ def test_a_port_out_of_range_and_a_corrupt_run_json_end_in_one_line(tmp_path: ob
 
     with pytest.raises(ValueError, match=r"runs/x/run.json is corrupt"):
         list(iter_runs(settings=Settings().replace(data_dir=base / "data")))
+
+
+@pytest.mark.parametrize("steps", ["100,1e308", "nan", "5,inf"])
+def test_rate_steps_checks_each_rate(steps: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.rate_steps(steps)
+
+
+@pytest.mark.parametrize("command", [["stack", "down"], ["stack", "up"], ["stack", "status"]])
+def test_a_stack_dir_that_cannot_be_used_is_one_line(tmp_path: object, command: list[str]) -> None:
+    """A stack dir that is a file (as root, the way one owned by another user fails otherwise)."""
+    from pathlib import Path
+
+    stack = Path(str(tmp_path)) / "stack"
+    stack.write_text("not a dir")
+    env = {**os.environ, "LAB_STACK_DIR": str(stack), "LAB_DATA_DIR": str(Path(str(tmp_path)) / "data")}
+    done = subprocess.run([sys.executable, "-m", "lab", *command], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and str(stack) in done.stderr, done.stderr
