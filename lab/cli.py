@@ -31,9 +31,18 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
     t0 = time.monotonic()
-    get_stack(settings).provision()
+    stack = get_stack(settings)
+    stack.provision()
     _say(f"provisioned in {time.monotonic() - t0:.1f} s")
+    _say_skipped(stack)
     return 0
+
+
+def _say_skipped(stack: object) -> None:
+    """One line naming what was left out for want of root (native backend, not root)."""
+    skipped = getattr(stack, "skipped", None) or {}
+    if skipped:
+        _say("not started without root: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
 
 
 def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -41,6 +50,7 @@ def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
     stack = get_stack(settings)
     stack.up()
     _say(f"stack up in {time.monotonic() - t0:.1f} s")
+    _say_skipped(stack)
     _print_status(stack.status(), as_json=False)
     return 0
 
@@ -209,6 +219,8 @@ def phases_line(fault: dict[str, Any]) -> str:
 def _print_run(result: dict[str, Any]) -> None:
     s = _summary(result)
     status = "OK" if s["success"] else f"FAILED: {s['error']}"
+    if result.get("cpu_method") not in (None, "cgroup"):  # the fallbacks: docs/operations.md
+        status += f" (CPU method {result['cpu_method']}: not exact)"
     sys.stdout.write(
         f"{s['run_id']}  {s['pipeline']} c{s['consumers']} m{s['messages']}  {status}\n"
         f"window {s['window_s']} s, {s['cpu_ms_per_msg']} ms CPU/msg\n"

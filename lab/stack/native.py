@@ -51,6 +51,15 @@ class NativeStack:
         self.rabbitmq: RabbitMQService | RabbitMQCluster = (
             RabbitMQCluster(settings) if settings.ha else RabbitMQService(settings))
         self.debezium = {sink: DebeziumService(settings, sink) for sink in DEBEZIUM_SINKS}
+        self.skipped: dict[str, str] = {}  # service -> why it needs root (set by provision and up)
+
+    def _startable(self) -> list[NativeService]:
+        """The services this user can start: without root, RabbitMQ 4.0 (a chroot) or an
+        uninstalled 3.10 is left out and recorded in :attr:`skipped` (the wal pipelines, Kafka
+        and Debezium do not need it)."""
+        why = self.rabbitmq.root_needed()
+        self.skipped = {self.rabbitmq.name: why} if why else {}
+        return [s for s in self.services if s.name not in self.skipped]
 
     @property
     def services(self) -> list[NativeService]:
@@ -80,7 +89,7 @@ class NativeStack:
         marks) the stack dir."""
         stackdir.mark(self.settings.stack_dir)
         java_home(self.settings)  # cached artifacts skip every Java call: check it here
-        for service in [*self.services, self.debezium["kafka"]]:
+        for service in [*self._startable(), self.debezium["kafka"]]:
             log.info("provisioning %s", service.name)
             service.provision()
 
@@ -96,7 +105,7 @@ class NativeStack:
             self.fail_back()
         started: list[NativeService] = []
         try:
-            for service in self.services:
+            for service in self._startable():
                 if not self._running(service):
                     log.info("starting %s", service.name)
                     started.append(service)

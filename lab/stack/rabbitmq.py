@@ -101,6 +101,19 @@ def write_cookie(path: Path, value: str) -> None:
     write_private(path, value, mode=0o400)
 
 
+def root_needed(version: str, host_installed: bool) -> str | None:
+    """Why a user without root cannot run RabbitMQ ``version`` here, or None when it can: 4.0 runs
+    from the lab's Debian root by ``chroot`` in a private mount namespace (root only); 3.10 runs
+    the host's package as a private node, once it is installed."""
+    if RELEASES.get(version) is not None:
+        return (f"RabbitMQ {version} runs from a Debian root by chroot (LAB_RABBITMQ_VERSION=3.10 runs the "
+                "host's rabbitmq-server package without root)")
+    if not host_installed:
+        return (f"RabbitMQ {version} is not installed ({SCRIPTS / 'rabbitmq-server'}): "
+                "sudo apt-get install rabbitmq-server")
+    return None
+
+
 class RabbitMQService:
     """The lab's own RabbitMQ node: the ``single`` topology's broker (``node=None``), or node
     ``rabbitmq-<node>`` (1-3) of the ``ha`` cluster (start that with :class:`RabbitMQCluster`)."""
@@ -146,6 +159,11 @@ class RabbitMQService:
         if self.root is None:
             return [str(a) for a in argv]
         return rootfs.chroot_argv(self.root, argv, binds=[self.dir])
+
+    def root_needed(self) -> str | None:
+        """Why this node cannot start as the current user (:func:`root_needed`); None as root."""
+        return None if is_root() else root_needed(self.settings.rabbitmq_version,
+                                                  (SCRIPTS / "rabbitmq-server").exists())
 
     # NativeService -------------------------------------------------------------------
     def provision(self) -> None:

@@ -59,6 +59,9 @@ class RabbitMQCluster:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.nodes = [RabbitMQService(settings, i) for i, _, _, _ in settings.rabbitmq_nodes]
+
+    def root_needed(self) -> str | None:
+        return self.nodes[0].root_needed()
         self.last_start_s: float | None = None
 
     @property

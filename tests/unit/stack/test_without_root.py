@@ -1,0 +1,51 @@
+"""Without root the native stack starts what it can: RabbitMQ 4.0 (a chroot) is left out and
+named, PostgreSQL and Kafka stay in (the wal pipelines need nothing else)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from lab.settings import Settings
+from lab.stack.native import NativeStack
+from lab.stack.rabbitmq import root_needed
+
+
+def test_root_needed_names_the_reason() -> None:
+    assert "chroot" in (root_needed("4.0", host_installed=True) or "")
+    assert "apt-get install rabbitmq-server" in (root_needed("3.10", host_installed=False) or "")
+    assert root_needed("3.10", host_installed=True) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_an_unprivileged_user_starts_all_but_rabbitmq_4(tmp_path: Path) -> None:
+    """A real unprivileged process (forked, then setuid nobody; the interpreter is not readable by
+    nobody here, so no exec): which services `stack up` would start, and the one-line reason."""
+    nobody = pwd.getpwnam("nobody")
+    settings = Settings().replace(stack_dir=tmp_path / "stack", data_dir=tmp_path / "data", rabbitmq_version="4.0")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            stack = NativeStack(settings)
+            names = [s.name for s in stack._startable()]
+            os.write(write, json.dumps({"uid": os.geteuid(), "names": names, "skipped": stack.skipped}).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert out["uid"] == nobody.pw_uid
+    assert out["names"] == ["postgres", "kafka"]
+    assert list(out["skipped"]) == ["rabbitmq"] and "chroot" in out["skipped"]["rabbitmq"]
+    as_root = NativeStack(settings)
+    assert [s.name for s in as_root._startable()] == ["postgres", "kafka", "rabbitmq"] and not as_root.skipped
