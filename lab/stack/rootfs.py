@@ -14,12 +14,18 @@ minimal Debian root into its cache and runs the broker from it, sharing the host
   directory in ``binds`` appears at the same absolute path inside. The mounts vanish with the
   last process of the namespace, so nothing is left mounted on the host. ``unshare`` and
   ``chroot`` exec in place: the recorded pid is the command itself.
+* debootstrap itself mounts ``proc`` and ``sys`` inside the root it builds; a build that is
+  killed (its timeout, SIGTERM) leaves them mounted. :func:`remove_tree` unmounts whatever is
+  mounted under a directory before it removes it, and refuses to remove one it cannot unmount
+  (``rmtree`` would otherwise walk into the host's ``/proc`` and ``/sys``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,6 +40,51 @@ log = logging.getLogger(__name__)
 MIRROR = "http://deb.debian.org/debian"
 STAMP = ".lab-rootfs-complete"
 BUILD_TIMEOUT = 1800.0
+
+
+def mounts_under(path: Path, mountinfo: str | None = None) -> list[Path]:
+    """Mount points at or below ``path`` (from ``/proc/self/mountinfo``), deepest first: the order
+    they can be unmounted in."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return []
+    base = Path(path).resolve()
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        # octal escapes of the kernel's format: a space is \040
+        point = Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+        if point == base or base in point.parents:
+            found.append(point)
+    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
+
+
+def unmount_under(path: Path) -> None:
+    """Unmount everything mounted at or below ``path`` (a debootstrap killed by its timeout leaves
+    its proc and sys mounted in the build dir); raise StackError naming a mount that stays."""
+    for _ in range(3):  # a mount stacked on another shows up again once the top one is gone
+        points = mounts_under(path)
+        if not points:
+            return
+        for point in points:
+            res = subprocess.run(["umount", str(point)], capture_output=True, text=True, check=False)
+            if res.returncode != 0:  # busy: detach it now, the kernel drops it when released
+                subprocess.run(["umount", "--lazy", str(point)], capture_output=True, text=True, check=False)
+    left = mounts_under(path)
+    if left:
+        raise StackError(f"{left[0]} is still mounted; unmount it (umount -l {left[0]}) before the lab removes {path}")
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf path`` that never walks into a mount: everything mounted under it is unmounted
+    first, and a mount that stays refuses the removal (StackError) instead of emptying, say, the
+    host's /proc or a bind-mounted directory through it."""
+    unmount_under(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def root_path(settings: Settings, suite: str, packages: Sequence[str]) -> Path:
@@ -60,7 +111,7 @@ def debian_root(settings: Settings, suite: str, packages: Sequence[str]) -> Path
             "install it: apt-get install debootstrap (or set LAB_RABBITMQ_VERSION=3.10)"
         )
     tmp = root.with_name(root.name + ".building")
-    shutil.rmtree(tmp, ignore_errors=True)  # a half-built root from an interrupted build
+    remove_tree(tmp)  # a half-built root from an interrupted build, its mounts first
     tmp.parent.mkdir(parents=True, exist_ok=True)
     argv = [exe, "--variant=minbase", f"--include={','.join(packages)}", suite, str(tmp), MIRROR]
     log.info("building Debian %s root with %s (a few minutes, once)", suite, ", ".join(packages))
@@ -68,7 +119,13 @@ def debian_root(settings: Settings, suite: str, packages: Sequence[str]) -> Path
         res = subprocess.run(argv, env=child_env(DEBIAN_FRONTEND="noninteractive"),
                              capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
+        unmount_under(tmp)
         raise StackError(f"debootstrap of Debian {suite} took over {BUILD_TIMEOUT:.0f} s") from None
+    except BaseException:  # SIGTERM/SIGINT mid-build: leave no mount behind, the interrupt goes on
+        with contextlib.suppress(StackError):
+            unmount_under(tmp)
+        raise
+    unmount_under(tmp)  # a failed build can leave its proc and sys mounted too
     if res.returncode != 0:
         lines = (res.stderr or res.stdout).strip().splitlines() or [str(res.returncode)]
         log_file = tmp / "debootstrap" / "debootstrap.log"
@@ -78,7 +135,7 @@ def debian_root(settings: Settings, suite: str, packages: Sequence[str]) -> Path
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
     (tmp / STAMP).write_text(" ".join(packages) + "\n")
-    shutil.rmtree(root, ignore_errors=True)
+    remove_tree(root)
     tmp.rename(root)
     log.info("Debian %s root ready at %s", suite, root)
     return root

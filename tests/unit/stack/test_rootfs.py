@@ -69,3 +69,49 @@ def test_rabbitmq_release_setting(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=re.escape("unknown LAB_RABBITMQ_VERSION '3.13': choose one of 4.0, 3.10")):
         RabbitMQService(s.replace(rabbitmq_version="3.13"))
     assert Settings.from_env({"LAB_RABBITMQ_VERSION": "3.10"}).rabbitmq_version == "3.10"
+
+
+def test_mounts_under_finds_the_tree_deepest_first() -> None:
+    info = "\n".join([
+        "22 1 0:20 / /proc rw - proc proc rw",
+        "101 27 254:0 /x /b/root.building/proc rw - ext4 /dev/vda rw",
+        "102 101 0:42 / /b/root.building/proc rw - proc proc rw",
+        "103 27 0:43 / /b/root.building/sys rw - sysfs sysfs rw",
+        "104 27 0:44 / /b/root.building2/sys rw - sysfs sysfs rw",
+        r"105 27 0:45 / /b/root.building/a/with\040space rw - tmpfs tmpfs rw",
+    ])
+    found = rootfs.mounts_under(Path("/b/root.building"), info)
+    assert found[0] == Path("/b/root.building/a/with space")
+    assert set(found) == {Path("/b/root.building/a/with space"), Path("/b/root.building/sys"),
+                          Path("/b/root.building/proc")}
+    assert rootfs.mounts_under(Path("/elsewhere"), info) == []
+
+
+def _mounted(path: Path) -> bool:
+    return any(line.split()[4].startswith(str(path)) for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+def test_an_interrupted_build_dir_is_unmounted_before_it_is_removed(tmp_path: Path) -> None:
+    """The state a killed debootstrap leaves: proc and sys mounted in the build dir (here also a
+    bind mount of a directory outside, and a mount stacked on another). Removing the dir unmounts
+    them all first and never deletes what a mount showed."""
+    building = tmp_path / "trixie-abc.building"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("a file outside the build dir")
+    for sub in ("proc", "sys", "bind"):
+        (building / sub).mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(outside), str(building / "bind")], check=True)
+    subprocess.run(["mount", "-t", "proc", "proc", str(building / "proc")], check=True)
+    subprocess.run(["mount", "--bind", str(outside), str(building / "sys")], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(building / "sys")], check=True)  # stacked
+    try:
+        assert _mounted(building)
+        rootfs.remove_tree(building)
+        assert not _mounted(building) and not building.exists()
+        assert (outside / "keep").read_text() == "a file outside the build dir"
+    finally:
+        for _ in range(4):
+            for sub in ("bind", "proc", "sys"):
+                subprocess.run(["umount", "--lazy", str(building / sub)], capture_output=True, check=False)
