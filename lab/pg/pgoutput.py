@@ -643,6 +643,9 @@ class Decoder:
         flags, lsn = _MESSAGE.unpack_from(buf, off)
         prefix, off = _cstring(buf, off + 9)
         size = _U32.unpack_from(buf, off)[0]
+        if off + 4 + size > len(buf):  # a slice past the end is silently short: truncated
+            raise DecodeError(f"truncated logical message {prefix!r}: content of {size} bytes, "
+                              f"{len(buf) - off - 4} present")
         return LogicalMessage(bool(flags & 1), lsn, prefix, buf[off + 4 : off + 4 + size], xid)
 
 
@@ -659,7 +662,7 @@ def _tuple(buf: bytes, off: int, rel: Relation) -> tuple[Row, int]:
     off += 2
     values: list[object] = []
     append = values.append
-    unpack_size = _I32.unpack_from
+    unpack_size = _U32.unpack_from  # unsigned: a corrupt negative size lands past the end (checked below)
     for binary, text in decoders:
         kind = buf[off]
         if kind == 0x62:  # 'b'
