@@ -39,6 +39,7 @@ from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env
 from lab.stack import children, proc
+from lab.stack.base import StackError
 
 Say = Callable[[str], None]
 
@@ -51,6 +52,10 @@ def _truncate(settings: Settings) -> None:
 def _inserts_only(settings: Settings, web_argv: list[str], senders_argv: list[str],
                   senders_cpu: Callable[[str, Path], float], messages: int) -> float:
     """One web + senders pair: (web CPU over the send phase + senders' own CPU) per message."""
+    holder = children.port_holder(settings.web_port)
+    if holder is not None:  # its wait on the port would take another web service for its own
+        raise StackError(f"port {settings.web_port} (LAB_WEB_PORT) is taken by pid {holder}: "
+                         "the harness starts its own web service there")
     _truncate(settings)
     env = child_env(settings)
     with tempfile.TemporaryDirectory(prefix="lab-harness-") as tmp:
