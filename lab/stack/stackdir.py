@@ -71,6 +71,9 @@ def stop_recorded(stack_dir: Path, timeout: float = 30.0) -> list[int]:
 
 def check_purgeable(stack_dir: Path) -> None:
     """Refuse, in one line, to delete a directory the lab did not mark as its stack dir."""
-    if stack_dir.exists() and not is_marked(stack_dir):
-        raise StackError(f"not purged: {stack_dir} carries no {MARKER} marker, so the lab did not create it "
-                         "as a stack dir; check LAB_STACK_DIR, and delete it yourself if it is one")
+    if not stack_dir.exists() or is_marked(stack_dir):
+        return
+    if {p.name for p in stack_dir.iterdir()} <= _LAB_ONLY:  # only the lock this very command created
+        return
+    raise StackError(f"not purged: {stack_dir} carries no {MARKER} marker, so the lab did not create it "
+                     "as a stack dir; check LAB_STACK_DIR, and delete it yourself if it is one")

@@ -71,3 +71,14 @@ def test_only_a_stack_dir_the_lab_made_is_marked(tmp_path: Path) -> None:
     home.mkdir()
     (home / "notes.txt").write_text("mine")
     assert not stackdir.mark(home) and not stackdir.is_marked(home)
+
+
+def test_a_stack_dir_holding_only_the_lock_of_this_command_is_purged(tmp_path: Path) -> None:
+    """`lab stack down --purge` on a stack never started: its lock made the dir, the purge removes it."""
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "run.lock").write_text("")
+    stackdir.check_purgeable(fresh)  # no error
+    (fresh / "notes.txt").write_text("mine")
+    with pytest.raises(StackError, match="not purged"):
+        stackdir.check_purgeable(fresh)
