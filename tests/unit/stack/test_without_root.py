@@ -49,3 +49,47 @@ def test_an_unprivileged_user_starts_all_but_rabbitmq_4(tmp_path: Path) -> None:
     assert list(out["skipped"]) == ["rabbitmq"] and "chroot" in out["skipped"]["rabbitmq"]
     as_root = NativeStack(settings)
     assert [s.name for s in as_root._startable()] == ["postgres", "kafka", "rabbitmq"] and not as_root.skipped
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_a_stack_dir_of_another_user_ends_every_command_in_one_line(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lab stack up`/`down --purge`/`run` as nobody on root's 0700 stack dir: one line naming the
+    path, no traceback (forked and setuid, as above)."""
+    import io
+    import sys
+
+    from lab import cli
+    from lab.settings import get_settings
+
+    stack = tmp_path / "stack"
+    stack.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    monkeypatch.setenv("LAB_STACK_DIR", str(stack))
+    monkeypatch.setenv("LAB_DATA_DIR", str(stack / "data"))
+    get_settings.cache_clear()
+    nobody = pwd.getpwnam("nobody")
+    results = []
+    for argv in (["stack", "up"], ["stack", "down", "--purge"], ["run", "--messages", "10"]):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read)
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                sys.stderr = io.StringIO()
+                code = cli.main(argv)
+                os.write(write, json.dumps({"code": code, "err": sys.stderr.getvalue()}).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            results.append((argv, json.loads(f.read() or '{"code": null, "err": "child died"}')))
+        os.waitpid(pid, 0)
+    get_settings.cache_clear()
+    for argv, out in results:
+        lines = out["err"].strip().splitlines()
+        assert out["code"] not in (0, None) and len(lines) == 1, (argv, out)
+        assert "Traceback" not in out["err"] and str(stack) in lines[0] and "Permission denied" in lines[0], (argv, out)
