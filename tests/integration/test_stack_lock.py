@@ -81,3 +81,15 @@ def test_sigterm_ends_a_run_through_its_cleanup(stack: object, settings: Setting
     after = lab(settings, "run", "--pipeline", "wal", "--messages", "500", "--cooldown-s", "0", "--json",
                 timeout=600)
     assert after.returncode == 0, after.stderr[-2000:]
+
+
+def test_two_stack_ups_at_once_are_refused_or_serialised(stack: object, settings: Settings) -> None:
+    ups = [subprocess.Popen([*LAB, "stack", "up"], env=lab_env(settings), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [(p.pid, p.wait(timeout=300), p.communicate()[1]) for p in ups]
+    assert any(code == 0 for _, code, _ in outs), outs
+    for pid, code, err in outs:
+        if code != 0:
+            other = next(q for q, _, _ in outs if q != pid)
+            assert code == 2 and err.strip().splitlines() == [err.strip()], outs
+            assert f"`lab stack up` (pid {other})" in err, outs
