@@ -143,6 +143,10 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "idle" and isinstance(value, Mapping):
             row["cpu_ms_per_msg_net"] = value.get("cpu_ms_per_msg_net")
             row.update({f"idle_cpu_s.{k}": v for k, v in (value.get("idle_cpu_s") or {}).items()})
+        elif key == "cost_split" and isinstance(value, Mapping) and isinstance(value.get("total"), Mapping):
+            row.update({k: value["total"].get(k) for k in ("fixed_cpu_s", "steady_ms_per_msg", "unsplit_cpu_s")})
+            for name, part in (value.get("participants") or {}).items():
+                row[f"steady.{name}"], row[f"fixed.{name}"] = part.get("steady_ms_per_msg"), part.get("fixed_cpu_s")
         elif key == "slots" and isinstance(value, Mapping):
             row["decoded_mb"] = sum(v.get("total_bytes") or 0 for v in value.values()) / 2**20
             row["slots"] = len(value)
@@ -154,7 +158,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_runs(*, settings: Settings | None = None, include_failed: bool = True) -> pd.DataFrame:
-    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``,
+    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``, the cost
+    split (``steady_ms_per_msg``, ``fixed_cpu_s``, ``steady.<participant>``, ``fixed.<participant>``),
     ``senders.<field>`` (send times, ``send_p95_ms``, ...), ...
 
     Sorted by start time. Empty (with no columns) when there are no runs.
