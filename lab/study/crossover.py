@@ -80,7 +80,8 @@ class Answer:
         lo, hi = r
         span = f"{_n(lo)}" if math.isclose(lo, hi, rel_tol=0.005) else f"{_n(lo)}–{_n(hi)}"
         where = "measured" if self.measured else f"extrapolated beyond N = {self.n_range[1]}"
-        return f"{self.condition}: N* {span} ({len(self.models)} models; {where})"
+        models = f"{len(self.models)} model" + ("s" if len(self.models) > 1 else "")
+        return f"{self.condition}: N* {span} ({models}; {where})"
 
 
 def _n(x: float) -> str:
