@@ -161,6 +161,33 @@ def by_volume(df: pd.DataFrame, direct: str, broker: str, *, volumes: Iterable[f
     return out
 
 
+def volume_fit(df: pd.DataFrame, participants: Sequence[str] = ()) -> pd.DataFrame:
+    """F and c across runs of the same cell at two or more volumes: CPU-seconds = F + c·M by least
+    squares over every successful run (total, and each participant in ``participants`` from its
+    ``cpu_s.<name>``). Needs no timeline, so it has none of the within-run split's limits: this is
+    the estimate the volume check (``lab bench options --vary messages=…``) gives. Columns:
+    pipeline, consumers, participant, fixed_cpu_s, steady_ms_per_msg, volumes, runs, and the
+    slope's standard error ``steady_se`` (NaN with fewer than 3 runs)."""
+    ok = df[df["success"].fillna(False).astype(bool)] if "success" in df else df
+    if "warmup" in ok:
+        ok = ok[~ok["warmup"].fillna(False).astype(bool)]
+    rows = []
+    for (pipeline, n), g in ok.groupby(["pipeline", "consumers"]):
+        m = g["messages"].to_numpy(float)
+        if np.unique(m).size < 2:
+            continue
+        cols = {"total": g[METRIC].to_numpy(float) * m / 1000}
+        cols |= {p: g[f"cpu_s.{p}"].fillna(0.0).to_numpy(float) for p in participants if f"cpu_s.{p}" in g}
+        for name, y in cols.items():
+            (c, f), cov = np.polyfit(m, y, 1, cov=True) if len(m) > 3 else (np.polyfit(m, y, 1), None)
+            se = float(np.sqrt(cov[0, 0])) * 1000 if cov is not None else math.nan
+            rows.append({"pipeline": pipeline, "consumers": int(n), "participant": name, "fixed_cpu_s": float(f),
+                         "steady_ms_per_msg": float(c) * 1000, "steady_se": se,
+                         "volumes": sorted(set(m.astype(int).tolist())), "runs": len(m)})
+    return pd.DataFrame(rows, columns=["pipeline", "consumers", "participant", "fixed_cpu_s", "steady_ms_per_msg",
+                                       "steady_se", "volumes", "runs"])
+
+
 def rate_lines(runs: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """CPU per second = a + b·rate per pipeline and N, from the sustainable steps of load staircases
     (run.json's ``steps``: each step's rate, achieved rate and ms CPU per message). Columns:

@@ -85,3 +85,23 @@ def test_rate_lines_and_n_star_by_rate() -> None:
     # at a low rate the broker's idle JVM and pollers are paid over few messages: the broker pays off later
     assert n_slow > n_fast
     assert crossover.answer_table([slow, fast])["model"].str.contains("range over models").sum() == 2
+
+
+def test_volume_fit_recovers_a_fixed_part_only_where_there_is_one() -> None:
+    rng = np.random.default_rng(3)
+    rows = []
+    for m in (5_000, 20_000, 100_000):
+        for _ in range(2):
+            dbz = 4.0 + 0.15e-3 * m + rng.normal(0, 0.05)
+            cons = 0.23e-3 * m + rng.normal(0, 0.05)
+            rows.append({"pipeline": "kafka", "consumers": 1, "messages": m, "success": True,
+                         "cpu_s.debezium": dbz, "cpu_s.consumers": cons, "cpu_ms_per_msg": (dbz + cons) * 1000 / m})
+    rows.append({**rows[0], "success": False, "cpu_ms_per_msg": 99.0})  # a failed run is left out
+    fit = crossover.volume_fit(pd.DataFrame(rows), ["debezium", "consumers"]).set_index("participant")
+    assert fit.loc["debezium", "fixed_cpu_s"] == pytest.approx(4.0, abs=0.15)
+    assert fit.loc["debezium", "steady_ms_per_msg"] == pytest.approx(0.15, abs=0.01)
+    assert abs(fit.loc["consumers", "fixed_cpu_s"]) < 0.15
+    assert fit.loc["total", "steady_ms_per_msg"] == pytest.approx(0.38, abs=0.01)
+    assert fit.loc["total", "runs"] == 6 and fit.loc["total", "volumes"] == [5_000, 20_000, 100_000]
+    one_volume = pd.DataFrame([r for r in rows if r["messages"] == 5_000])
+    assert crossover.volume_fit(one_volume).empty
