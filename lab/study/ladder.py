@@ -91,13 +91,14 @@ def climb(base: Scenario, direct: str, broker: str, settings: Settings, *, ladde
             if rung.failed:
                 break
         v = verdict(rungs)
-        say(f"N = {n}: direct − broker = {rung.difference if rung.difference is not None else '-'} ms/msg "
-            f"({rung.metric}); {v['verdict']}")
+        d = rung.difference
+        say(f"N = {n}: direct − broker = {'-' if d is None else f'{d:+.3f}'} ms/msg ({rung.metric}); {v['verdict']}")
         if v["verdict"] != "not yet":
             break
     return {
         **verdict(rungs), "direct": direct, "broker": broker, "scenario": base.slug, "repeats": repeats,
-        "rungs": [{"n": r.n, "metric": r.metric, "difference_ms": r.difference, "failed": r.failed,
+        "rungs": [{"n": r.n, "metric": r.metric, "failed": r.failed,
+                   "difference_ms": None if r.difference is None else round(r.difference, 4),
                    "direct_runs": [x["run_id"] for x in r.direct], "broker_runs": [x["run_id"] for x in r.broker]}
                   for r in rungs],
     }
