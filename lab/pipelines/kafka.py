@@ -81,6 +81,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from lab.pipelines.base import Item, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.base import Stack
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
 from lab.stack.kafka import replication
 from lab.workload.inbox import take_lease
@@ -163,7 +164,7 @@ class KafkaPipeline:
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = "kafka"
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
         self.settings = settings
         self.stack = stack

@@ -46,6 +46,7 @@ from lab.pg.slots import drop_slots, wait_streaming
 from lab.pipelines.base import Item
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.base import Stack
 from lab.workload.inbox import claim_lsns
 from lab.workload.watermark import SlotWatermark
 
@@ -69,7 +70,7 @@ class WalPipeline:
     inbox_table: ClassVar[str] = "inbox_wal"
     cdc_sink: ClassVar[str | None] = None
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
         self.settings = settings
 

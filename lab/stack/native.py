@@ -257,6 +257,17 @@ class NativeStack:
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()
 
+    def debezium_processes(self, sink: str) -> list[psutil.Process]:
+        return self.debezium[check_sink(sink)].processes()
+
+    def counters(self) -> None:
+        """None: CPU is read from the services' process trees (:meth:`participants`)."""
+        return None
+
+    def record(self) -> dict[str, Any]:
+        """Local processes run no images."""
+        return {"images": None}
+
     def participants(self) -> dict[str, list[psutil.Process]]:
         """Participant name -> roots of its process trees (empty when not running)."""
         debezium = [p for d in self.debezium.values() for p in d.processes()]
