@@ -65,6 +65,7 @@ import contextlib
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psycopg
@@ -78,7 +79,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from lab.pipelines.base import Item, claim_batch, row_parser
+from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -311,7 +312,10 @@ class _Partition:
 class KafkaSource:
     """Consumer side: one confluent consumer in the run's group, one claim connection."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
+    def __init__(
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
+    ) -> None:
         self.scenario = scenario
         self.settings = settings
         self.topic, prefix = names(scenario)

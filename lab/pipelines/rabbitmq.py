@@ -55,6 +55,7 @@ import contextlib
 import logging
 import struct
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any, ClassVar
 
 import aio_pika
@@ -230,8 +231,8 @@ class RabbitSource:
     """Consumer side: deliveries buffered by the callback, pulled in batches by ``fill``."""
 
     def __init__(
-        self, scenario: Scenario, settings: Settings, index: int,
-        shared: SharedResources | None = None,
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
     ) -> None:
         self.settings = settings
         self._shared = shared  # tasks layout: one AMQP connection for all, a channel each
