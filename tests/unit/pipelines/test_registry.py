@@ -43,3 +43,14 @@ def test_source_builds_from_the_one_shape(name: str, tmp_path: Path) -> None:
     assert isinstance(source, REGISTRY[name].source)  # type: ignore[arg-type]
     for member in members(Source):
         assert hasattr(source, member), f"{name} source lacks {member}"
+
+
+def test_names_and_colours_cover_the_registry() -> None:
+    from lab.measure.latency import _COLORS as latency_colours
+    from lab.scenario import PIPELINE_NAMES
+    from lab.study.capacity import _COLORS as capacity_colours
+    from lab.study.plots import PIPELINE_COLORS
+
+    assert set(PIPELINE_NAMES) == set(REGISTRY)
+    for colours in (PIPELINE_COLORS, capacity_colours, latency_colours):
+        assert set(colours) >= set(REGISTRY)
