@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -52,7 +52,8 @@ class NativeService(Protocol):
     CPU counts as this participant.
     """
 
-    name: ClassVar[str]
+    @property
+    def name(self) -> str: ...  # a class attribute, or per instance for a cluster's node
 
     def provision(self) -> None: ...
     def start(self) -> None: ...
