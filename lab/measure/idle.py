@@ -34,6 +34,7 @@ from lab.measure.sampler import Participant, Sampler
 from lab.measure.services import Source, service_names, service_sources
 from lab.settings import Settings, child_env
 from lab.stack import children, get_stack
+from lab.stack.base import DEBEZIUM_SINKS
 from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
         roots: dict[str, Source] = dict(service_sources(stack, service_names(stack)))
         roots["web"] = [web]
         if debezium:
-            for sink in stack.debezium:
+            for sink in DEBEZIUM_SINKS:
                 say(f"idle baseline: starting debezium-{sink}")
                 started.append(sink)
                 with tied():  # dies with this process if it is killed

@@ -14,11 +14,9 @@ what a killed run left behind.
 
 from __future__ import annotations
 
-from typing import Any
-
 from lab.measure.cgroups import occupant
 from lab.settings import Settings
-from lab.stack.base import DEBEZIUM_SINKS, StackError
+from lab.stack.base import DEBEZIUM_SINKS, Stack, StackError
 from lab.stack.children import require_clean
 from lab.stack.debezium import http_port
 
@@ -27,13 +25,13 @@ SERVICE_GROUPS = ("postgres", "postgres-standby", "kafka", "kafka-1", "kafka-2",
                   "rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
 
 
-def check_clean(settings: Settings, stack: Any) -> None:
+def check_clean(settings: Settings, stack: Stack) -> None:
     """Raise :class:`StackError` (one line, with the pid) if a run may not start now."""
     ports = {"the web service": settings.web_port,
              "the web service's control listener": settings.control_port}
     ours: set[int] = set()
-    if getattr(stack, "backend", "native") == "native":  # containers publish their own ports
-        ours = {p.pid for d in stack.debezium.values() for p in d.processes()}
+    if stack.backend == "native":  # containers publish their own ports
+        ours = {p.pid for sink in DEBEZIUM_SINKS for p in stack.debezium_processes(sink)}
         ports |= {f"Debezium Server ({sink} sink)": http_port(settings, sink) for sink in DEBEZIUM_SINKS}
     require_clean(settings, ports, ours=ours)
     left = occupant(settings, services=SERVICE_GROUPS, ignore=ours)

@@ -15,8 +15,8 @@ import psutil
 
 from lab.measure.cgroups import CpuGroup
 from lab.measure.sampler import Participant
+from lab.stack.base import Counter, Stack
 
-Counter = Callable[[], tuple[float, float]]
 Source = list[psutil.Process] | Counter
 GroupFor = Callable[[str, list[psutil.Process]], CpuGroup | None]
 
@@ -24,28 +24,27 @@ GroupFor = Callable[[str, list[psutil.Process]], CpuGroup | None]
 SINGLE_SERVICES = ("postgres", "kafka", "rabbitmq")
 
 
-def service_names(stack: Any) -> tuple[str, ...]:
+def service_names(stack: Stack) -> tuple[str, ...]:
     """The stack's always-on participants: one per node (the ``ha`` topology's ``kafka-1``..3
     and ``postgres-standby``; the compose backend runs the single topology only)."""
-    return tuple(getattr(stack, "service_names", SINGLE_SERVICES))
+    return stack.service_names
 
 
-def service_sources(stack: Any, names: tuple[str, ...]) -> dict[str, Source]:
+def service_sources(stack: Stack, names: tuple[str, ...]) -> dict[str, Source]:
     """Name -> the service's process roots (native) or its container counter (compose).
 
     Names: those of :func:`service_names`, ``debezium`` (both instances) and
     ``debezium-<sink>`` (one instance).
     """
-    counters = getattr(stack, "counters", None)
-    if counters is not None:
-        c = counters()
+    c = stack.counters()
+    if c is not None:
         return {n: c[n] for n in names}
     roots = stack.participants()
-    return {n: stack.debezium[n.split("-", 1)[1]].processes() if n.startswith("debezium-") else roots[n]
+    return {n: stack.debezium_processes(n.split("-", 1)[1]) if n.startswith("debezium-") else roots[n]
             for n in names}
 
 
-def service_participants(stack: Any, names: tuple[str, ...], group: GroupFor) -> list[Participant]:
+def service_participants(stack: Stack, names: tuple[str, ...], group: GroupFor) -> list[Participant]:
     """Participants for the stack's services: a container counter, or process roots asked at
     every tree walk with a cgroup from ``group`` (name, current roots)."""
     sources = service_sources(stack, names)
@@ -58,7 +57,7 @@ def service_participants(stack: Any, names: tuple[str, ...], group: GroupFor) ->
     return parts
 
 
-def _roots(stack: Any, name: str) -> Callable[[], Iterable[Any]]:
+def _roots(stack: Stack, name: str) -> Callable[[], Iterable[Any]]:
     """The service's process roots, asked again at every walk (a restarted service is the same participant)."""
     def roots() -> Iterable[Any]:
         source = service_sources(stack, (name,))[name]
@@ -66,16 +65,13 @@ def _roots(stack: Any, name: str) -> Callable[[], Iterable[Any]]:
     return roots
 
 
-def is_local(stack: Any) -> bool:
+def is_local(stack: Stack) -> bool:
     """Whether the stack's services are processes of this host (their CPU is in its busy time)."""
-    return getattr(stack, "backend", "native") == "native" or not stack.settings.docker_host
+    return stack.backend == "native" or not stack.settings.docker_host
 
 
-def stack_record(stack: Any) -> dict[str, Any]:
+def stack_record(stack: Stack) -> dict[str, Any]:
     """What a run stores about its stack: ``backend``, ``topology`` and, for containers, ``images`` (service
     -> image id, the content digest of the image each container ran), ``engine`` (version) and
     ``container_cpu`` (service -> how its counter was read: ``cgroup`` or ``engine api``)."""
-    record = getattr(stack, "record", None)
-    return {"backend": getattr(stack, "backend", "native"),
-            "topology": getattr(stack, "topology", "single"),  # compose: single only
-            **(record() if record else {"images": None})}
+    return {"backend": stack.backend, "topology": stack.topology, **stack.record()}

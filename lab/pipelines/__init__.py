@@ -1,12 +1,15 @@
-"""The four pipelines, registered by name; the name is the CLI value, result field and label."""
+"""The four pipelines, registered by name; the name is the CLI value, result field and label.
+
+A pipeline is two classes with one constructor shape each (:class:`PipelineFactory`,
+:class:`SourceFactory`) and one line in :data:`REGISTRY`.
+"""
 
 from __future__ import annotations
 
-import inspect
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from lab.pipelines.base import Pipeline, SharedResources, Source
+from lab.pipelines.base import Pipeline, PipelineFactory, SharedResources, Source, SourceFactory
 from lab.pipelines.kafka import KafkaPipeline, KafkaSource
 from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 from lab.pipelines.wal import WalPipeline, WalSource
@@ -14,18 +17,23 @@ from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
 
-PIPELINES: dict[str, type[Any]] = {
-    "wal": WalPipeline,
-    "kafka": KafkaPipeline,
-    "wal-sharded": ShardedWalPipeline,
-    "rabbitmq": RabbitPipeline,
+
+@dataclass(frozen=True)
+class Registered:
+    """A pipeline's two halves: the runner's (built once per run) and the consumers' (one per consumer)."""
+
+    pipeline: PipelineFactory
+    source: SourceFactory
+
+
+REGISTRY: dict[str, Registered] = {
+    "wal": Registered(WalPipeline, WalSource),
+    "kafka": Registered(KafkaPipeline, KafkaSource),
+    "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource),
+    "rabbitmq": Registered(RabbitPipeline, RabbitSource),
 }
-SOURCES: dict[str, type[Any]] = {
-    "wal": WalSource,
-    "kafka": KafkaSource,
-    "wal-sharded": ShardedWalSource,
-    "rabbitmq": RabbitSource,
-}
+PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
+SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}
 
 
 def source_for(
@@ -35,16 +43,10 @@ def source_for(
     """The consumer-side half of ``scenario.pipeline`` for consumer ``index``.
 
     ``run_dir`` (the run's scratch directory) and ``shared`` (what the consumers of one process
-    share, ``tasks`` layout) go to sources that take that keyword.
+    share, ``tasks`` layout) go to every source; each uses what it needs.
     """
-    cls = SOURCES[scenario.pipeline]
-    params = inspect.signature(cls).parameters
-    kwargs: dict[str, Any] = {}
-    if run_dir is not None and "run_dir" in params:
-        kwargs["run_dir"] = run_dir
-    if shared is not None and "shared" in params:
-        kwargs["shared"] = shared
-    return cls(scenario, settings, index, **kwargs)
+    return SOURCES[scenario.pipeline](scenario, settings, index, run_dir=run_dir, shared=shared)
 
 
-__all__ = ["PIPELINES", "SOURCES", "Pipeline", "Source", "source_for"]
+__all__ = ["PIPELINES", "REGISTRY", "SOURCES", "Pipeline", "PipelineFactory", "Registered", "Source",
+           "SourceFactory", "source_for"]

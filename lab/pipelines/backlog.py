@@ -57,7 +57,7 @@ def reader_for(run: Any) -> KafkaBacklog | RabbitBacklog | None:
     if pipeline.name == "kafka":
         return KafkaBacklog(run.settings, pipeline.topic, pipeline.group, pipeline.partitions, run.scratch)
     if pipeline.name == "rabbitmq":
-        return RabbitBacklog(run.settings, getattr(run.stack, "rabbitmq", None), pipeline.queue)
+        return RabbitBacklog(run.settings, run.stack.rabbitmq, pipeline.queue)
     return None
 
 

@@ -26,12 +26,18 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import orjson
 import psycopg
 
 from lab.workload.inbox import claim_ids
+
+if TYPE_CHECKING:
+    from lab.scenario import Scenario
+    from lab.settings import Settings
+    from lab.stack.base import Stack
 
 
 @dataclass(slots=True)
@@ -119,6 +125,23 @@ class Pipeline(Protocol):
 
     async def teardown(self) -> None:
         """Stop the source, drop slots, delete the topic or queue; never raises."""
+
+
+class PipelineFactory(Protocol):
+    """The one constructor shape of a pipeline's runner half (its class)."""
+
+    def __call__(self, scenario: Scenario, settings: Settings, stack: Stack) -> Pipeline: ...
+
+
+class SourceFactory(Protocol):
+    """The one constructor shape of a pipeline's consumer half (its class): consumer ``index``,
+    the run's scratch directory ``run_dir`` and what the consumers of one process share
+    (``shared``, ``tasks`` layout); a source ignores what it does not use."""
+
+    def __call__(
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
+    ) -> Source: ...
 
 
 # Shared by the broker pipelines (kafka, rabbitmq) -------------------------------------------

@@ -65,6 +65,7 @@ import contextlib
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psycopg
@@ -78,9 +79,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from lab.pipelines.base import Item, claim_batch, row_parser
+from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.base import Stack
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
 from lab.stack.kafka import replication
 from lab.workload.inbox import CLAIMS_APPLICATION, take_lease
@@ -163,7 +165,7 @@ class KafkaPipeline:
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = "kafka"
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
         self.settings = settings
         self.stack = stack
@@ -310,7 +312,10 @@ class _Partition:
 class KafkaSource:
     """Consumer side: one confluent consumer in the run's group, one claim connection."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
+    def __init__(
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
+    ) -> None:
         self.scenario = scenario
         self.settings = settings
         self.topic, prefix = names(scenario)

@@ -55,6 +55,7 @@ import contextlib
 import logging
 import struct
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any, ClassVar
 
 import aio_pika
@@ -65,8 +66,9 @@ from aiormq.abc import ChannelFrame, DeliveredMessage
 from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.stack.base import StackError
+from lab.stack.base import Stack, StackError
 from lab.stack.debezium import RABBITMQ_EXCHANGE, RABBITMQ_ROUTING_KEY, SLOT
+from lab.stack.rabbitmq_cluster import RabbitMQCluster
 from lab.workload.inbox import CLAIMS_APPLICATION, take_lease
 
 log = logging.getLogger(__name__)
@@ -106,15 +108,18 @@ def queue_arguments(settings: Settings) -> dict[str, Any]:
     return dict(HA_QUEUE_ARGUMENTS if settings.ha else QUEUE_ARGUMENTS)
 
 
+SINK = "rabbitmq"  # the Debezium instance this pipeline reads from
+
+
 class RabbitPipeline:
     """Runner side: topology before consumers, consumer-count gate, Debezium, queue delete."""
 
     name: ClassVar[str] = "rabbitmq"
     fan_out: ClassVar[bool] = False
     inbox_table: ClassVar[str] = "inbox"
-    cdc_sink: ClassVar[str | None] = "rabbitmq"
+    cdc_sink: ClassVar[str | None] = SINK
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
         self.settings = settings
         self.stack = stack
@@ -155,9 +160,9 @@ class RabbitPipeline:
                 await channel.queue_delete(QUEUE)
                 queue = await _declare_queue(conn, QUEUE, args)
                 await queue.bind(exchange, routing_key=ROUTING_KEY)
-        cluster = getattr(self.stack, "rabbitmq", None)
-        if self.settings.ha and hasattr(cluster, "queue_replicas"):  # before the window: rabbitmqctl
-            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)  # type: ignore[union-attr]
+        cluster = self.stack.rabbitmq
+        if self.settings.ha and isinstance(cluster, RabbitMQCluster):  # before the window: rabbitmqctl
+            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)
 
     async def wait_ready(self) -> None:
         n, timeout = self.scenario.consumers, self.scenario.ready_timeout_s
@@ -179,12 +184,12 @@ class RabbitPipeline:
 
     async def start_source(self) -> None:
         if not self.direct:  # the direct producer is the source; the runner starts it
-            await asyncio.to_thread(self.stack.start_debezium, self.cdc_sink, durable=bool(self.scenario.fault))
+            await asyncio.to_thread(self.stack.start_debezium, SINK, durable=bool(self.scenario.fault))
 
     async def teardown(self) -> None:
         if not self.direct:
             try:
-                await asyncio.to_thread(self.stack.stop_debezium, self.cdc_sink)
+                await asyncio.to_thread(self.stack.stop_debezium, SINK)
             except Exception as exc:
                 log.warning("could not stop Debezium (%s sink): %s", self.cdc_sink, exc)
         try:
@@ -226,8 +231,8 @@ class RabbitSource:
     """Consumer side: deliveries buffered by the callback, pulled in batches by ``fill``."""
 
     def __init__(
-        self, scenario: Scenario, settings: Settings, index: int,
-        shared: SharedResources | None = None,
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
     ) -> None:
         self.settings = settings
         self._shared = shared  # tasks layout: one AMQP connection for all, a channel each

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psycopg
@@ -43,9 +44,10 @@ import psycopg
 from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
 from lab.pg.replication import ReplicationStream
 from lab.pg.slots import drop_slots, wait_streaming
-from lab.pipelines.base import Item
+from lab.pipelines.base import Item, SharedResources
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.base import Stack
 from lab.workload.inbox import CLAIMS_APPLICATION, claim_lsns
 from lab.workload.watermark import SlotWatermark
 
@@ -69,7 +71,7 @@ class WalPipeline:
     inbox_table: ClassVar[str] = "inbox_wal"
     cdc_sink: ClassVar[str | None] = None
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: Any) -> None:
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
         self.settings = settings
 
@@ -102,7 +104,10 @@ class WalPipeline:
 class WalSource:
     """Consumer side: one slot, one replication connection, one claim connection."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, index: int) -> None:
+    def __init__(
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
+    ) -> None:
         self.settings = settings
         self.slot = slot_name(index)
         self.skipped = 0

@@ -73,7 +73,7 @@ from lab.pg.shards import (
     census,
     target,
 )
-from lab.pipelines.base import Item
+from lab.pipelines.base import Item, SharedResources
 from lab.pipelines.wal import WalPipeline, WalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -152,7 +152,8 @@ class ShardedWalSource(WalSource):
     """
 
     def __init__(
-        self, scenario: Scenario, settings: Settings, index: int, run_dir: Path | None = None
+        self, scenario: Scenario, settings: Settings, index: int, *,
+        run_dir: Path | None = None, shared: SharedResources | None = None,
     ) -> None:
         super().__init__(scenario, settings, index)
         self.index = index

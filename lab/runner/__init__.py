@@ -44,6 +44,7 @@ from lab.runner.result import RunResult, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
+from lab.stack.base import Stack
 from lab.stack.postgres import server_settings
 from lab.stack.proc import Interrupted, exclusive, tied
 
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 class Run(RunProcesses, RunPhases, RunResult):
     """State of one run, its phases in order (:meth:`execute`). Use :func:`run_scenario`."""
 
-    def __init__(self, scenario: Scenario, settings: Settings, stack: Any, progress: Progress,
+    def __init__(self, scenario: Scenario, settings: Settings, stack: Stack, progress: Progress,
                  idle: dict[str, Any] | None = None) -> None:
         self.scenario = scenario
         self.idle = idle  # the series' idle baseline (lab.measure.idle), if one was measured

@@ -15,6 +15,7 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.stack.base import Stack
 
 if TYPE_CHECKING:
     from lab.runner.faults import FaultInjector
@@ -27,7 +28,7 @@ class RunContext:
 
     scenario: Scenario
     settings: Settings
-    stack: Any
+    stack: Stack
     progress: Progress
     idle: dict[str, Any] | None  # the series' idle baseline (lab.measure.idle), if one was measured
     run_id: str

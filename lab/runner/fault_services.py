@@ -90,12 +90,6 @@ class ServiceFaults:
             await asyncio.sleep(0.05)
         self._event("slot held again", slot=slot, pid=since[0], at_mono=since[1], at=since[2])
 
-    def _native(self, method: str) -> Any:
-        found = getattr(self.run.stack, method, None)
-        if found is None:
-            raise RunError(f"fault {self.fault.kind} needs LAB_BACKEND=native (the stack has no {method})")
-        return found
-
     def _attach(self, participant: str) -> None:
         """Move a restarted service's process trees into its participant's cgroup, if it has one."""
         group = getattr(self.run, "service_cgroups", {}).get(participant)
@@ -107,12 +101,12 @@ class ServiceFaults:
     async def _start_debezium_again(self) -> None:
         sink = self.run.pipeline.cdc_sink
         with tied():  # like the run's first Debezium: it dies with the runner
-            await asyncio.to_thread(self._native("start_debezium"), sink, durable=True, resume=True)
+            await asyncio.to_thread(self.run.stack.start_debezium, sink, durable=True, resume=True)
         self._attach("debezium")
 
     async def _kill_debezium(self) -> None:
         sink = self.run.pipeline.cdc_sink
-        pid = await asyncio.to_thread(self._native("kill_debezium"), sink)
+        pid = await asyncio.to_thread(self.run.stack.kill_debezium, sink)
         if pid is None:
             raise RunError(f"no Debezium Server ({sink}) to kill")
         self._event("debezium killed", sink=sink, pid=pid)
@@ -162,7 +156,7 @@ class ServiceFaults:
                 task.cancel()
 
     async def _restart(self, name: str, outage_s: float) -> None:
-        stop, start = self._native("stop_service"), self._native("start_service")
+        stop, start = self.run.stack.stop_service, self.run.stack.start_service
         self._supervising = True
         self._tasks.append(asyncio.create_task(self._supervise(), name="fault-supervise"))
         self.down.append(name)
@@ -187,11 +181,11 @@ class ServiceFaults:
         ``outage_s``. The other two hold a majority (Kafka's ISR of 2 with ``min.insync.replicas``
         2; RabbitMQ's quorum queue elects a leader among them): a client that lost its node
         reconnects, and one that exits is replaced once the node is back, as after a restart."""
-        start = self._native("start_service")
+        start = self.run.stack.start_service
         self._supervising = True
         self._tasks.append(asyncio.create_task(self._supervise(), name="fault-supervise"))
         self.down.append(name)
-        pids = await asyncio.to_thread(self._native("kill_node"), name)
+        pids = await asyncio.to_thread(self.run.stack.kill_node, name)
         self._event("node killed", node=name, pids=pids)
         await asyncio.sleep(outage_s)
         await asyncio.to_thread(start, name)
@@ -209,7 +203,7 @@ class ServiceFaults:
         again pointed at the new primary, from its synced slot and its offsets. The cleanup
         fails back (:meth:`fail_back`)."""
         stack = self.run.stack
-        standby = getattr(stack, "standby", None)
+        standby = stack.standby
         if standby is None:
             raise RunError("postgres-failover needs the ha topology's standby")
         waited, copies = await self._slots_synced(standby)
@@ -223,12 +217,12 @@ class ServiceFaults:
             self.failed_over = True  # from here on the cleanup fails back, whatever happens next
             # a future of its own: the cleanup waits for the thread even when this task is cancelled
             self._failover_thread = asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(self._native("fail_over"), immediate=mode == "immediate"))
+                None, functools.partial(self.run.stack.fail_over, immediate=mode == "immediate"))
             times = await asyncio.shield(self._failover_thread)
             self._event("standby promoted", **times, slots=await asyncio.to_thread(standby.slots))
             if sink is not None:  # its JVM retries the old primary's one address: move it
                 stack.move_debezium(sink, standby.port)
-                pid = await asyncio.to_thread(self._native("kill_debezium"), sink)
+                pid = await asyncio.to_thread(self.run.stack.kill_debezium, sink)
                 self._event("debezium stopped to move", sink=sink, pid=pid)
                 await self._start_debezium_again()
                 service = stack.debezium[sink]

@@ -21,6 +21,7 @@ from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after, longest_stall_after
 from lab.runner.context import RunContext
 from lab.runner.processes import RunError
+from lab.stack.base import DEBEZIUM_SINKS
 from lab.workload.inbox import LEASE_MARK, LEASE_SEQUENCE, id_sets, sets_equal
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class RunPhases(RunContext):
 
     async def reset(self) -> None:
         """Stop both Debezium instances, drop our slots, truncate (identity kept), reset web."""
-        for sink in self.stack.debezium:
+        for sink in DEBEZIUM_SINKS:
             self.stack.stop_debezium(sink)
         dsn = self.settings.pg_dsn
         await asyncio.to_thread(drop_slots, dsn, "dbz_")
@@ -176,7 +177,7 @@ class RunPhases(RunContext):
         ``synced`` (slot sync persisted it: a promoted standby carries it), ``temporary`` (still
         waiting for the slot to pass the standby's catalog xmin: a failover now would lose it) or
         ``absent``. Informative only."""
-        standby = getattr(self.stack, "standby", None)
+        standby = self.stack.standby
         if standby is None or not stats:
             return
         try:

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lab.stack.base import StackError
+from lab.stack.base import Stack, StackError
 
 if TYPE_CHECKING:
     from lab.settings import Settings
-    from lab.stack.compose import ComposeStack
-    from lab.stack.native import NativeStack
 
 BACKENDS = ("native", "compose")
 
 
-def get_stack(settings: Settings) -> NativeStack | ComposeStack:
+def get_stack(settings: Settings) -> Stack:
     """The stack backend named by ``settings.backend`` (``LAB_BACKEND``)."""
     if settings.backend == "native":
         from lab.stack.native import NativeStack

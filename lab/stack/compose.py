@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -41,9 +42,15 @@ DEBEZIUM_TIMEOUT = 180.0
 Counter = Callable[[], tuple[float, float]]
 
 
+def _native_only(what: str) -> StackError:
+    return StackError(f"{what} needs LAB_BACKEND=native (the compose backend runs containers)")
+
+
 class ComposeStack:
     backend = "compose"
     topology = "single"  # the ha topology is native only: up refuses it
+    standby: None = None
+    rabbitmq: None = None  # a container: no local service object
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -189,6 +196,37 @@ class ComposeStack:
         except TimeoutError as exc:
             c.stop(timeout=30)
             raise StackError(f"{service}: {exc}") from None
+
+    @property
+    def service_names(self) -> tuple[str, ...]:
+        return SERVICES
+
+    def kill_debezium(self, sink: str) -> int | None:
+        raise _native_only("debezium-kill")
+
+    def stop_service(self, name: str) -> None:
+        raise _native_only("stopping one service")
+
+    def start_service(self, name: str) -> None:
+        raise _native_only("starting one service")
+
+    def kill_node(self, name: str) -> list[int]:
+        raise _native_only("broker-node-kill")
+
+    def fail_over(self, *, immediate: bool = False) -> dict[str, float]:
+        raise _native_only("postgres-failover")
+
+    def move_debezium(self, sink: str, port: int | None) -> None:
+        raise _native_only("moving Debezium")
+
+    def fail_back(self) -> None:
+        raise _native_only("failing back")
+
+    def participants(self) -> dict[str, list[psutil.Process]]:
+        raise StackError("the compose backend's services are containers: read them with counters()")
+
+    def debezium_processes(self, sink: str) -> list[psutil.Process]:
+        raise StackError("the compose backend's Debezium is a container: read it with counters()")
 
     def stop_debezium(self, sink: str) -> None:
         c = self.container(DEBEZIUM[check_sink(sink)])

@@ -65,14 +65,14 @@ class NativeStack:
     def services(self) -> list[NativeService]:
         """The always-on services, in start order."""
         standby = [self.standby] if self.standby is not None else []
-        return [self.postgres, *standby, self.kafka, self.rabbitmq]  # type: ignore[list-item]
+        return [self.postgres, *standby, self.kafka, self.rabbitmq]
 
     def _other_topology(self) -> list[NativeService]:
         """The services of the topology not chosen (they share this stack dir)."""
         s = self.settings.replace(topology="single" if self.settings.ha else "ha")
         if s.ha:
-            return [PostgresStandby(s), KafkaCluster(s), RabbitMQCluster(s)]  # type: ignore[list-item]
-        return [KafkaService(s), RabbitMQService(s)]  # type: ignore[list-item]
+            return [PostgresStandby(s), KafkaCluster(s), RabbitMQCluster(s)]
+        return [KafkaService(s), RabbitMQService(s)]
 
     @property
     def service_names(self) -> tuple[str, ...]:
@@ -176,8 +176,7 @@ class NativeStack:
         out: list[Any] = []
         other = [s for s in self._other_topology() if s.processes()]
         for service in [*self.services, *other, *self.debezium.values()]:
-            statuses = getattr(service, "statuses", None)
-            out += statuses() if statuses is not None else [service.status()]
+            out += service.statuses() if isinstance(service, KafkaCluster | RabbitMQCluster) else [service.status()]
         return out
 
     def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumService:
@@ -195,8 +194,8 @@ class NativeStack:
         """One always-on service by name (``postgres``, ``kafka``, ``rabbitmq``), or under ``ha``
         one broker node (``kafka-2``, ``rabbitmq-1``)."""
         found = {s.name: s for s in self.services}
-        for cluster in (self.kafka, self.rabbitmq):
-            found |= {n.name: n for n in getattr(cluster, "nodes", [])}
+        for node in self._nodes():
+            found[node.name] = node
         if name not in found:
             raise StackError(f"unknown service {name!r}: choose one of {', '.join(found)}")
         return found[name]
@@ -204,9 +203,14 @@ class NativeStack:
     def _cluster_of(self, name: str) -> NativeService | None:
         """The cluster a node name belongs to (None: not a node)."""
         for cluster in (self.kafka, self.rabbitmq):
-            if name in {n.name for n in getattr(cluster, "nodes", [])}:
-                return cluster  # type: ignore[return-value]
+            if isinstance(cluster, KafkaCluster | RabbitMQCluster) and name in {n.name for n in cluster.nodes}:
+                return cluster
         return None
+
+    def _nodes(self) -> list[KafkaService | RabbitMQService]:
+        """The broker nodes of the ``ha`` topology's clusters (none under ``single``)."""
+        return [n for c in (self.kafka, self.rabbitmq) if isinstance(c, KafkaCluster | RabbitMQCluster)
+                for n in c.nodes]
 
     def stop_service(self, name: str) -> None:
         """Stop one always-on service (or one broker node), keeping its data (a fault:
@@ -225,7 +229,7 @@ class NativeStack:
         """SIGKILL one broker node's process trees (``broker-node-kill``: a crash, no controlled
         shutdown); returns the pids killed, once they are gone."""
         if self._cluster_of(name) is None:
-            nodes = [n.name for c in (self.kafka, self.rabbitmq) for n in getattr(c, "nodes", [])]
+            nodes = [n.name for n in self._nodes()]
             raise StackError(f"{name!r} is not a broker node of this stack (nodes: {', '.join(nodes) or 'none'}: "
                              "broker nodes exist under the ha topology)")
         # the node's own recorded tree only (proc.terminate with SIGKILL, which counts a zombie
@@ -278,6 +282,17 @@ class NativeStack:
 
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()
+
+    def debezium_processes(self, sink: str) -> list[psutil.Process]:
+        return self.debezium[check_sink(sink)].processes()
+
+    def counters(self) -> None:
+        """None: CPU is read from the services' process trees (:meth:`participants`)."""
+        return None
+
+    def record(self) -> dict[str, Any]:
+        """Local processes run no images."""
+        return {"images": None}
 
     def participants(self) -> dict[str, list[psutil.Process]]:
         """Participant name -> roots of its process trees (empty when not running)."""

@@ -19,6 +19,7 @@ from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
+from lab.stack.base import DEBEZIUM_SINKS
 from lab.stack.proc import run_interruptible
 
 Say = Callable[[str], None]
@@ -35,10 +36,10 @@ def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _
     out: dict[str, Any] = {"warm_up_s": round(time.monotonic() - t0, 1)}
     say(f"warm up: {out['warm_up_s']} s; measuring idle services for {idle_s:.0f} s")
     services = service_names(stack)  # a participant per node (the ha topology)
-    out["topology"] = getattr(stack, "topology", "single")
+    out["topology"] = stack.topology
     out["idle"] = _idle(settings, service_sources(stack, services), services, idle_s)
     out["debezium_start_s"] = {}
-    for sink in list(stack.debezium):
+    for sink in DEBEZIUM_SINKS:
         say(f"starting debezium-{sink}, then measuring it idle for {idle_s:.0f} s")
         t0 = time.monotonic()
         stack.start_debezium(sink)
