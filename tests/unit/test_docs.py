@@ -1,18 +1,24 @@
 """The README and docs/ hold what a newcomer reads: short, linked, and free of internal references.
 
 Checked here: the README stays within 250 lines; every relative link in the README and docs/
-resolves to a file in the repository (anchors are not checked); and no page, nor a notebook's
+resolves to a file in the repository (anchors are not checked); every `lab` command in their shell
+blocks parses with the real command line, and every `make` target they name exists; and no page, nor a notebook's
 markdown or code, names a tracker issue, a section of a file outside the repository, a path outside
 it or its design notes. The reference study is cited through docs/reference.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+
+from lab.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -25,6 +31,11 @@ FORBIDDEN = re.compile(r"(?i:issue \d+)|method\.md §|\.\./shared|DESIGN\.md")  
 
 def pages() -> list[Path]:
     return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def current_pages() -> list[Path]:
+    """The pages that describe the lab as it is; docs/history/ keeps each command as it was run."""
+    return [p for p in pages() if "history" not in p.relative_to(DOCS if p != README else ROOT).parts]
 
 
 def notebooks() -> list[Path]:
@@ -45,6 +56,35 @@ def forbidden(text: str) -> list[str]:
     return [m.group(0) for m in FORBIDDEN.finditer(text)]
 
 
+SHELL_BLOCK = re.compile(r"```(?:sh|bash)\n(.*?)```", re.DOTALL)
+LAB_COMMAND = re.compile(
+    r"(?:^|[\s;(&|\"$])(?:\.venv/bin/)?lab ((?:stack|run|series|report|faults|bench)\b[^#;|&)\"\n]*)")
+
+
+def lab_commands(text: str) -> list[str]:
+    """The arguments of every ``lab`` command in the shell blocks of ``text`` (continuations joined)."""
+    commands = []
+    for block in SHELL_BLOCK.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            commands += [m.group(1).strip() for m in LAB_COMMAND.finditer(line)]
+    return commands
+
+
+def parse_error(command: str) -> str | None:
+    """None when ``lab <command>`` parses with the real command line, else argparse's message."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            build_parser().parse_args(shlex.split(command))
+    except SystemExit as exc:
+        return err.getvalue().strip().splitlines()[-1] if exc.code else None
+    return None
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"(?m)^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(encoding="utf-8")))
+
+
 def test_relative_links_are_found_and_urls_and_anchors_skipped() -> None:
     text = ("[a](docs/x.md) [b](https://example.org/y.md) [c](#here) [d](../data/reference/README.md#t) "
             "![img](pic.png) [e](mailto:a@b)")
@@ -56,6 +96,13 @@ def test_forbidden_mentions_are_caught() -> None:
         "issue 14", "method.md §", "../shared", "DESIGN.md"]
     assert forbidden("Issue 3") == ["Issue 3"]
     assert forbidden("the reference study (docs/reference.md), 2026-12-01, docs/method.md, docs/design.md") == []
+
+
+def test_lab_commands_are_read_from_shell_blocks_and_checked() -> None:
+    text = "```sh\n.venv/bin/lab run --pipeline wal \\\n  --json   # one run\nmake test\n```\n`lab run --nope`"
+    assert [" ".join(c.split()) for c in lab_commands(text)] == ["run --pipeline wal --json"]
+    assert parse_error("run --pipeline wal --json") is None
+    assert parse_error("run --no-such-option") is not None
 
 
 def test_readme_is_short() -> None:
@@ -73,6 +120,15 @@ def test_every_relative_link_resolves(page: Path) -> None:
 def test_no_internal_reference_in_docs(page: Path) -> None:
     found = forbidden(page.read_text(encoding="utf-8"))
     assert not found, f"{page.relative_to(ROOT)} mentions {found}"
+
+
+@pytest.mark.parametrize("page", current_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_documented_command_exists(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    bad = [(c, e) for c in lab_commands(text) if (e := parse_error(c))]
+    assert not bad, f"{page.relative_to(ROOT)}: commands the command line refuses: {bad}"
+    missing = set(re.findall(r"`make ([a-z][a-z-]*)", text)) - make_targets()
+    assert not missing, f"{page.relative_to(ROOT)}: make targets not in the Makefile: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("notebook", notebooks(), ids=lambda p: p.name)
