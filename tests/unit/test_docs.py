@@ -30,12 +30,12 @@ FORBIDDEN = re.compile(r"(?i:issue \d+)|method\.md §|\.\./shared|DESIGN\.md")  
 
 
 def pages() -> list[Path]:
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    return [README, *sorted(DOCS.rglob("*.md")), ROOT / "data" / "reference" / "README.md"]
 
 
 def current_pages() -> list[Path]:
     """The pages that describe the lab as it is; docs/history/ keeps each command as it was run."""
-    return [p for p in pages() if "history" not in p.relative_to(DOCS if p != README else ROOT).parts]
+    return [p for p in pages() if not p.is_relative_to(DOCS / "history")]
 
 
 def notebooks() -> list[Path]:
