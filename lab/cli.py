@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -100,7 +101,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.replace(max_retained_wal=parse_size(args.max_retained_wal, "--max-retained-wal"))
     bar = None if args.json else tqdm(total=scenario.messages, unit="msg", desc="setup", file=sys.stderr)
 
-    def progress(phase: str, info: dict[str, object]) -> None:
+    def progress(phase: str, info: dict[str, Any]) -> None:
         if bar is None:
             return
         bar.set_description(phase)
@@ -126,12 +127,12 @@ SUMMARY_COUNTERS = (
 )
 
 
-def _summary(result: dict[str, object]) -> dict[str, object]:
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
     """The one JSON object ``lab run --json`` prints."""
     scenario = result["scenario"]
     counters = result["counters"]
     assert isinstance(scenario, dict) and isinstance(counters, dict)
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "run_id": result["run_id"],
         "pipeline": scenario["pipeline"],
         "consumers": scenario["consumers"],
@@ -148,7 +149,7 @@ def _summary(result: dict[str, object]) -> dict[str, object]:
         if key in result:
             out[key] = result[key]
     if result.get("steps") is not None:
-        out["steps"] = [step_line(st) for st in result["steps"]]  # type: ignore[union-attr]
+        out["steps"] = [step_line(st) for st in result["steps"]]
     fault = result.get("fault")
     if isinstance(fault, dict):
         out["fault"] = fault_line(fault)
@@ -158,12 +159,12 @@ def _summary(result: dict[str, object]) -> dict[str, object]:
 STEP_FIELDS = ("rate", "achieved_rate", "delivered_per_s", "lag_end", "oldest_age_s", "lag_slope", "sustainable")
 
 
-def step_line(step: dict[str, object]) -> dict[str, object]:
+def step_line(step: dict[str, Any]) -> dict[str, Any]:
     """One staircase step as ``lab run`` shows it (run.json's ``steps[i]``, shortened)."""
     lat, due, cpu = (step.get(k) or {} for k in ("latency_ms", "latency_from_due_ms", "cpu_ms_per_msg"))
     return {**{k: step.get(k) for k in STEP_FIELDS},
-            "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"),  # type: ignore[union-attr]
-            "due_p99_ms": due.get("p99"), "cpu_ms_per_msg": cpu.get("total"),  # type: ignore[union-attr]
+            "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"),
+            "due_p99_ms": due.get("p99"), "cpu_ms_per_msg": cpu.get("total"),
             "failed": step.get("failed")}
 
 
@@ -172,29 +173,29 @@ FAULT_FIELDS = ("lost", "extra_calls", "max_burst", "once", "repeated", "distinc
                 "big_transaction", "not_sent", "rows_without_reply")
 
 
-def fault_line(fault: dict[str, object]) -> dict[str, object]:
+def fault_line(fault: dict[str, Any]) -> dict[str, Any]:
     """A fault run's accounting as ``lab run`` shows it (run.json's ``fault`` block, shortened)."""
     acc = fault.get("accounting") or {}
     assert isinstance(acc, dict)
     wal = fault.get("wal_summary") or {}
     assert isinstance(wal, dict)
     return {"spec": fault.get("spec"), **{k: acc.get(k) for k in FAULT_FIELDS},
-            "events": [(e["t_s"], e["what"]) for e in fault.get("events") or []],  # type: ignore[union-attr]
+            "events": [(e["t_s"], e["what"]) for e in fault.get("events") or []],
             "wal_retained_max_bytes": {k: v["retained_bytes_max"] for k, v in wal.items()},
             "wal_recovered_after_s": {k: v["recovered_after_s"] for k, v in wal.items()},
             "max_retained_wal": fault.get("max_retained_wal"), "guard": fault.get("guard"),
             "invalidation": fault.get("invalidation"),
             "recovery_s": fault.get("recovery_s"), "backlog_peak": fault.get("backlog_peak"),
-            "excess_cpu_s": (fault.get("excess_cpu") or {}).get("total_s"),  # type: ignore[union-attr]
-            "backlog_where": next((b["where"] for b in fault.get("backlog") or []), None),  # type: ignore[index]
-            "backlog_gaps": len(fault.get("backlog_gaps") or []),  # type: ignore[arg-type]
+            "excess_cpu_s": (fault.get("excess_cpu") or {}).get("total_s"),
+            "backlog_where": next((b["where"] for b in fault.get("backlog") or []), None),
+            "backlog_gaps": len(fault.get("backlog_gaps") or []),
             "phases": {k: {"delivered_per_s": v.get("delivered_per_s"),
                            "cpu_ms_per_msg": v.get("cpu_ms_per_msg_total"),
                            "p99_ms": (v.get("latency_ms") or {}).get("p99")}
-                       for k, v in (fault.get("phases") or {}).items()}}  # type: ignore[union-attr]
+                       for k, v in (fault.get("phases") or {}).items()}}
 
 
-def phases_line(fault: dict[str, object]) -> str:
+def phases_line(fault: dict[str, Any]) -> str:
     """Recovery, peak backlog and the three phases of :func:`fault_line`, as one printed line."""
     phases = fault.get("phases") or {}
     assert isinstance(phases, dict)
@@ -206,7 +207,7 @@ def phases_line(fault: dict[str, object]) -> str:
             f"peak backlog {peak}; " + "; ".join(parts))
 
 
-def _print_run(result: dict[str, object]) -> None:
+def _print_run(result: dict[str, Any]) -> None:
     s = _summary(result)
     status = "OK" if s["success"] else f"FAILED: {s['error']}"
     sys.stdout.write(
@@ -221,7 +222,7 @@ def _print_run(result: dict[str, object]) -> None:
         "  sent {sent} failed {send_failed} processed {processed} skipped {skipped} "
         "work {work_calls}/{work_distinct} claims {claims_min}/{claims_max}\n".format(**s)
     )
-    target = result["scenario"].get("rate")  # type: ignore[union-attr]
+    target = result["scenario"].get("rate")
     due = f" (from the due time: {_p50_p99(s.get('latency_from_due_ms'))})" if target else ""
     goal = f" (target {target:g})" if target else ""
     sys.stdout.write(f"  latency {_p50_p99(s.get('latency_ms'))}{due}\n"
@@ -230,8 +231,8 @@ def _print_run(result: dict[str, object]) -> None:
     if isinstance(steps, list):
         stair = s.get("staircase") or {}
         top = s.get("max_sustainable_rate")
-        found = "" if stair.get("limit_found") else " (every step held: at least that)"  # type: ignore[union-attr]
-        stop = stair.get("stop")  # type: ignore[union-attr]
+        found = "" if stair.get("limit_found") else " (every step held: at least that)"
+        stop = stair.get("stop")
         sys.stdout.write(f"  max sustainable rate {top if top is not None else '-'} msg/s{found}"
                          + (f"; stopped early after step {stop['after_step']} (lag {stop['lag']})" if stop else "")
                          + "\n")
@@ -253,11 +254,12 @@ def _print_run(result: dict[str, object]) -> None:
             sys.stdout.write(f"  {invalidation_line(inv)}\n")
 
 
-def invalidation_line(inv: dict[str, object]) -> str:
+def invalidation_line(inv: dict[str, Any]) -> str:
     """The loud line of a slot-invalidation run (run.json's ``fault.invalidation``)."""
     return (f"SLOT INVALIDATED: {inv['slot']} ({inv.get('invalidation_reason')}, wal_status "
             f"{inv.get('wal_status')}) under max_slot_wal_keep_size={inv.get('keep_size')}; reader "
-            f"{inv.get('consumer')} ended ({str(inv.get('reader_error')).splitlines()[0]}); lost {inv.get('lost')} message(s)"
+            f"{inv.get('consumer')} ended ({str(inv.get('reader_error')).splitlines()[0]}); "
+            f"lost {inv.get('lost')} message(s)"
             f" the run's readers never worked")
 
 
@@ -280,7 +282,7 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
         topology=settings.topology)
     _say(f"series {sid}: {len(plan)} runs ({series.PROFILES[args.profile].description})")
     bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
-    last = {"ms": "-", "skipped": 0, "failed": 0}
+    last: dict[str, Any] = {"ms": "-", "skipped": 0, "failed": 0}
 
     def progress(step: series.Step) -> None:
         if step.status == "idle":
@@ -321,7 +323,7 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
     sid = args.series_id or series.default_series_id(
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology=settings.topology)
-    single = series.default_series_id(  # what an ha report compares with (issue 15)
+    single = series.default_series_id(  # what an ha report compares with
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology="single")
     _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
     out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,
@@ -438,7 +440,7 @@ def _print_status(statuses: Sequence[object], *, as_json: bool) -> None:
             )
 
 
-def slot_line(slot: dict[str, object]) -> str:
+def slot_line(slot: dict[str, Any]) -> str:
     """One replication slot as ``lab stack status`` shows it: name, active, WAL retained, status."""
     retained = slot.get("retained_wal_bytes")
     safe = slot.get("safe_wal_size")
@@ -574,7 +576,8 @@ def _faults_options(parser: argparse.ArgumentParser) -> None:
                         help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
     parser.add_argument("--pipelines", default="", help="comma-separated subset (default: the profile's)")
     parser.add_argument("--series-id", default="",
-                        help="runs are stored under it; a cell with a stored run is skipped (default: faults-<profile>)")
+                        help="runs are stored under it; a cell with a stored run is skipped "
+                             "(default: faults-<profile>)")
     parser.add_argument("--retry-failed", action="store_true",
                         help="run the cells whose stored run failed again (a failed run is otherwise a finding, kept)")
     parser.add_argument("--force", action="store_true", help="run every cell again, adding to the series")

@@ -1,4 +1,4 @@
-"""Consumers: the loop every pipeline shares (method.md §4.0), one or several per process.
+"""Consumers: the loop every pipeline shares, one or several per process.
 
 Run by the runner, laid out as ``Scenario.consumer_layout`` says::
 

@@ -1,18 +1,18 @@
 """One run's workload: the CLI's options and the notebooks' ``parameters`` cell.
 
 Fields are primitives only (papermill stringifies anything else). Defaults are the reference
-bench's (method.md §3, §4.0): 200 closed-loop senders, batches of 100, 100 ms wait for a
+bench's: 200 closed-loop senders, batches of 100, 100 ms wait for a
 batch's first message and 50 ms to top it up, a 600 s drain deadline, ``CHECKPOINT`` plus a
 20 s cooldown after every run.
 
 ``producer`` picks where messages enter: ``web`` (the study: HTTP senders -> web service ->
 outbox row, Debezium for ``kafka``/``rabbitmq``) or ``direct`` (the broker-native stand of
-method.md §9.5: ``senders`` producer tasks write straight into the topic, the queue or the table).
+the reference study: ``senders`` producer tasks write straight into the topic, the queue or the table).
 
 ``reset`` is what a reused pooled PostgreSQL connection gets before the INSERT: ``discard``
-(``DISCARD ALL`` in the same round trip, as Npgsql's pool does; method.md §3) or ``none``.
+(``DISCARD ALL`` in the same round trip, as Npgsql's pool does) or ``none``.
 
-``fault`` (issue 14) injects one fault into the run, ``KIND[:TARGET]@START[+DURATION]``, times
+``fault`` injects one fault into the run, ``KIND[:TARGET]@START[+DURATION]``, times
 in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' gate:
 
 * ``consumer-kill[:I]@T``: SIGKILL consumer I (default 0) and start a replacement with index I;
@@ -28,12 +28,12 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
   kept slot and offsets;
 * ``broker-restart@T[+D]`` (``kafka``, ``rabbitmq``): stop the broker, start it again after D (default 0);
 * ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
-* ``broker-node-kill[:NODE]@T[+D]`` (``kafka``, ``rabbitmq``, the ``ha`` topology only, issue 15):
+* ``broker-node-kill[:NODE]@T[+D]`` (``kafka``, ``rabbitmq``, the ``ha`` topology only):
   SIGKILL broker node NODE (1..3, default 1: RabbitMQ's quorum leader, where every client
   connects; a Kafka node leading about a third of the partitions) and start it again after D
   (default 0); the other two keep a majority;
 * ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows;
-* ``postgres-failover[=MODE]@T`` (the ``ha`` topology only, issue 15): stop the primary and
+* ``postgres-failover[=MODE]@T`` (the ``ha`` topology only): stop the primary and
   promote the standby; MODE ``immediate`` (the default: a crash, what the asynchronous standby
   had not received is gone) or ``fast`` (a fast shutdown streams every commit first: a planned
   switchover). Clients reconnect to the new primary, Debezium is restarted pointed at it.
@@ -46,7 +46,7 @@ connection for RabbitMQ), as the reference did; ``processes`` one OS process eac
 and RSS, and what a fault needs); ``auto`` (the default) is ``tasks``, or ``processes`` when a
 fault is injected (:attr:`Scenario.layout`).
 
-``rate_steps`` (issue 14) is a load **staircase**: ``"R1,R2,..."`` (strictly increasing msg/s, a
+``rate_steps`` is a load **staircase**: ``"R1,R2,..."`` (strictly increasing msg/s, a
 string because fields are primitives), each rate held open-loop for ``step_s`` seconds (default
 20 s). Step i sends ``round(Ri * step_s)`` messages, message j of it due at
 ``gate + i * step_s + j / Ri``; ``messages`` is then derived (the sum over the steps: a given value
@@ -63,6 +63,7 @@ readers claim by slot either way (a slot streams to one reader at a time).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
 CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
-MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom (method.md §1.2)
+MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom
 FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
                "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
                "big-transaction", "broker-node-kill", "postgres-failover")
@@ -174,7 +175,7 @@ def parse_rate_steps(text: str) -> tuple[float, ...]:
         raise ValueError(f"rate_steps {text!r} is not a comma-separated list of msg/s like 200,400,800") from None
     if not all(math.isfinite(r) and r > 0 for r in rates):
         raise ValueError(f"rate_steps {text!r}: every rate must be a positive finite number of msg/s")
-    if any(b <= a for a, b in zip(rates, rates[1:])):
+    if any(b <= a for a, b in itertools.pairwise(rates)):
         raise ValueError(f"rate_steps {text!r}: the rates must increase strictly (a staircase up)")
     return rates
 
@@ -213,7 +214,8 @@ class Scenario:
     seed: int = 0  # for anything randomised in a series
     producer: str = "web"  # web: senders -> web -> outbox (+ Debezium) | direct: into the transport
     reset: str = "discard"  # discard: DISCARD ALL pipelined with each INSERT on a reused connection | none
-    consumer_layout: str = "auto"  # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
+    # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
+    consumer_layout: str = "auto"
     claim: str = "owner"  # inbox claim: owner (the reference's, by consumer name) | takeover (a gone claimant's rows)
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
     rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none

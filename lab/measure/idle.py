@@ -1,4 +1,4 @@
-"""The idle baseline: what every participant costs while nothing happens (issue 6).
+"""The idle baseline: what every participant costs while nothing happens.
 
 Before a series, :func:`measure_idle` samples the stack's services, an idle web service and both
 Debezium instances (started, streaming, no rows) over one window of ``seconds`` (30 by default):
@@ -31,8 +31,8 @@ import psutil
 
 from lab.measure.cgroups import attached, choose_cpu_method, tree_pids
 from lab.measure.sampler import Participant, Sampler
-from lab.settings import Settings, child_env
 from lab.measure.services import Source, service_names, service_sources
+from lab.settings import Settings, child_env
 from lab.stack import children, get_stack
 from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 
@@ -41,7 +41,7 @@ Say = Callable[[str], None]
 IDLE_SECONDS = 30.0
 SERVICES = ("postgres", "kafka", "rabbitmq")
 HA_SERVICES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3", "rabbitmq-1", "rabbitmq-2",
-               "rabbitmq-3")  # issue 15's ha topology
+               "rabbitmq-3")  # the ha topology
 
 
 def _participant(name: str, roots: Source, settings: Settings, method: str) -> Participant:

@@ -22,7 +22,7 @@ from lab.stack.base import DEBEZIUM_SINKS, StackError
 from lab.stack.children import require_clean
 from lab.stack.debezium import http_port
 
-# every topology's nodes (issue 15: ha adds a standby, three Kafka and three RabbitMQ nodes)
+# every topology's nodes (ha adds a standby, three Kafka and three RabbitMQ nodes)
 SERVICE_GROUPS = ("postgres", "postgres-standby", "kafka", "kafka-1", "kafka-2", "kafka-3", "rabbitmq",
                   "rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
 

@@ -1,4 +1,4 @@
-"""The speed probe: how fast the machine is during a run, measured beside it (issue 11 §2).
+"""The speed probe: how fast the machine is during a run, measured beside it.
 
 On a shared host the same work costs more CPU time when the host is busier (caches, memory
 bandwidth, SMT siblings, frequency): every participant's CPU moves together with it. The probe is

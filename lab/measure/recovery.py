@@ -1,4 +1,4 @@
-"""What a fault run measures after the fact (issue 14): per-consumer lag, the before / during /
+"""What a fault run measures after the fact: per-consumer lag, the before / during /
 after phases, and the recovery time. Pure functions (no I/O): :mod:`lab.runner.faults` gives them
 the web service's arrivals, the ``created_at`` of every outbox row and the sampler's timeline.
 
@@ -58,6 +58,7 @@ Definitions (for every pipeline):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -158,7 +159,7 @@ def _cpu_at(timeline: Sequence[Snapshot], t_mono: float) -> tuple[dict[str, floa
     snaps = sorted(timeline, key=lambda s: s.t_mono)
     if t_mono <= snaps[0].t_mono:
         return dict(snaps[0].cpu_s), snaps[0].host_busy_s
-    for a, b in zip(snaps, snaps[1:], strict=False):
+    for a, b in itertools.pairwise(snaps):
         if a.t_mono <= t_mono <= b.t_mono:
             f = 0.0 if b.t_mono == a.t_mono else (t_mono - a.t_mono) / (b.t_mono - a.t_mono)
             names = a.cpu_s.keys() & b.cpu_s.keys()
@@ -236,7 +237,7 @@ def recovery_s(d: Deliveries, fault_start: float, fault_end: float) -> float | N
     lag = d.total_lag(grid)
     # from each grid point: is the lag out of its band anywhere in the next WINDOW_S?
     over = np.concatenate(([0], np.cumsum(lag > band["lag_hi"])))
-    span = int(round(WINDOW_S / GRID_S))
+    span = round(WINDOW_S / GRID_S)
     ahead = np.minimum(np.arange(grid.size) + span, grid.size)
     bad_ahead = over[ahead] - over[:-1] > 0
     delivered = np.sort(d.delivered)

@@ -1,4 +1,4 @@
-"""Exact CPU and memory accounting of named process trees (DESIGN.md §2).
+"""Exact CPU and memory accounting of named process trees.
 
 A :class:`Participant` is a named set of root processes. Its CPU at an instant is, per root,
 ``user + system + children_user + children_system`` of the root and of every live descendant.

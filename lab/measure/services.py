@@ -1,4 +1,4 @@
-"""The stack's services as measured participants, whatever the backend (DESIGN.md §2).
+"""The stack's services as measured participants, whatever the backend.
 
 The native backend's services are local process trees (each put in its own cgroup by the
 caller); the compose backend's are containers, possibly on another host, whose cumulative CPU
@@ -8,7 +8,7 @@ never look at the backend themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
@@ -54,9 +54,16 @@ def service_participants(stack: Any, names: tuple[str, ...], group: GroupFor) ->
         if callable(source):
             parts.append(Participant(name, [], counter=source))
         else:
-            parts.append(Participant(name, lambda n=name: service_sources(stack, (n,))[n],
-                                     cgroup=group(name, source)))
+            parts.append(Participant(name, _roots(stack, name), cgroup=group(name, source)))
     return parts
+
+
+def _roots(stack: Any, name: str) -> Callable[[], Iterable[Any]]:
+    """The service's process roots, asked again at every walk (a restarted service is the same participant)."""
+    def roots() -> Iterable[Any]:
+        source = service_sources(stack, (name,))[name]
+        return [] if callable(source) else source
+    return roots
 
 
 def is_local(stack: Any) -> bool:
@@ -70,5 +77,5 @@ def stack_record(stack: Any) -> dict[str, Any]:
     ``container_cpu`` (service -> how its counter was read: ``cgroup`` or ``engine api``)."""
     record = getattr(stack, "record", None)
     return {"backend": getattr(stack, "backend", "native"),
-            "topology": getattr(stack, "topology", "single"),  # issue 15; compose: single only
+            "topology": getattr(stack, "topology", "single"),  # compose: single only
             **(record() if record else {"images": None})}

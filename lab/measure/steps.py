@@ -1,4 +1,4 @@
-"""The load staircase (``Scenario.rate_steps``, issue 14): what each step measured, whether its
+"""The load staircase (``Scenario.rate_steps``): what each step measured, whether its
 lag stayed bounded, and the pipeline's **maximum sustainable rate**.
 
 A staircase holds rate R_i for ``step_s`` seconds, step after step (:func:`lab.scenario.step_plan`):

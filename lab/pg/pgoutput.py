@@ -17,7 +17,7 @@ aware UTC datetime (binary: int64 microseconds since 2000-01-01), pg_lsn -> int.
 type stays ``str`` (text) or ``bytes`` (binary). NULL is ``None`` and an unchanged TOASTed
 value is :data:`UNCHANGED`. A change's row is a plain tuple in Relation column order
 (``insert.new``); ``insert["id"]`` looks a column up by name through ``relation.index``, the
-"column names are the contract" of method.md §4.3. Transaction timestamps are kept as raw
+"column names are the contract" of the reference study. Transaction timestamps are kept as raw
 microseconds (``*_us``, with datetime properties), so the per-row path builds nothing nobody reads.
 
 Formats: PostgreSQL docs, "Streaming Replication Protocol" and "Logical Replication Message

@@ -7,10 +7,10 @@ socket is readable, and ``put_copy_data`` + ``flush`` for standby status updates
 
 Reading never loses data on a timeout: everything received stays in libpq's buffer until
 a later :meth:`ReplicationStream.read` returns it, so a read that times out is simply
-repeated (method.md §10.4). The socket is only read when the buffer is empty, so a slow
+repeated. The socket is only read when the buffer is empty, so a slow
 consumer pushes back on the walsender through TCP instead of growing memory.
 
-Unlike Npgsql (method.md §4.3), the slot becomes active as soon as :meth:`start` returns,
+Unlike Npgsql, the slot becomes active as soon as :meth:`start` returns,
 not at the first read: libpq has already received the CopyBothResponse by then.
 """
 
@@ -141,7 +141,7 @@ class ReplicationStream:
         :func:`lab.pg.pgoutput.protocol_version`); ``binary`` asks for binary tuple data (14+);
         ``messages`` for pg_logical_emit_message() payloads; ``streaming`` ('on', or
         'parallel' with protocol 4) for in-progress transactions, off by default as in the
-        reference bench (method.md §4.3); ``extra`` any other pgoutput option (e.g.
+        reference bench; ``extra`` any other pgoutput option (e.g.
         ``{"two_phase": "on"}``, ``{"origin": "none"}``).
         """
         version = proto_version or protocol_version(self.server_version_num)

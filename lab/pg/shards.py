@@ -1,4 +1,4 @@
-"""Shard ownership over PostgreSQL session advisory locks (method.md §4.4, §10.1 to §10.3).
+"""Shard ownership over PostgreSQL session advisory locks.
 
 Rows are split into :data:`SHARDS` shards by ``id % 64``. Every consumer holds one *member*
 lock (key space :data:`MEMBER_SPACE`, so that a consumer owning no shard is still counted) and a
@@ -208,7 +208,7 @@ class ShardOwnership:
     async def join(self, *, attempts: int = JOIN_ATTEMPTS, delay: float = JOIN_DELAY_S) -> int:
         """Take the lowest free member number in ``0..N-1``, retrying while none is free.
 
-        A session of a previous run may take a moment to die and free its number (§10.1).
+        A session of a previous run may take a moment to die and free its number.
         """
         conn, last = self._require(), self.expected - 1
         for attempt in range(1, attempts + 1):

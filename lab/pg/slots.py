@@ -1,4 +1,4 @@
-"""Logical replication slots: the streaming gate and the cleanup by prefix (method.md §7.2, §7.3).
+"""Logical replication slots: the streaming gate and the cleanup by prefix.
 
 Used for Debezium's slots (``dbz_kafka_slot``, ``dbz_quorum_slot``) and the direct readers'
 (``load_test_slot_<i>``). Every function takes either an open connection or a DSN; a DSN gets a

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.pipelines.base import Pipeline, SharedResources, Source
+from lab.pipelines.kafka import KafkaPipeline, KafkaSource
+from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
+from lab.pipelines.wal import WalPipeline, WalSource
+from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.pipelines.wal import WalPipeline, WalSource
-from lab.pipelines.kafka import KafkaPipeline, KafkaSource
-from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
-from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 
 PIPELINES: dict[str, type[Any]] = {
     "wal": WalPipeline,

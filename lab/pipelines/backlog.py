@@ -1,4 +1,4 @@
-"""The broker's backlog during a fault run (issue 14), about once a second; read by the runner.
+"""The broker's backlog during a fault run, about once a second; read by the runner.
 
 * **Kafka**: Σ over the topic's 2N partitions of (log end offset − the run's group's committed
   offset; the log start offset when the group committed none), what ``kafka-consumer-groups``
@@ -219,9 +219,11 @@ class RabbitBacklog:
         return []
 
     async def _erl_call(self) -> tuple[tuple[int, int] | None, str]:
+        assert self.erl_call is not None  # only called when the service has erl_call
         argv, env = self.erl_call
         try:
-            p = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            p = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+                                                     stdout=asyncio.subprocess.PIPE,
                                                      stderr=asyncio.subprocess.STDOUT, env=env)
         except OSError as exc:
             return None, str(exc)

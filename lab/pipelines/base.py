@@ -126,7 +126,7 @@ Row = tuple[int, str, str]  # id, content, created_at
 
 
 def envelope_row(value: bytes) -> Row | None:
-    """The row of a Debezium JSON envelope (no SMT, method.md §10 item 19); None unless it is an
+    """The row of a Debezium JSON envelope (no SMT); None unless it is an
     insert (``op`` ``c``): deletes, updates and heartbeats are acknowledged without work."""
     envelope = orjson.loads(value)
     after = envelope.get("after")

@@ -1,15 +1,15 @@
-"""``kafka``: Debezium Server → one Kafka topic → one consumer group of N (method.md §1.3, §4.1).
+"""``kafka``: Debezium Server → one Kafka topic → one consumer group of N.
 
 Runner side (:class:`KafkaPipeline`): before the consumers start, ``dbzk.public.messages`` is
 deleted, awaited until it is gone from *cluster-wide* metadata, re-created with 2N partitions
 and replication factor 1, and awaited until the metadata shows exactly 2N partitions
-(method.md §10 item 6: metadata is never requested by topic name, because the broker
+(metadata is never requested by topic name, because the broker
 auto-creates topics). The readiness gate then requires every member of the run's group to own
-exactly 2 partitions, 2N in all, on 3 consecutive checks 200 ms apart (§10 item 7); only then
+exactly 2 partitions, 2N in all, on 3 consecutive checks 200 ms apart; only then
 does Debezium start (its slot streaming is the last gate).
 
-Consumer side (:class:`KafkaSource`): the consumer config of method.md §4.1, the full JSON
-envelope parsed with orjson (no SMT, §10 item 19), one ``inbox`` claim per batch as
+Consumer side (:class:`KafkaSource`): the consumer config of the reference study, the full JSON
+envelope parsed with orjson (no SMT), one ``inbox`` claim per batch as
 ``dbz-kafka-<index>``.
 
 Deviations and choices, with their reasons:
@@ -21,7 +21,7 @@ Deviations and choices, with their reasons:
 * **Watermark.** Offsets go through one :class:`~lab.workload.watermark.Watermark` per assigned
   partition: held when read, resolved after the work or a lost claim, advanced for envelopes
   that are not inserts; ``confirmable + 1`` is stored. The measured reference stored each
-  offset as it went, with no watermark (§4.1, §10 item 16); this is the article's fix.
+  offset as it went, with no watermark; this is the article's fix.
   A partition gets a fresh watermark on every assignment, so a revoked partition's late
   resolutions never touch its next owner's positions.
 * **When offsets are stored.** Once per batch (in :meth:`KafkaSource.idle`, and in
@@ -32,7 +32,7 @@ Deviations and choices, with their reasons:
   in the callback.
 * **Reads.** ``consume(100, 0)`` on the event loop takes what librdkafka already fetched
   without blocking; only a batch it leaves short goes to one worker-thread call that waits
-  (100 ms for the first message, then until 100 or a 50 ms gap, as method.md §4.0) with
+  (100 ms for the first message, then until 100 or a 50 ms gap, as the reference study) with
   blocking ``consume`` calls. One thread hop per short batch, none for a full one. Measured
   with a bare consumer (no claim, no work; 2 cores, shared): 16-18 µs CPU per message at
   2000 msg/s and 3-5 µs on a backlog, against 106 µs and 65-77 µs for one ``to_thread`` hop
@@ -40,7 +40,7 @@ Deviations and choices, with their reasons:
   call is a thread-pool hop). A batch holds up to 100 *messages*; envelopes that are not
   inserts count toward it but are not returned.
 
-Faults (issue 14): a fault run (``scenario.fault``) gives each consumer a static group
+Faults: a fault run (``scenario.fault``) gives each consumer a static group
 membership, ``group.instance.id`` = its inbox name. A replacement started with the same index
 after a kill then takes back the dead member's partitions at once, from their committed offsets,
 instead of the group waiting for the dead member's session to time out and spreading its
@@ -51,7 +51,7 @@ once the dead one's claim session is gone; static membership still saves the ses
 A stopped consumer (``consumer-dead``) keeps its partitions for as long as it stays within
 ``session.timeout.ms`` (45 s by default). Runs without a fault keep the reference's dynamic membership.
 
-Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
+Broker-native stand (``scenario.producer == "direct"``): :mod:`lab.pipelines.producers`
 writes the plain message JSON ``{"id", "content", "createdAt"}`` into topic ``messages``
 (recreated per run the same way, 2N partitions) and no Debezium runs. The group and the inbox
 names become ``kafka-<uuid>`` / ``kafka-<i>``; the source decides once, when it is built, which
@@ -101,7 +101,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def consumer_config(settings: Settings, group: str | None, instance: str | None = None) -> dict[str, Any]:
-    """The consumer settings of method.md §4.1 (plus a static ``group.instance.id`` when given)."""
+    """The consumer settings of the reference study (plus a static ``group.instance.id`` when given)."""
     extra = {"group.instance.id": instance} if instance else {}
     return extra | {
         "bootstrap.servers": settings.kafka_bootstrap,
@@ -122,7 +122,7 @@ def names(scenario: Scenario) -> tuple[str, str]:
 
 
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})
+    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})  # type: ignore[dict-item]
 
 
 def partition_count(admin: AdminClient, topic: str = TOPIC) -> int | None:
@@ -170,7 +170,7 @@ class KafkaPipeline:
         self.partitions = PARTITIONS_PER_CONSUMER * scenario.consumers
         self.topic, self.prefix = names(scenario)
         self.direct = scenario.producer == "direct"
-        self.replication = replication(settings)  # topology (issue 15): 1 replica, or 3 with 2 in sync
+        self.replication = replication(settings)  # topology: 1 replica, or 3 with 2 in sync
         self.replicas: dict[str, int] | None = None
         self.group: str | None = None
         self.assignment: list[int] = []  # partitions per member when the gate passed
@@ -246,9 +246,10 @@ class KafkaPipeline:
     def _members(self) -> list[int] | None:
         """Partitions of the topic per member when the group is stable; None otherwise."""
         try:
-            futures = self.admin.describe_consumer_groups([self.group],
-                                                          request_timeout=METADATA_TIMEOUT)
-            desc = futures[self.group].result()
+            group = self.group
+            assert group is not None  # set by prepare()
+            futures = self.admin.describe_consumer_groups([group], request_timeout=METADATA_TIMEOUT)
+            desc = futures[group].result()
         except KafkaException:
             return None
         if desc.state != ConsumerGroupState.STABLE:

@@ -1,4 +1,4 @@
-"""The broker-native producers (method.md §9.5): S tasks write exactly M messages straight into
+"""The broker-native producers: S tasks write exactly M messages straight into
 the transport, with no web service, no outbox and no Debezium in between.
 
 Run by the runner, in place of :mod:`lab.workload.senders`, as the measured participant ``senders``::
@@ -60,6 +60,7 @@ import orjson
 
 from lab.pipelines.kafka import DIRECT_TOPIC as TOPIC
 from lab.pipelines.rabbitmq import DIRECT_QUEUE as QUEUE
+from lab.settings import Settings, get_settings
 from lab.workload.senders import (
     SendResult,
     Tally,
@@ -69,7 +70,6 @@ from lab.workload.senders import (
     send_phase,
     tally_result,
 )
-from lab.settings import Settings, get_settings
 
 TARGETS = ("kafka", "rabbitmq", "pg")
 CONTENT = "helloworld"
@@ -142,7 +142,7 @@ class _Kafka:
         async def send(i: int) -> None:
             done = new_future()
             produce(TOPIC, body(i), str(i).encode(),
-                    on_delivery=lambda err, msg, f=done: report((f, err)))
+                    on_delivery=lambda err, msg: report((done, err)))
             err = await done
             if err is not None:
                 raise error(err)

@@ -1,16 +1,16 @@
-"""``rabbitmq``: Debezium Server publishes every row into one quorum queue (method.md §1.4, §4.2).
+"""``rabbitmq``: Debezium Server publishes every row into one quorum queue.
 
 Runner side: before the consumers start, declare the direct exchange ``load-dbz``, delete and
 re-declare the quorum queue ``load-dbz-quorum`` (the declare is retried: a Raft group of the
 same name sometimes does not come up right after a delete) and bind it with ``quorum``. All
 three exist before Debezium starts, because its sink publishes without ``mandatory`` and an
-unroutable record would vanish (method.md §10 item 8). The gate is the queue's consumer count
+unroutable record would vanish. The gate is the queue's consumer count
 reaching N; then Debezium starts and the runner waits for ``dbz_quorum_slot`` to stream.
 
 Consumer side: one channel per consumer, on its own AMQP connection (``processes`` layout) or on
 one connection shared by the process's consumers (``tasks``, as the reference), prefetch 1000, and a
 delivery callback that only appends ``(body, delivery tag)`` to an in-memory buffer (push turned
-into pull); ``fill`` pulls from it, parses the full JSON envelope (no SMT, method.md §10 item 19),
+into pull); ``fill`` pulls from it, parses the full JSON envelope (no SMT),
 and the batch is claimed by message id in ``inbox`` as ``dbz-quorum-<i>``. Lost claims and
 non-inserts are acked at once; claimed messages are acked one by one after their work. There is
 no position to confirm, so no watermark.
@@ -27,20 +27,20 @@ Choices written down here:
   median of 3 interleaved rounds on the 2-core dev box): aio-pika ``Queue.consume`` +
   ``message.ack()`` 254 µs/msg; aiormq ``basic_consume`` + ``basic_ack`` in a task 174;
   + pamqp-marshalled frame on the write queue 163; + this packed frame 145.
-* Acks are sent one by one right after each work call, as method.md §4.2 does. That is one
+* Acks are sent one by one right after each work call, as the reference study does. That is one
   socket write per message in the consumer and one settlement per message in the quorum queue.
   In a trial (N=1, 20 000 messages, one run), sending a batch's acks as a single write when the
   batch finished cut consumer CPU from about 12 s to 6.6 s and RabbitMQ from 9.2 s to 1.9 s.
   It is left out because it changes when acks are sent.
 * A batch that carries the same id twice (a redelivery) keeps the first copy; the second is
   acked and counted as skipped, so one claim never leads to two work calls.
-* ``claim="takeover"`` (issue 14): when a consumer dies, RabbitMQ requeues its unacked deliveries
+* ``claim="takeover"``: when a consumer dies, RabbitMQ requeues its unacked deliveries
   to any consumer; with the reference's claim by name the one that gets a message its dead
   predecessor had claimed loses the claim and acks it unworked (lost). The takeover claim
   (:mod:`lab.workload.inbox`) lets it take the row over once the dead consumer's claim session is
   gone.
 
-Broker-native stand (``scenario.producer == "direct"``, method.md §9.5): :mod:`lab.pipelines.producers`
+Broker-native stand (``scenario.producer == "direct"``): :mod:`lab.pipelines.producers`
 publishes the plain message JSON ``{"id", "content", "createdAt"}`` through the default
 exchange straight into the quorum queue ``messages`` (deleted and re-declared per run like the
 Debezium one, bound to nothing else); no exchange of ours, no Debezium. Inbox names become
@@ -63,11 +63,11 @@ import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
 from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
-from lab.workload.inbox import take_lease
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import StackError
 from lab.stack.debezium import RABBITMQ_EXCHANGE, RABBITMQ_ROUTING_KEY, SLOT
+from lab.workload.inbox import take_lease
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ ROUTING_KEY = RABBITMQ_ROUTING_KEY  # "quorum"
 QUEUE = "load-dbz-quorum"
 DIRECT_QUEUE = "messages"  # the broker-native stand's queue (lab.pipelines.producers publishes to it)
 QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
-# ha (issue 15): a member on each of the three nodes, the leader on node 1, where every client connects
+# ha: a member on each of the three nodes, the leader on node 1, where every client connects
 HA_QUEUE_ARGUMENTS = {**QUEUE_ARGUMENTS, "x-quorum-initial-group-size": 3, "x-queue-leader-locator": "client-local"}
 PREFETCH = 1000
 DECLARE_ATTEMPTS = 6
@@ -157,7 +157,7 @@ class RabbitPipeline:
                 await queue.bind(exchange, routing_key=ROUTING_KEY)
         cluster = getattr(self.stack, "rabbitmq", None)
         if self.settings.ha and hasattr(cluster, "queue_replicas"):  # before the window: rabbitmqctl
-            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)
+            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)  # type: ignore[union-attr]
 
     async def wait_ready(self) -> None:
         n, timeout = self.scenario.consumers, self.scenario.ready_timeout_s
@@ -204,7 +204,7 @@ async def _declare_queue(
         try:
             return await channel.declare_queue(
                 name, durable=True, exclusive=False, auto_delete=False,
-                arguments=QUEUE_ARGUMENTS if arguments is None else arguments,
+                arguments=QUEUE_ARGUMENTS if arguments is None else arguments,  # type: ignore[arg-type]
             )
         except aio_pika.exceptions.AMQPError as exc:
             if attempt == DECLARE_ATTEMPTS:
@@ -258,12 +258,13 @@ class RabbitSource:
             url = self.settings.amqp_url
             conn = await self._shared.get("amqp", lambda: aiormq.connect(url))
         self._channel = channel = await conn.channel()
-        self._write, self._number = channel.write_queue.put_nowait, channel.number
+        # aiormq's own write queue: the pre-packed ack frame goes straight onto it
+        self._write, self._number = channel.write_queue.put_nowait, channel.number  # type: ignore[attr-defined]
         await channel.basic_qos(prefetch_count=PREFETCH)
         await channel.basic_consume(self.queue, self._on_delivery, no_ack=False)
 
     async def _on_delivery(self, message: DeliveredMessage) -> None:
-        self._buf.append((message.body, message.delivery_tag))
+        self._buf.append((message.body, message.delivery_tag or 0))  # always set on a basic.deliver
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

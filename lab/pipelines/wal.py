@@ -1,4 +1,4 @@
-"""``wal``: every consumer reads its own logical replication slot (method.md §4.3).
+"""``wal``: every consumer reads its own logical replication slot.
 
 Each of the N consumers creates ``load_test_slot_<i>`` (pgoutput, no snapshot), streams the
 publication ``load_test_pub`` with protocol 4 and binary tuples, decodes every Insert by column
@@ -6,20 +6,20 @@ name and claims batches of rows by WAL position in ``inbox_wal``. Every reader s
 so exactly (N−1)·M claims are lost (``skipped``) and N·M/100 claim statements run.
 
 Positions are confirmed through a :class:`~lab.workload.watermark.Watermark` over the stream order
-(the reference confirmed each position as it went and could jump over unfinished work,
-method.md §10.16): the slot's confirmed LSN only moves to the end of a transaction once every
-row streamed up to it was worked on or lost its claim. Stream order is used rather than LSNs
-because transactions arrive in commit order, so a Begin or an Insert LSN can be lower than
+(the reference confirmed each position as it went and could jump over unfinished work): the
+slot's confirmed LSN only moves to the end of a transaction once every row streamed up to it was
+worked on or lost its claim. Stream order is used rather than LSNs because transactions arrive in
+commit order, so a Begin or an Insert LSN can be lower than
 one already seen; only commit LSNs are what a slot's restart point is made of.
 
-Per-row work is only what claiming needs (method.md §4.3 decodes every row; here only won rows
+Per-row work is only what claiming needs (the reference study decodes every row; here only won rows
 are): an Insert is kept as its raw payload and position, and its columns (by name, the
 contract) are decoded after the claim, for the rows this reader won. With N readers each row is
 claimed by one and lost by N-1, so the losers never decode it; Begin messages are not decoded at
 all and a Commit only for its end LSN. Other messages (Relation, ...) go through the decoder,
 which keeps the relations that the won rows are decoded with. Measured in docs/benchmarks.md.
 
-Faults (issue 14): a reader resumes. :meth:`WalSource.open` creates its slot only when it does
+Faults: a reader resumes. :meth:`WalSource.open` creates its slot only when it does
 not exist yet (the runner drops every ``load_test_slot`` before a run), so a replacement
 started with the same index after a kill streams the dead reader's slot from its confirmed
 position, once the dead walsender has let go of it. When the stream breaks (its walsender
@@ -33,19 +33,20 @@ get new sequence numbers; an older commit LSN never moves the reported position 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, ClassVar
 
 import psycopg
 
-from lab.workload.inbox import claim_lsns
 from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
-from lab.pipelines.base import Item
 from lab.pg.replication import ReplicationStream
+from lab.pg.slots import drop_slots, wait_streaming
+from lab.pipelines.base import Item
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.pg.slots import drop_slots, wait_streaming
+from lab.workload.inbox import claim_lsns
 from lab.workload.watermark import SlotWatermark
 
 log = logging.getLogger(__name__)
@@ -148,10 +149,8 @@ class WalSource:
         log.warning("%s: replication stream ended (%s); reconnecting", self.slot, exc)
         old = self._stream
         if old is not None:
-            try:
+            with contextlib.suppress(Exception):
                 await old.close()
-            except Exception:  # noqa: S110 - the connection is gone already
-                pass
         self._stream = await self._start(create=False)
         self._broken = None
         self._sent_lsn = 0  # the new walsender has not heard our position yet
@@ -211,8 +210,8 @@ class WalSource:
         msg = self._decoder.decode(item.pos[2])
         assert type(msg) is Insert
         row, idx = msg.new, msg.relation.index
-        item.id, item.content = row[idx["id"]], row[idx["content"]]
-        item.created_at = row[idx["created_at"]].isoformat()
+        item.id, item.content = row[idx["id"]], row[idx["content"]]  # type: ignore[assignment]
+        item.created_at = row[idx["created_at"]].isoformat()  # type: ignore[attr-defined]
 
     def done(self, item: Item) -> None:
         self._report(self._marks.resolve(item.pos[1]))
@@ -235,7 +234,5 @@ class WalSource:
     async def close(self) -> None:
         for closer in (self._stream, self._claims):
             if closer is not None:
-                try:
+                with contextlib.suppress(Exception):
                     await closer.close()
-                except Exception:  # noqa: S110 - closing must never raise
-                    pass

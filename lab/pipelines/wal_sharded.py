@@ -1,4 +1,4 @@
-"""``wal-sharded``: the ``wal`` readers plus 64 shards on advisory locks (method.md §4.4).
+"""``wal-sharded``: the ``wal`` readers plus 64 shards on advisory locks.
 
 Every consumer still reads and decodes the whole WAL through its own slot (sharding removes the
 claim tax, not the decoding tax), but it only tries to claim rows whose shard ``id % 64`` it
@@ -8,7 +8,7 @@ that pass go through the same ``inbox_wal`` batch claim as ``wal`` (losers are s
 Rebalancing happens at the start of :meth:`ShardedWalSource.fill` only (between batches, on the
 processing task), at most once per second.
 
-Initial ownership (§4.4, §10.2): all N consumers join, then each one does a forced refresh in
+Initial ownership: all N consumers join, then each one does a forced refresh in
 index order 0..N-1 before any row is sent. The consumers are separate processes, so they chain
 themselves through files in the run directory, inside :meth:`ShardedWalSource.open` (before the
 consumer writes its ``.ready`` file): consumer *i* waits until N sessions hold a member lock
@@ -19,7 +19,7 @@ runner's existing gate (every ``.ready`` file) therefore already means "ownershi
 target) so the runner needs no run directory and the runner/pipeline contract is unchanged.
 As in the reference, consumer 0 knows nobody else's shards until its next refresh
 ≥ 1 s later and claims every row until then: that early overlap is where the small ``skipped``
-counts come from (method.md §9.1: 291, 1073, 1044 at 100k).
+counts come from (291, 1073, 1044 at 100k).
 
 Deviations from the reference, and why:
 
@@ -38,10 +38,10 @@ Deviations from the reference, and why:
   *claimable* rows, so claim statements stay at about M/100 in total.
 * :meth:`ShardedWalPipeline.prepare` terminates sessions still holding locks in our two key
   spaces (a previous run's orphaned consumer) and waits until the locks are gone, so a new run
-  never starts against stale owners; the join still retries 10 times, 1 s apart (§10.1).
+  never starts against stale owners; the join still retries 10 times, 1 s apart.
 * ``shards-<i>.json`` is rewritten on close with the final shard set, refresh and filter counts
   (diagnostics; the consumer result file has no field for them).
-* **A reader that replaces a dead one** (issue 14, ``consumer-kill``) claims every row it replays
+* **A reader that replaces a dead one** (``consumer-kill``) claims every row it replays
   from before it started, whatever the shard, instead of filtering them. The dead reader's shards
   were free while it was gone and the others may hold them now; its slot resends the rows it had
   not confirmed, which the others had filtered out while those shards were the dead reader's.
@@ -62,10 +62,6 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from lab.pipelines.base import Item
-from lab.pipelines.wal import WalPipeline, WalSource
-from lab.scenario import Scenario
-from lab.settings import Settings
 from lab.pg.shards import (
     LOCKS_SQL,
     MEMBER_SPACE,
@@ -77,6 +73,10 @@ from lab.pg.shards import (
     census,
     target,
 )
+from lab.pipelines.base import Item
+from lab.pipelines.wal import WalPipeline, WalSource
+from lab.scenario import Scenario
+from lab.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class ShardedWalSource(WalSource):
 
     async def _wait_turn(self, previous: Path) -> None:
         deadline = time.monotonic() + self.ready_timeout
-        while not previous.exists():  # noqa: ASYNC240 - one stat per poll, only while opening
+        while not previous.exists():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"consumer {self.index}: {previous.name} not written "
                                    f"after {self.ready_timeout:.0f} s")

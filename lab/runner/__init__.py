@@ -1,4 +1,4 @@
-"""One measured run, phase by phase (DESIGN.md §3, method.md §4.0 and §7).
+"""One measured run, phase by phase.
 
 reset → web service → consumers → readiness gates → CDC source → senders (gate) → window →
 drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
@@ -6,11 +6,11 @@ work is a participant of the CPU metric: the stack's services, ``web``, ``sender
 consumer, and this runner process itself (its own CPU only, never its children's).
 
 The run is a failure, stored with its error, when anything in the Success predicate of
-method.md §7.1 does not hold: no send failed, sent = processed = distinct claimed ids =
+the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
 the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
 
-With a fault (``Scenario.fault``, issue 14) :mod:`lab.runner.faults` injects it during the drain
+With a fault (``Scenario.fault``) :mod:`lab.runner.faults` injects it during the drain
 and the predicate becomes at-least-once, proven by :mod:`lab.runner.accounting`: no send failed,
 every message sent, no message of ``messages`` without a work call (0 lost), no foreign id, and the
 accounting adds up; duplicates are allowed and counted. Without a fault it is exactly the above.
@@ -36,9 +36,10 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
+from lab.runner.context import Progress
 from lab.runner.faults import FaultInjector, check_topology
 from lab.runner.phases import RunPhases
-from lab.runner.processes import Progress, RunError, RunProcesses
+from lab.runner.processes import RunError, RunProcesses
 from lab.runner.result import RunResult, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -79,6 +80,7 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
+        self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""

@@ -1,4 +1,4 @@
-"""Every message accounted for (issue 14): from the work calls the web service saw and the ids
+"""Every message accounted for: from the work calls the web service saw and the ids
 of ``messages``, never from the consumers' own counters (a killed consumer's die with it).
 
 Input: the web service's arrivals in call order (id, wall time, and with ``--by-consumer`` the
@@ -20,6 +20,7 @@ first) and ``repeats`` sum to that consumer's calls; Σ first = distinct, Σ rep
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -100,7 +101,7 @@ def longest_stall_after(t: Sequence[float], after: float) -> float | None:
     start = bisect.bisect_left(t, after)
     if start >= len(t):
         return None
-    gaps = [t[start] - after, *(b - a for a, b in zip(t[start:], t[start + 1:]))]
+    gaps = [t[start] - after, *(b - a for a, b in itertools.pairwise(t[start:]))]
     return round(max(gaps), 3)
 
 

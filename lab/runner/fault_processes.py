@@ -1,4 +1,4 @@
-"""The consumer faults (issue 14), a part of :class:`lab.runner.faults.FaultInjector`:
+"""The consumer faults, a part of :class:`lab.runner.faults.FaultInjector`:
 ``consumer-kill`` (and the replacement of a consumer that exited), ``consumer-dead`` and
 ``sink-outage``, ``consumer-slow``; and ``big-transaction``.
 """
@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -23,6 +24,7 @@ class ProcessFaults:
     """Consumer faults and the big transaction: a part of :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
     fault: Any
     stopped: list[psutil.Process]
     extra_ids: list[int]

@@ -9,7 +9,7 @@ After the run, :meth:`FaultInjector.analysis` adds the per-consumer lag, the bef
 after phases (rate, CPU per message per participant, latency) and the recovery time
 (:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
-Retention guard (issue 14, Safety): each sample also checks every slot against
+Retention guard (Safety): each sample also checks every slot against
 ``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
 2 GB). A slot whose retained WAL plus three times its growth over the last second reaches the
 limit trips it: the fault is ended at once (its task cancelled, every stopped process continued, a
@@ -17,7 +17,7 @@ lowered keep size restored), the senders are killed (the load is what writes the
 fails with one line naming the slot, the bytes and the limit; its cleanup drops the slots. The
 projection is what keeps the slots below the limit although sampling is once a second.
 
-A part of :class:`lab.runner.faults.FaultInjector` (issue 14).
+A part of :class:`lab.runner.faults.FaultInjector`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -50,6 +51,8 @@ class FaultSampling:
     :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
+    _continue_stopped: Callable[..., None]  # FaultInjector._continue_stopped
     fault: Any
     sampling: bool
     wal: list[dict[str, Any]]

@@ -1,4 +1,4 @@
-"""The faults of services (issues 14 and 15), a part of :class:`lab.runner.faults.FaultInjector`:
+"""The faults of services, a part of :class:`lab.runner.faults.FaultInjector`:
 ``walsender-kill``, ``debezium-kill``, ``broker-restart`` and ``postgres-restart``,
 ``broker-node-kill`` and ``postgres-failover``, and the supervision that replaces a consumer
 which exits while a service it used restarts (the module docstring of :mod:`lab.runner.faults`
@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psycopg
@@ -43,6 +44,8 @@ class ServiceFaults:
     :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
+    _replace: Callable[[int], Coroutine[Any, Any, None]]  # ProcessFaults._replace
     fault: Any
     down: list[str]
     failed_over: bool
@@ -135,7 +138,7 @@ class ServiceFaults:
         replacing: dict[int, asyncio.Task[None]] = {}
         try:
             while True:
-                while self.down or self._failing_over:  # a replacement could not connect yet
+                while self.down or self._failing_over:  # noqa: ASYNC110 -- a replacement could not connect yet
                     await asyncio.sleep(0.1)
                 if sink is not None and not run.stack.debezium[sink].processes():
                     self._event("debezium exited", sink=sink)
@@ -180,7 +183,7 @@ class ServiceFaults:
             await self._held_again(conn, SLOT[sink], None, f"{name} started")
 
     async def _kill_node(self, name: str, outage_s: float) -> None:
-        """``broker-node-kill`` (issue 15): SIGKILL one node of the ha broker, start it again after
+        """``broker-node-kill``: SIGKILL one node of the ha broker, start it again after
         ``outage_s``. The other two hold a majority (Kafka's ISR of 2 with ``min.insync.replicas``
         2; RabbitMQ's quorum queue elects a leader among them): a client that lost its node
         reconnects, and one that exits is replaced once the node is back, as after a restart."""
@@ -197,7 +200,7 @@ class ServiceFaults:
         self._event("node started", node=name, pid=[p.pid for p in self.run.stack.service(name).processes()[:1]])
 
     async def _failover(self, mode: str) -> None:
-        """``postgres-failover`` (issue 15): once every failover slot has its synced copy on the
+        """``postgres-failover``: once every failover slot has its synced copy on the
         standby (a slot not synced yet would not survive: the wait is recorded), stop the
         primary (``immediate``: a crash; ``fast``: a switchover) and promote the standby.
         The direct readers, the consumers' claim connections, the web service's pool and this

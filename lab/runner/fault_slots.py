@@ -17,7 +17,7 @@ one loud line and in run.json (``fault.invalidation``); the accounting counts wh
 worked (``lost``, their ids in ``lost_ids``), all of it the invalidated slot's: with ``wal``
 (fan-out) the other readers see every row, so the loss is 0 unless the reader was alone.
 
-A part of :class:`lab.runner.faults.FaultInjector` (issue 14).
+A part of :class:`lab.runner.faults.FaultInjector`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ class SlotFaults:
     """``slot-invalidation``: a part of :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
+    _event: Callable[..., None]  # FaultInjector._event
     stopped: list[psutil.Process]
     invalidation: dict[str, Any] | None
     _keep_set: bool
@@ -70,9 +72,11 @@ class SlotFaults:
                 raise RunError(f"{KEEP_GUC} is set on this server's command line, which ALTER SYSTEM cannot "
                                "override (the compose backend): slot-invalidation needs the native stack")
             before = await _scalar(conn, sql.SQL("SHOW {}").format(sql.Identifier(KEEP_GUC)))
-            segment = int(await _scalar(conn, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"))
+            segment = int(await _scalar(
+                conn, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"))
             if keep_mb * 2**20 + 3 * segment >= run.settings.max_retained_wal:
-                raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about {keep_mb * 2**20 + 3 * segment} "
+                raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about "
+                               f"{keep_mb * 2**20 + 3 * segment} "
                                f"bytes, past the retention guard's limit of {run.settings.max_retained_wal}: "
                                "lower KEEP or raise --max-retained-wal")
             self.stopped.append(proc)
@@ -108,7 +112,8 @@ class SlotFaults:
             self.invalidation = {
                 "slot": slot, "consumer": i, "wal_status": status, "invalidation_reason": reason,
                 "keep_size": keep, "keep_size_before": before, "wal_switches": switches,
-                "confirmed_flush_lsn": confirmed, "unconfirmed_bytes": None if unconfirmed is None else int(unconfirmed),
+                "confirmed_flush_lsn": confirmed,
+                "unconfirmed_bytes": None if unconfirmed is None else int(unconfirmed),
                 "t_s": round(time.monotonic() - self._t0, 3), "at": time.time(),
             }
             log.error("SLOT INVALIDATED: %s (%s, wal_status %s) under %s=%s: reader %d can no longer read it; "
@@ -152,7 +157,7 @@ class SlotFaults:
                 raise RunError(f"the other slots did not catch up before the checkpoint: {behind} bytes retained")
             await asyncio.sleep(0.5)
 
-    async def _until(self, conn: psycopg.AsyncConnection[Any], query: Any, what: str, timeout: float = 10.0) -> None:
+    async def _until(self, conn: psycopg.AsyncConnection[Any], query: Any, what: str, timeout: float = 10.0) -> None:  # noqa: ASYNC109
         deadline = time.monotonic() + timeout
         while not await _scalar(conn, query):
             if time.monotonic() > deadline:

@@ -1,4 +1,4 @@
-"""Fault injection (issue 14): one ``Scenario.fault``, injected at START after the senders' gate.
+"""Fault injection: one ``Scenario.fault``, injected at START after the senders' gate.
 
 * ``consumer-kill``: SIGKILL the consumer process, reap it, start a replacement with the same
   index (its slot, its static Kafka membership, its inbox name) and wait until it is ready.
@@ -18,10 +18,10 @@
   exits is replaced, and a Debezium JVM that exits is started again from its offsets (events
   ``consumer exited``, ``debezium exited``, ``debezium restarted by the lab``).
 * ``big-transaction``: one transaction of ROWS executions of the web service's INSERT.
-* ``broker-node-kill`` (``ha`` only, issue 15): SIGKILL one node of the three-node broker, wait
+* ``broker-node-kill`` (``ha`` only): SIGKILL one node of the three-node broker, wait
   DURATION, start it again through its cluster and wait until all three serve together; the
   same supervision as a restart. Its resume figure is the longest stop of delivery after the kill.
-* ``postgres-failover`` (``ha`` only, issue 15): wait until every failover slot is synced on the
+* ``postgres-failover`` (``ha`` only): wait until every failover slot is synced on the
   standby, stop the primary (immediate or fast), promote the standby, move Debezium to it; the
   same supervision as a restart. After the run's cleanup the lab fails back (the promoted
   standby stops, the primary starts, the standby is rebuilt from it).
@@ -163,7 +163,7 @@ class FaultInjector(ProcessFaults, SlotFaults, ServiceFaults, FaultSampling):
         return {
             "spec": self.run.scenario.fault, **self.fault.as_dict(),
             "slot": self.slot() if self.fault.kind == "walsender-kill" else None,
-            # a fault run's Debezium properties beyond method.md §1.5 (lab.stack.debezium.DURABLE)
+            # a fault run's Debezium properties beyond the reference study (lab.stack.debezium.DURABLE)
             "debezium_properties": DURABLE if self.run.pipeline.cdc_sink else None,
             "extra_rows": len(self.extra_ids),
             "events": self.events, "accounting": accounting,

@@ -14,10 +14,11 @@ import psycopg
 from psycopg import sql
 
 from lab.measure.latency import due_latencies, message_latencies, summarize
-from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.measure.sampler import Sampler
+from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after, longest_stall_after
+from lab.runner.context import RunContext
 from lab.runner.processes import RunError
 from lab.workload.inbox import LEASE_MARK, LEASE_SEQUENCE, id_sets, sets_equal
 
@@ -40,7 +41,7 @@ class _StopWatch:
         return now >= self.gate + self.plan[self.step][1] + self.step_s - min(STOP_LEAD_S, self.step_s / 4)
 
 
-class RunPhases:
+class RunPhases(RunContext):
     """Reset, drain, verify and the readings after the window (a part of :class:`lab.runner.Run`)."""
 
     async def reset(self) -> None:
@@ -122,7 +123,8 @@ class RunPhases:
         senders start no further step."""
         rate = stair.plan[stair.step][0]
         async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
-            rows = (await (await conn.execute("SELECT count(*) FROM messages")).fetchone())[0]
+            one = await (await conn.execute("SELECT count(*) FROM messages")).fetchone()
+        rows = one[0] if one else 0
         lag, bound = rows - worked, lag_bound(rate, self.scenario.consumers, self.scenario.batch_size)
         if lag > bound:
             (self.scratch / "stop").touch()
@@ -156,7 +158,7 @@ class RunPhases:
         return stats
 
     async def _standby_copies(self, stats: dict[str, dict[str, Any]]) -> None:
-        """Under the ``ha`` topology (issue 15): each slot's copy on the standby at the drain's end,
+        """Under the ``ha`` topology: each slot's copy on the standby at the drain's end,
         ``synced`` (slot sync persisted it: a promoted standby carries it), ``temporary`` (still
         waiting for the slot to pass the standby's catalog xmin: a failover now would lose it) or
         ``absent``. Informative only."""
@@ -190,7 +192,8 @@ class RunPhases:
                     cur = await conn.execute(
                         "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)",
                         (ids,))
-                created = dict(await cur.fetchall())
+                created: dict[int, float] = dict(await cur.fetchall())
+            self.flow = sorted(created.values()), sorted(arrivals["t"])  # the cost split's regressors
             self.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
             if self.scenario.rate_steps and sent.get("gate_opened_at"):
                 self.stair_data = {"created_at": created, "arrivals": arrivals}
@@ -212,7 +215,9 @@ class RunPhases:
             cur = await conn.execute(
                 sql.SQL("SELECT count(*), count(DISTINCT {}) FROM {}").format(sql.Identifier(key), table)
             )
-            rows, distinct = await cur.fetchone()
+            one = await cur.fetchone()
+            assert one is not None  # count(*) always answers
+            rows, distinct = one
             cur = await conn.execute(
                 sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
             )
@@ -234,12 +239,15 @@ class RunPhases:
         """Every message accounted for (:mod:`lab.runner.accounting`), from the web service's
         arrivals and the ids of ``messages``; for the id-keyed ``inbox`` also which consumer had
         claimed each lost id (a claim whose work never came)."""
+        inj = self.injector
+        assert inj is not None  # only a fault run is accounted for
         arrivals = await self._web("/load/arrivals")
         async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
             cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
-            created = dict(await cur.fetchall())  # the lag, phases and recovery (lab.measure.recovery)
+            # the lag, phases and recovery (lab.measure.recovery)
+            created: dict[int, float] = dict(await cur.fetchall())
             messages = list(created)
-            self.injector.arrivals, self.injector.created_at = arrivals, created
+            inj.arrivals, inj.created_at = arrivals, created
             out = account(arrivals["ids"], messages, arrivals.get("by"))
             out["lost_claimed_by"] = None
             if self.pipeline.inbox_table == "inbox" and out["lost"]:
@@ -250,10 +258,10 @@ class RunPhases:
                             ).format(sql.Literal(LEASE_MARK)), (lost,))
                 out["lost_claimed_by"] = dict(await cur.fetchall())
         out["time_to_resume_s"] = self._time_to_resume(arrivals)
-        extra = self.injector.extra_ids
+        extra = inj.extra_ids
         if extra:  # big-transaction: when was its last row first worked, after its commit
-            at = {e["what"]: e["at"] for e in self.injector.events}.get("big transaction committed")
-            mine, first = set(extra), {}
+            at = {e["what"]: e["at"] for e in inj.events}.get("big transaction committed")
+            mine, first = set(extra), dict[int, float]()
             for i, t in zip(arrivals["ids"], arrivals["t"], strict=True):
                 if i in mine:
                     first.setdefault(i, t)
@@ -272,7 +280,9 @@ class RunPhases:
         reader, or Debezium, reconnected); for ``debezium-kill``, from the SIGKILL until the
         restarted Debezium holds its slot (for :data:`lab.runner.faults.HELD_S` in a row); for
         ``broker-node-kill``, the longest stop of delivery after the kill (the others go on)."""
-        f, events = self.scenario.parsed_fault, self.injector.events
+        f = self.scenario.parsed_fault
+        assert f is not None and self.injector is not None  # only a fault run has a resume
+        events = self.injector.events
         if f.kind == "slot-invalidation":  # the reader never reads again: nothing resumes
             return None
         at = {e["what"]: e["at"] for e in events}

@@ -23,11 +23,11 @@ from lab.measure.cgroups import attached, tree_pids
 from lab.measure.sampler import Participant
 from lab.measure.services import service_names, service_participants
 from lab.pg.slots import drop_slots
+from lab.runner.context import RunContext
 from lab.settings import child_env
 from lab.stack import children
 from lab.stack.proc import tail
 
-Progress = Callable[[str, dict[str, Any]], None]
 # The web opens its 220 connections (its own limit: 120 s), then starts its control listener,
 # which answering means ready: on a loaded machine that took over 30 s.
 WEB_READY_S = 150.0
@@ -37,7 +37,7 @@ class RunError(RuntimeError):
     """A run that could not complete; the message is stored as the run's error."""
 
 
-class RunProcesses:
+class RunProcesses(RunContext):
     """Start, measure, watch and stop the processes of one run (a part of :class:`lab.runner.Run`)."""
 
     def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
@@ -55,7 +55,8 @@ class RunProcesses:
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
             web_args += ["--by-consumer"]
         self.procs["web"] = self._spawn("web", web_args)
-        self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe", "--out", str(self.scratch / "probe.json")])
+        self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
+                                                    "--out", str(self.scratch / "probe.json")])
         await self._wait_web()
 
     def start_senders(self) -> None:
@@ -84,7 +85,8 @@ class RunProcesses:
         def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
             if self.cpu_method != "cgroup":
                 return None
-            return attached(self.settings, name, (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid])))
+            pids = (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
+            return attached(self.settings, name, pids)
 
         parts = service_participants(self.stack, (*service_names(self.stack), "debezium"), group)
         self.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
@@ -92,12 +94,15 @@ class RunProcesses:
             parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
         self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.consumers)]
         parts += [  # roots asked at every walk: a replaced consumer (consumer-kill) is the same participant
-            Participant(f"consumer-{i}", (lambda i=i: [self.consumers[i]]), group="consumers", cgroup=cg)
+            Participant(f"consumer-{i}", self._consumer_roots(i), group="consumers", cgroup=cg)
             for i, cg in enumerate(self.consumer_cgroups)
         ]
         me = psutil.Process()
         parts.append(Participant("runner", [me], recursive=False, cgroup=group("runner", [me], tree=False)))
         return parts
+
+    def _consumer_roots(self, i: int) -> Callable[[], list[psutil.Popen]]:
+        return lambda: [self.consumers[i]]
 
     async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
         """One call to the web service's control listener on a kept-alive connection (the drain

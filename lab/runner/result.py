@@ -6,21 +6,22 @@ import logging
 from typing import Any
 
 from lab import __version__
-from lab.measure import probe
+from lab.measure import probe, steady
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate
 from lab.measure.provenance import client_versions, provenance
 from lab.measure.sampler import Sampler, Snapshot
+from lab.measure.services import stack_record
 from lab.measure.steps import step_rows
 from lab.measure.steps import summary as step_summary
-from lab.measure.services import stack_record
-from lab.workload import HARNESS
 from lab.pipelines.versions import broker_client_versions
+from lab.runner.context import RunContext
+from lab.workload import HARNESS
 
 log = logging.getLogger(__name__)
 
 
-class RunResult:
+class RunResult(RunContext):
     """What one run stores (a part of :class:`lab.runner.Run`)."""
 
     def _assemble(self, started_at: str, sampler: Sampler | None, sent: dict[str, Any],
@@ -119,6 +120,7 @@ class RunResult:
         span = t1 - t0 if t0 and t1 else None
         stair = self._staircase(sampler, sent) if s.rate_steps else {}
         raw = round(total * 1000 / m, 4) if window else None
+        cost_split = self._cost_split(sampler, a, b, cpu_s, m) if window else None
         return {
             "run_id": self.run_id,
             "started_at": started_at,
@@ -132,6 +134,7 @@ class RunResult:
             "cpu_ms_per_msg_norm": probe.normalise(raw, speed),  # at the probe's reference speed
             "speed": speed,
             "cpu_s": cpu_s,
+            "cost_split": cost_split,
             "mem_mb": mem_mb,
             "mem_mb_max": mem_mb_max,
             "slots": self.slot_stats,
@@ -153,6 +156,23 @@ class RunResult:
             "harness": HARNESS,
             "lab_version": __version__,
         }
+
+    def _cost_split(self, sampler: Sampler | None, a: Snapshot, b: Snapshot, cpu_s: dict[str, float],
+                    m: int) -> dict[str, Any] | None:
+        """run.json's ``cost_split``: the window's CPU as F + c·M (:mod:`lab.measure.steady`), from the
+        sampler's readings inside the window and the wall times of every insert and work call."""
+        if sampler is None or self.flow is None:
+            return None
+        groups = sampler.groups
+        samples = []
+        for snap in sampler.timeline():
+            if not a.t_mono <= snap.t_mono <= b.t_mono:
+                continue
+            rel = {n: snap.cpu_s[n] - a.cpu_s.get(n, 0.0) for n in snap.cpu_s}
+            rel.update({g: sum(rel.get(n, 0.0) for n in names) for g, names in groups.items()})
+            samples.append(steady.Sample(snap.t_wall, rel, t_s=snap.t_mono - a.t_mono))
+        inserted, delivered = self.flow
+        return steady.split(samples, cpu_s, m, inserted, delivered)
 
     def _staircase(self, sampler: Sampler | None, sent: dict[str, Any]) -> dict[str, Any]:
         """run.json's ``steps``, ``max_sustainable_rate`` and ``staircase`` (:mod:`lab.measure.steps`),

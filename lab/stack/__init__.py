@@ -1,4 +1,4 @@
-"""Native and compose stacks behind one interface (DESIGN.md §1)."""
+"""Native and compose stacks behind one interface."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def spawn(settings: Settings, name: str, argv: Sequence[str], *, log_path: Path,
         child = psutil.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None, cwd=cwd,
-            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - only a prctl call
+            preexec_fn=die_with_parent(os.getpid()),
         )
     folder = registry(settings)
     folder.mkdir(parents=True, exist_ok=True)

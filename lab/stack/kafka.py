@@ -1,6 +1,6 @@
 """Kafka for the native stack: KRaft nodes (broker + controller in one JVM each) on loopback.
 
-``single`` topology: one node, ``kafka``. ``ha`` topology (issue 15): :class:`KafkaCluster`, three
+``single`` topology: one node, ``kafka``. ``ha`` topology: :class:`KafkaCluster`, three
 nodes ``kafka-1``..``kafka-3`` with their own ports (:attr:`Settings.kafka_nodes`), data dirs and
 JVMs, a static controller quorum of all three, internal topics and the default replication factor
 3 with ``min.insync.replicas=2``. Each node is its own participant of the CPU metric.
@@ -300,7 +300,7 @@ class KafkaService:
 
         Asked with :func:`metadata_brokers` over a plain socket, not librdkafka: an AdminClient
         polled while a broker (re)starts once aborted the whole process (SIGABRT inside
-        ``list_topics``, issue 14), and this wait runs in the runner's process during faults."""
+        ``list_topics``), and this wait runs in the runner's process during faults."""
         host = self.settings.service_host
 
         def ready() -> bool:

@@ -1,10 +1,10 @@
 """The native backend: the four services as local processes on loopback.
 
 PostgreSQL, Kafka and RabbitMQ run for as long as the stack is up (an idle broker is still a
-participant, method.md §1.6); each Debezium Server instance runs only during its own run.
+participant); each Debezium Server instance runs only during its own run.
 
 ``settings.topology`` chooses the nodes: ``single`` (one of each, the reference's stack) or
-``ha`` (issue 15): three Kafka KRaft nodes (:class:`lab.stack.kafka.KafkaCluster`), three
+``ha``: three Kafka KRaft nodes (:class:`lab.stack.kafka.KafkaCluster`), three
 clustered RabbitMQ nodes (:class:`lab.stack.rabbitmq_cluster.RabbitMQCluster`) and a PostgreSQL
 streaming standby with failover slots (:mod:`lab.stack.standby`), each node a participant of its
 own (``kafka-1``..``kafka-3``, ``rabbitmq-1``..``rabbitmq-3``, ``postgres-standby``). One stack
@@ -18,6 +18,7 @@ import logging
 import shutil
 import signal
 import time
+from typing import Any
 
 import psutil
 
@@ -150,7 +151,7 @@ class NativeStack:
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other
         topology's nodes too while they run (a status asked without ``--topology``)."""
-        out = []
+        out: list[Any] = []
         other = [s for s in self._other_topology() if s.processes()]
         for service in [*self.services, *other, *self.debezium.values()]:
             statuses = getattr(service, "statuses", None)
@@ -216,7 +217,7 @@ class NativeStack:
         return pids
 
     def fail_over(self, *, immediate: bool = False) -> dict[str, float]:
-        """``postgres-failover`` (issue 15, ``ha`` only): stop the primary (a fast shutdown, which
+        """``postgres-failover`` (``ha`` only): stop the primary (a fast shutdown, which
         first streams every committed change to the standby; ``immediate``: a crash, what was not
         streamed yet is gone), then promote the standby. Clients find it through
         :attr:`Settings.pg_dsn`'s host list; Debezium, which takes one host, is moved by the

@@ -6,8 +6,8 @@ recorded root of the ``postgres`` participant's process tree (backends, walsende
 background workers are its children). PostgreSQL refuses to run as root; when the lab is root
 the cluster belongs to the unprivileged system user ``Settings.pg_os_user``.
 
-Server flags are those of the reference bench (method.md §1.2), given as ``-c`` options so they
-beat any config file, except :data:`RELOADABLE` ones: a fault (issue 14, ``slot-invalidation``)
+Server flags are those of the reference bench, given as ``-c`` options so they
+beat any config file, except :data:`RELOADABLE` ones: a fault (``slot-invalidation``)
 lowers ``max_slot_wal_keep_size`` for one run with ``ALTER SYSTEM`` + reload, which a ``-c`` would
 override, so the lab writes those to ``data/lab.conf`` (included from ``postgresql.conf``, read
 before ``postgresql.auto.conf``) and strips a leftover ``ALTER SYSTEM`` of them at every start;
@@ -31,7 +31,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psutil
 import psycopg
@@ -50,10 +50,10 @@ LOOPBACK = "127.0.0.1"
 MAJOR = 18
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
-SUN_PATH_MAX = 107
-LEGACY_PASSWORD = "lab"  # the superuser password of clusters made before secrets were generated  # sockaddr_un.sun_path (108) minus the terminating NUL
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path (108) minus the terminating NUL
+LEGACY_PASSWORD = "lab"  # the superuser password of clusters made before secrets were generated
 
-#: Server flags of the reference bench (method.md §1.2), passed as ``-c name=value``.
+#: Server flags of the reference bench, passed as ``-c name=value``.
 SERVER_FLAGS: dict[str, str] = {
     "wal_level": "logical",
     "max_connections": "400",  # web pool + sender/consumer pools + replication connections
@@ -260,7 +260,7 @@ class PostgresService:
         postmaster = proc.running(self.state_dir)
         if postmaster is None:
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
-        version, detail = "", {}
+        version, detail = "", dict[str, object]()
         try:
             with psycopg.connect(self._dsn(), autocommit=True) as conn:
                 version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
@@ -310,7 +310,7 @@ class PostgresService:
                 _grant_traverse(target, self.os_user, uid, gids, mine=self.settings.stack_dir)
         return uid, gid
 
-    def _as_user(self) -> dict[str, object]:
+    def _as_user(self) -> dict[str, Any]:
         if not self.os_user:
             return {}
         gid = pwd.getpwnam(self.os_user).pw_gid
@@ -386,9 +386,9 @@ class PostgresService:
                 f"--pwfile={pwfile}", "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
                 "--no-instructions",
             ]
-            res = subprocess.run(  # noqa: S603 - argv is ours
+            res = subprocess.run(
                 argv, capture_output=True, text=True, env=child_env(), cwd=self.state_dir,
-                check=False, **self._as_user(),  # type: ignore[arg-type]
+                check=False, **self._as_user(),
             )
         finally:
             os.unlink(pwfile)
@@ -444,9 +444,9 @@ class PostgresService:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
 
     def _apply_schema(self) -> None:
-        """schema.sql: tables and the publication, each created only if missing (method.md §2)."""
+        """schema.sql: tables and the publication, each created only if missing."""
         with psycopg.connect(self._dsn()) as conn, conn.transaction():
-            conn.execute((TEMPLATES / "schema.sql").read_text())  # type: ignore[arg-type]
+            conn.execute((TEMPLATES / "schema.sql").read_text())
 
 
 def _grant_traverse(target: Path, user: str, uid: int, gids: set[int], *, mine: Path) -> None:

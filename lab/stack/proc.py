@@ -5,8 +5,8 @@ recorded in ``<stack_dir>/<name>/pid.json`` with its start time, so that a recyc
 never mistaken for ours. The start time is the kernel's, in clock ticks since boot
 (:func:`start_ticks`), not psutil's ``create_time``: that one is boot time plus ticks in wall
 clock seconds and moves whenever the wall clock is stepped (measured on the shared VM: 82 s
-within an hour), which made running services look foreign. Inside :func:`tied` (a run starting its Debezium Server) a process is
-also given a parent-death signal: it dies with the thread that started it.
+within an hour), which made running services look foreign. Inside :func:`tied` (a run starting its
+Debezium Server) a process is also given a parent-death signal: it dies with the thread that started it.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def spawn(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = extra_groups = None
     if user is not None and os.geteuid() == 0:  # drop root's gid and groups too, not just the uid
-        group, extra_groups = pwd.getpwnam(user).pw_gid, []
+        group, extra_groups = pwd.getpwnam(user).pw_gid, list[int]()
     with open(log_path, "ab") as out:
         popen = subprocess.Popen(
             [str(a) for a in argv],
@@ -120,7 +120,7 @@ def spawn(
             extra_groups=extra_groups,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=die_with_parent(os.getpid()) if _tied.get() else None,  # noqa: PLW1509
+            preexec_fn=die_with_parent(os.getpid()) if _tied.get() else None,
         )
     proc = psutil.Process(popen.pid)
     record = {"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "create_time": proc.create_time(),

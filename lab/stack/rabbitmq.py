@@ -1,4 +1,4 @@
-"""A private RabbitMQ node from Debian's ``rabbitmq-server`` package (DESIGN.md §1).
+"""A private RabbitMQ node from Debian's ``rabbitmq-server`` package.
 
 Which package: ``LAB_RABBITMQ_VERSION`` (``Settings.rabbitmq_version``). ``4.0`` (the default,
 closest to the reference's 4.3) is Debian 13's 4.0.x on Erlang 27, which needs a newer C library
@@ -25,7 +25,7 @@ Choices written down here:
   (user with administrator tag, vhost ``/``, full permissions) is imported on every boot, which
   makes user creation idempotent without a ``rabbitmqctl`` call per item.
 
-Under the ``ha`` topology (issue 15) a :class:`RabbitMQService` is one node ``rabbitmq-<i>`` of
+Under the ``ha`` topology a :class:`RabbitMQService` is one node ``rabbitmq-<i>`` of
 the cluster :mod:`lab.stack.rabbitmq_cluster` forms: its own state dir, node name and ports
 (:attr:`Settings.rabbitmq_nodes`), node 1's epmd shared by all three, one Erlang cookie for all,
 and a memory high watermark of :data:`HA_MEMORY_WATERMARK` per node.
@@ -77,7 +77,7 @@ def cluster_config() -> str:
     discovery: the first start joins nodes 2 and 3 to node 1 (``join_cluster``,
     :mod:`lab.stack.rabbitmq_cluster`), and a node that restarts finds its peers in its own
     database, as every clustered node does."""
-    return ("\n# ha topology (issue 15): one of three clustered nodes, each with its own memory limit\n"
+    return ("\n# ha topology: one of three clustered nodes, each with its own memory limit\n"
             f"vm_memory_high_watermark.absolute = {HA_MEMORY_WATERMARK}\n")
 
 

@@ -1,4 +1,4 @@
-"""The ``ha`` topology's RabbitMQ (issue 15): three clustered nodes, quorum queues on all three.
+"""The ``ha`` topology's RabbitMQ: three clustered nodes, quorum queues on all three.
 
 Nodes ``rabbitmq-1``..``rabbitmq-3`` are :class:`lab.stack.rabbitmq.RabbitMQService` instances,
 each with its own state dir (``<stack_dir>/rabbitmq-<i>``), node name (``<name>-<i>@<host>``

@@ -1,4 +1,4 @@
-"""The ``ha`` topology's PostgreSQL standby (issue 15): physical streaming with failover slots.
+"""The ``ha`` topology's PostgreSQL standby: physical streaming with failover slots.
 
 A direct reader's counterpart of a replicated broker is a hot standby that carries every logical
 slot, so that a promoted standby lets the readers and Debezium resume where they were
@@ -96,7 +96,7 @@ def configure_primary(settings: Settings) -> None:
 class PostgresStandby(PostgresService):
     """A hot standby of the lab's PostgreSQL on ``settings.pg_standby_port``, rebuilt at start."""
 
-    name = "postgres-standby"  # type: ignore[misc]
+    name = "postgres-standby"
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -166,9 +166,9 @@ class PostgresStandby(PostgresService):
         argv = [str(bin_dir() / "pg_basebackup"), "-D", str(self.data_dir), "-h", self.settings.service_host,
                 "-p", str(self.settings.pg_port), "-U", self.settings.pg_user, "-S", STANDBY_SLOT,
                 "-X", "stream", "-c", "fast", "--no-password"]
-        res = subprocess.run(  # noqa: S603 - argv is ours
+        res = subprocess.run(
             argv, capture_output=True, text=True, env=child_env(PGPASSFILE=str(self.passfile)),
-            cwd=self.state_dir, check=False, timeout=BASEBACKUP_TIMEOUT, **self._as_user(),  # type: ignore[arg-type]
+            cwd=self.state_dir, check=False, timeout=BASEBACKUP_TIMEOUT, **self._as_user(),
         )
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).strip().splitlines()[-3:]

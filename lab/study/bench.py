@@ -15,10 +15,10 @@ from typing import Any
 import psutil
 
 from lab.measure.idle import sample_idle
+from lab.measure.services import Source, service_names, service_sources
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.measure.services import Source, service_names, service_sources
 from lab.stack import get_stack
 
 Say = Callable[[str], None]
@@ -34,7 +34,7 @@ def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _
     stack.up()
     out: dict[str, Any] = {"warm_up_s": round(time.monotonic() - t0, 1)}
     say(f"warm up: {out['warm_up_s']} s; measuring idle services for {idle_s:.0f} s")
-    services = service_names(stack)  # a participant per node (issue 15's ha topology)
+    services = service_names(stack)  # a participant per node (the ha topology)
     out["topology"] = getattr(stack, "topology", "single")
     out["idle"] = _idle(settings, service_sources(stack, services), services, idle_s)
     out["debezium_start_s"] = {}

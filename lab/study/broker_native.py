@@ -1,4 +1,4 @@
-"""The broker-native experiment (method.md §9.5): what the transports cost without an outbox.
+"""The broker-native experiment: what the transports cost without an outbox.
 
 A separate stand in the reference: no web hop for the producer, no outbox, no Debezium. The
 producers (:mod:`lab.pipelines.producers`) write every message straight into the Kafka topic, the RabbitMQ
@@ -23,14 +23,14 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
+from lab.scenario import Scenario
 from lab.study.costmodel import METRIC, measured
 from lab.study.plots import PARTICIPANT_COLORS, breakdown_figure
-from lab.scenario import Scenario
 from lab.study.series import matrix
 
 ARMS = ("kafka", "rabbitmq", "wal")  # the published stand's three transports
 SERIES_ID = "broker-native"
-WARMUP_SHARE = 5  # the warm-up run has M / 5 messages, as the main series (method.md §3)
+WARMUP_SHARE = 5  # the warm-up run has M / 5 messages, as the main series
 
 
 def plan(*, messages: int = 20_000, consumers: int = 8, producers: int = 200, repeats: int = 1,
@@ -90,7 +90,7 @@ def figure(runs: pd.DataFrame, published: pd.DataFrame) -> Figure:
     fig = breakdown_figure(measured(runs, producer="direct"))
     ax = fig.axes[0]
     pub = published.drop_duplicates("pipeline").set_index("pipeline")["ms_per_msg"]
-    legend = "published total"
+    legend: str | None = "published total"
     for x, label in zip(ax.get_xticks(), ax.get_xticklabels(), strict=True):
         value = pub.get(label.get_text().split(" ")[0])
         if value is not None:

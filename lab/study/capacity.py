@@ -1,4 +1,4 @@
-"""The maximum sustainable rate per pipeline x N (issue 14): a series of load staircases and its views.
+"""The maximum sustainable rate per pipeline x N: a series of load staircases and its views.
 
 Each cell is one run with ``Scenario.rate_steps`` (the same staircase for every cell): open-loop
 rates held ``step_s`` each, the run stopping once a step's lag ran away (:mod:`lab.measure.steps`

@@ -1,4 +1,4 @@
-"""Beyond the reference (issue 6): which differences are noise, the crossover measured rather
+"""Beyond the reference: which differences are noise, the crossover measured rather
 than extrapolated, the idle floor and the residual, memory and WAL decode volume.
 
 Inputs are runs as :func:`lab.results.load_runs` returns them and the headline table of
@@ -28,7 +28,7 @@ import pandas as pd
 from lab.study import costmodel
 from lab.study.costmodel import METRIC, measured
 
-# ha runs (issue 15): `kafka`/`rabbitmq` are the sums of their nodes (lab.study.nodes), the
+# ha runs: `kafka`/`rabbitmq` are the sums of their nodes (lab.study.nodes), the
 # standby a participant of its own
 PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "kafka", "rabbitmq", "web", "senders", "consumers",
                 "runner")

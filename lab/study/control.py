@@ -1,4 +1,4 @@
-"""The control experiment: slow work makes the transport irrelevant (method.md §9.5).
+"""The control experiment: slow work makes the transport irrelevant.
 
 With ``work_delay_ms`` of waiting in every work call, N consumers manage about
 N x 1000 / delay msg/s whatever carries the messages. :func:`throughput` tabulates msg/s per

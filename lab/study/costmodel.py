@@ -35,15 +35,15 @@ import numpy as np
 import pandas as pd
 
 from lab.results import load_reference
+from lab.scenario import PIPELINE_NAMES
 from lab.study import groups
 from lab.study.intervals import median_interval
 from lab.study.nodes import rollup_nodes
-from lab.scenario import PIPELINE_NAMES
 
 METRIC = "cpu_ms_per_msg"
 Z975 = 1.959963984540054  # standard normal 97.5 % quantile
 MIN_BOOT_RUNS = 3  # runs at every N before the bootstrap is the interval shown
-NOISE_REL = 0.10  # the article's rule: under 10 % is stand drift (method.md §9.5)
+NOISE_REL = 0.10  # the article's rule: under 10 % is stand drift
 Interval = tuple[float, float]
 NAN_CI: Interval = (math.nan, math.nan)
 Anchor = Literal["ols", "first"]
@@ -227,7 +227,7 @@ def fit_fanout(
     """Fit ms CPU/msg = a + b·(N - 1) over the pipeline's successful, non-warm-up runs.
 
     ``anchor="ols"``: least squares over every run. ``anchor="first"``: the article's way
-    (method.md §9.5): a = the median at the smallest N, b = the rise from the smallest to the
+   : a = the median at the smallest N, b = the rise from the smallest to the
     largest N per extra consumer. ``slope_from="postgres"`` fits b on that participant's ms/msg
     instead of the total (the article's "PG pays ≈ 9.4 CPU-s per extra reader"); with OLS, a is then
     ȳ - b·x̄ (least squares given b) and only the bootstrap interval exists.
@@ -419,7 +419,7 @@ def within_noise(
 
     A cell is a number or a headline row (``median``, ``lo``, ``hi``). When both cells have finite
     intervals, noise means the intervals overlap. Otherwise (one run per cell) the article's rule
-    applies: a difference under 10 % of the larger value is stand drift (method.md §9.5: it measured
+    applies: a difference under 10 % of the larger value is stand drift (it measured
     a 10 % drift, so 2.16 vs 2.21 is noise and 1.19 vs 2.35 is not).
     """
 

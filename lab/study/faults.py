@@ -1,4 +1,4 @@
-"""The insulation matrix (issue 14): every pipeline x every fault it applies to, at a fixed rate.
+"""The insulation matrix: every pipeline x every fault it applies to, at a fixed rate.
 
 A profile (:data:`PROFILES`) fixes the load (N = 2 consumers, M messages open-loop at a fixed rate,
 so that lag and recovery mean something) and the faults' timing; :func:`plan` turns it into one
@@ -40,7 +40,7 @@ LABEL = "faults"  # every cell's Scenario.label
 # fault kinds in the order a matrix runs them: the telling ones first, the slow ones last
 KIND_ORDER = ("consumer-dead", "consumer-kill", "sink-outage", "walsender-kill", "consumer-slow",
               "debezium-kill", "broker-restart", "postgres-restart", "slot-invalidation", "big-transaction")
-# kinds of the ha topology only (issue 15's failover), run on their own, not in the single matrix
+# kinds of the ha topology only (the failover), run on their own, not in the single matrix
 HA_KINDS = ("broker-node-kill", "postgres-failover")
 TARGET = 1  # the consumer a targeted fault hits (consumer 0 stays healthy)
 GROWTH = 2.0  # a backlog "lives" where its peak after the fault's start exceeds GROWTH x its pre-fault peak
@@ -264,7 +264,9 @@ def _fault(run: dict[str, Any]) -> dict[str, Any]:
 
 def _rows(run: dict[str, Any], key: str) -> list[dict[str, Any]]:
     rows = _fault(run).get(key)
-    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("t_s"), int | float)] if isinstance(rows, list) else []
+    if not isinstance(rows, list):
+        return []
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("t_s"), int | float)]
 
 
 def timeline(run: dict[str, Any], key: str = "wal") -> pd.DataFrame:
@@ -384,12 +386,12 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
     """One run as one row of the matrix (:data:`COLUMNS`); ``clean``: each pipeline's ms CPU/msg
     without a fault, for ``cpu_vs_clean_ms``."""
     s, f = run.get("scenario") or {}, _fault(run)
-    acc = f.get("accounting") if isinstance(f.get("accounting"), dict) else {}
+    acc: dict[str, Any] = f["accounting"] if isinstance(f.get("accounting"), dict) else {}
     window = fault_window(run) if f else None
     slots = _per_slot(run)
     where, source_peak, broker_peak = backlog_where(run, window) if f else ("—", NAN, NAN)
     lag, lag_s = _healthy_lag(run, window)
-    summary = f.get("wal_summary") if isinstance(f.get("wal_summary"), dict) else {}
+    summary: dict[str, Any] = f["wal_summary"] if isinstance(f.get("wal_summary"), dict) else {}
     cpu = _num(run.get("cpu_ms_per_msg"))
     unattributed = _num((run.get("cpu_s") or {}).get("unattributed"))
     messages = _num(s.get("messages"))
@@ -443,12 +445,13 @@ def wal_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for run in results:
         f = _fault(run)
-        summary = f.get("wal_summary") if isinstance(f.get("wal_summary"), dict) else {}
+        summary: dict[str, Any] = f["wal_summary"] if isinstance(f.get("wal_summary"), dict) else {}
         window = fault_window(run) if f else None
         for slot, samples in _per_slot(run).items():
-            info = summary.get(slot) if isinstance(summary.get(slot), dict) else {}
+            info: dict[str, Any] = summary[slot] if isinstance(summary.get(slot), dict) else {}
             rows.append({
-                "pipeline": (run.get("scenario") or {}).get("pipeline"), "spec": (run.get("scenario") or {}).get("fault"),
+                "pipeline": (run.get("scenario") or {}).get("pipeline"),
+                "spec": (run.get("scenario") or {}).get("fault"),
                 "slot": slot, "retained_peak_mb": _peak([s.get("retained_bytes") for s in samples]) / 2**20,
                 "unconfirmed_peak_mb": _peak([s.get("unconfirmed_bytes") for s in samples]) / 2**20,
                 "slope_kb_s": _slot_slope(samples, window) / 1024,
@@ -562,9 +565,9 @@ def reading(table: pd.DataFrame) -> list[str]:
     out = []
     lossy = t[_positive(t["lost"])]
     measured = t["lost"].notna()
-    out.append(f"**Losses**: {int((t['lost'] == 0).fillna(False).sum())} of {int(measured.sum())} accounted cells lost nothing"
-               + (f"; lost messages in {_list([f'{r.pipeline} {r.fault} ({int(r.lost):,})' for r in lossy.itertuples()])}."
-                  if not lossy.empty else "."))
+    lossy_cells = _list([f"{r.pipeline} {r.fault} ({int(r.lost):,})" for r in lossy.itertuples()])
+    out.append(f"**Losses**: {int((t['lost'] == 0).fillna(False).sum())} of {int(measured.sum())} accounted cells "
+               "lost nothing" + (f"; lost messages in {lossy_cells}." if not lossy.empty else "."))
     dup = t[_positive(t["duplicates"])].sort_values("duplicates", ascending=False)
     out.append("**Duplicates** (re-worked, at-least-once): "
                + (_list([f"{r.pipeline} {r.fault} {int(r.duplicates):,} (burst {_fmt(r.max_burst, digits=0)})"
@@ -585,7 +588,8 @@ def reading(table: pd.DataFrame) -> list[str]:
     if not rec.empty:
         worst = rec.loc[rec["recovery_s"].idxmax()]
         out.append(f"**Recovery** (rate and lag back in the pre-fault band): median {rec['recovery_s'].median():.1f} s "
-                   f"over {len(rec)} cells, longest {worst['recovery_s']:.1f} s ({worst['pipeline']} {worst['fault']}).")
+                   f"over {len(rec)} cells, longest {worst['recovery_s']:.1f} s "
+                   f"({worst['pipeline']} {worst['fault']}).")
     cost = t.dropna(subset=["cpu_vs_clean_ms"])
     if not cost.empty:
         by = cost.groupby("pipeline")["cpu_vs_clean_ms"].median()
@@ -594,9 +598,11 @@ def reading(table: pd.DataFrame) -> list[str]:
     failed = t[~t["success"].astype(bool) & ~_positive(t["lost"])]
     if not failed.empty:
         out.append("**Failed without a loss** (the run's error says why): "
-                   + _list([f"{r.pipeline} {r.fault}: {str(r.error).splitlines()[0][:160]}" for r in failed.itertuples()]) + ".")
+                   + _list([f"{r.pipeline} {r.fault}: {str(r.error).splitlines()[0][:160]}"
+                            for r in failed.itertuples()]) + ".")
     load = table["loadavg_1m"].dropna()
     if not load.empty:
-        out.append(f"Measured with a 1-min load average of {load.min():.1f}-{load.max():.1f} (median {load.median():.1f}); "
+        out.append(f"Measured with a 1-min load average of {load.min():.1f}-{load.max():.1f} "
+                   f"(median {load.median():.1f}); "
                    "times are slower on a loaded machine, the counts are not.")
     return out

@@ -1,17 +1,18 @@
-"""Against the article (issue 12 §4, §6): our runs beside the published tables, read the same way.
+"""Against the article: our runs beside the published tables, read the same way.
 
 Every function takes runs as :func:`lab.results.load_runs` returns them; the published side is the
 same computation applied to :func:`lab.study.costmodel.published_runs` (the 16 measured runs of the
-reference's final sweep, method.md §9.3/§9.4) or to ``load_reference("throughput")`` (§9.1), so a
+reference's final sweep) or to ``load_reference("throughput")`` (the published throughput table), so a
 definition cannot differ between the two columns. Cells are medians over a cell's successful,
 non-warm-up runs (each participant and each rate separately).
 
-* :func:`article_crossover` / :func:`crossover_table` — N* the article's way (method.md §9.5): the
+* :func:`article_crossover` / :func:`crossover_table` — N* the article's way: the
   slope is PostgreSQL's CPU alone, (pg at N=8 - pg at N=1) / 7 per extra reader; the broker is its
   total at N=8; N* = 1 + (broker_c8 - direct_c1) / slope. Beside it, our own crossover
   (:func:`lab.study.compare.crossover_table`).
-* :func:`throughput_table` — §9.1: send/s, drain-only/s, claim statements per message, send p95.
-* :func:`participants_table` — §9.3: ms CPU/msg per participant in the article's columns
+* :func:`throughput_table` — the published throughput table: send/s, drain-only/s, claim statements
+  per message, send p95.
+* :func:`participants_table` — the published per-participant table: ms CPU/msg per participant in the article's columns
   (:data:`MAPPING`: its ``test`` is our senders + consumers + runner).
 * :func:`agreement` — "where we agree": each participant of the article's breakdown cells and the
   main proportions, ours beside published, the ratio and whether the gap is over 10 %.
@@ -29,7 +30,7 @@ from lab.results import load_reference
 from lab.study import compare, costmodel
 from lab.study.costmodel import METRIC, measured
 
-# The article's participant columns (method.md §6, §9.3) -> the participants of ours they cover.
+# The article's participant columns -> the participants of ours they cover.
 MAPPING: dict[str, tuple[str, ...]] = {
     "postgres": ("postgres",),
     "kafka": ("kafka",),
@@ -38,12 +39,12 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "web": ("web",),
     "test": ("senders", "consumers", "runner"),  # its one load-test process
 }
-SOURCES = {  # what each column is on the reference's stand (method.md §6)
+SOURCES = {  # what each column is on the reference's stand
     "postgres": "postgres container", "kafka": "kafka container", "rabbitmq": "rmq container",
     "debezium": "dbz-kafka or dbz-quorum container", "web": "the ASP.NET web process",
     "test": "the .NET load-test process (senders and consumers as tasks)",
 }
-GAP = 0.10  # the article's noise level (method.md §9.5: a measured 10 % drift)
+GAP = 0.10  # the article's noise level (a measured 10 % drift)
 
 
 def mapping_table() -> pd.DataFrame:
@@ -86,7 +87,7 @@ def _cell(c: pd.DataFrame, pipeline: str, n: int, col: str) -> float:
 
 def article_crossover(runs: pd.DataFrame, direct: str = "wal", broker: str = "kafka", *,
                       lo: int = 1, hi: int = 8) -> dict[str, Any]:
-    """N* the article's way from one set of runs (method.md §9.5).
+    """N* the article's way from one set of runs.
 
     ``slope_pg`` = (PostgreSQL ms/msg at N=``hi`` - at N=``lo``) / (hi - lo) on the direct
     pipeline; ``level`` = the broker pipeline's total at N=``hi``; N* = lo + (level - direct total
@@ -132,13 +133,13 @@ def crossover_table(runs: pd.DataFrame, *, crossing: pd.DataFrame | None = None,
     return pd.DataFrame(rows)
 
 
-# §9.1: throughput and correctness --------------------------------------------------------------
+# throughput and correctness (the published throughput table) ---------------------------------
 
 RATES = ("send_per_s", "drain_only_per_s", "ops_per_msg", "send_p95_ms")
 
 
 def throughput_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per measured run, the reference's §9.1 columns (method.md §8 definitions):
+    """Per measured run, the columns of the reference's throughput table, defined the same way:
 
     ``produce_s`` = last send - first send (the senders' monotonic clock), ``send_per_s`` = sent /
     produce_s; ``drain_s`` = last work - first send (= our window); ``drain_only_s`` = last work -
@@ -165,7 +166,7 @@ def throughput_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Pipeline x N: our median of each §9.1 column beside the published value (one run per cell,
+    """Pipeline x N: our median of each published throughput column beside the published value (one run per cell,
     100,000 messages) and their ratio (``<col>``, ``<col>_published``, ``<col>_ratio``)."""
     t = throughput_runs(runs)
     ours = t.groupby(["pipeline", "consumers"]).median(numeric_only=True)
@@ -182,11 +183,11 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-# §9.3: CPU per participant ---------------------------------------------------------------------
+# CPU per participant (the published per-participant table) -----------------------------------
 
 def participants_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Pipeline x N x article column (plus ``sum``): our median ms CPU/msg beside the published one
-    (§9.3 CPU-seconds / 100,000 messages), their ratio, and which of our participants it sums."""
+    (published CPU-seconds / 100,000 messages), their ratio, and which of our participants it sums."""
     ours, pub = cells(runs), cells(costmodel.published_runs())
     key = ["pipeline", "consumers"]
     both = ours.merge(pub, on=key, how="left", suffixes=("", "_published"))
@@ -215,7 +216,7 @@ def participants_wide(long: pd.DataFrame, *, digits: int = 2) -> pd.DataFrame:
 
 # Where we agree --------------------------------------------------------------------------------
 
-# the article's per-participant breakdown cells (method.md §9.5: wal c1 and kafka c1) and the quorum
+# the article's per-participant breakdown cells (wal c1 and kafka c1) and the quorum
 # arm's, with the participants that do work there (an idle broker's few CPU-seconds are no ratio)
 BREAKDOWN = {("wal", 1): ("postgres", "web", "test"),
              ("kafka", 1): ("postgres", "debezium", "kafka", "web", "test"),

@@ -4,10 +4,10 @@ Two runs are *comparable* when they agree on everything that changes ms CPU/msg 
 pipeline and N: the producer (web or direct), the open-loop ``rate`` (0: closed loop), the work
 delay, the message count, the topology of the load (``senders``, ``batch_size``) and the
 ``cpu_method`` the run was measured with (:mod:`lab.measure.provenance`; runs stored before it was
-recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout``, the inbox ``claim`` and the stack's
-``backend`` (native or compose), the injected ``fault`` (issue 14), the stack's ``topology``
-(issue 15: ``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
-senders implementation, issue 12 §5). :func:`check` refuses a mixture in one line;
+recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout``, the inbox ``claim``
+and the stack's ``backend`` (native or compose), the injected ``fault``, the stack's ``topology``
+(``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
+senders implementation). :func:`check` refuses a mixture in one line;
 :func:`select` picks one comparable group for an analysis (``series_id=""``: the newest series)
 and names it.
 """
@@ -27,7 +27,8 @@ KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size"
 # A run stored before a field existed was measured the way the lab worked then: no reset on a
 # reused connection, one process per consumer, the reference's inbox claim, the native stack.
 DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded",
-                            "reset": "none", "consumer_layout": "processes", "claim": "owner", "backend": "native", "fault": "",
+                            "reset": "none", "consumer_layout": "processes", "claim": "owner", "backend": "native",
+                            "fault": "",
                             "topology": "single", "harness": HARNESS_BEFORE}
 
 

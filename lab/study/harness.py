@@ -1,4 +1,4 @@
-"""``lab bench harness``: the lab's web + senders against a naive baseline, in one sitting.
+"""``lab bench harness``: the lab's web + senders against a naive baseline, in one go.
 
 Per round, the chosen arms one after the other (the order of ``ARMS``), on the same PostgreSQL
 (``messages`` truncated before each), each reported as web + senders CPU in ms per message:

@@ -1,4 +1,4 @@
-"""The study's view of the ``ha`` topology's nodes (issue 15).
+"""The study's view of the ``ha`` topology's nodes.
 
 A run under ``ha`` records each node as a participant of its own: ``kafka-1``..``kafka-3``,
 ``rabbitmq-1``..``rabbitmq-3`` and ``postgres-standby`` (``cpu_s.<name>``, ``mem_mb.<name>``,

@@ -92,8 +92,8 @@ def export_html(notebook: Path, html: Path, *, title: str) -> Path:
     return html
 
 
-# What else a report measures, per profile: the latency at a fixed rate (issue 6), the
-# broker-native stand and the control experiment (method.md §9.5). Sizes grow with the profile like
+# What else a report measures, per profile: the latency at a fixed rate, the
+# broker-native stand and the control experiment. Sizes grow with the profile like
 # the main series; quick's control (6 runs of 1,500 messages with 15 ms of work) takes about 3-4
 # minutes on 2 cores, full's is the reference's 20,000 messages at N = 2, 4, 8.
 EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
@@ -111,7 +111,7 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
              "control": {"messages": 20_000, "consumers": "2,4,8", "pipelines": "kafka,rabbitmq,wal",
                          "cooldown_s": 20.0}},
 }
-# The insulation matrix (issue 14, lab.study.faults) at the profile's size: smoke's 4 runs (wal and
+# The insulation matrix (lab.study.faults) at the profile's size: smoke's 4 runs (wal and
 # kafka x a dead and a killed consumer, ~2-3 min), quick's publishable 38 runs (~20-25 min on 2
 # cores), full's 60 s faults. The reference profile is the article's sweep, which had no faults: it
 # gets the quick matrix (full's would more than double its time).
@@ -119,7 +119,7 @@ for _name in ("smoke", "quick", "full"):
     EXTRAS[_name]["faults"] = {"profile": _name}
 EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"},
                        "faults": {"profile": "quick"}}
-# The maximum sustainable rate (issue 14): one load staircase per pipeline x N, in the latency
+# The maximum sustainable rate: one load staircase per pipeline x N, in the latency
 # notebook (lab.study.capacity). quick: 8 runs of at most 32 s of sending each, about 8 more
 # minutes on 2 cores; smoke: 4 runs of 2 x 2 s.
 CAPACITY: dict[str, dict[str, Any]] = {
@@ -186,7 +186,7 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
     }, settings=settings, echo=echo)
     pages = list(REPORT_PAGE)
-    if settings.topology == "ha":  # issue 15: the same study under single, stored beside it
+    if settings.topology == "ha":  # the same study under single, stored beside it
         execute_notebook("topology", out / "topology.ipynb", {
             "ha_series_id": series_id, "single_series_id": single_series_id, "report_dir": str(out),
             "ha_latency_series_id": ids["latency"],

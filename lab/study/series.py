@@ -3,7 +3,7 @@
 A plan is a list of :class:`~lab.scenario.Scenario`: a warm-up run first (kafka c1, marked
 ``warmup``), then every cell pipeline x N (x repeats, optionally shuffled with a recorded seed),
 then a drift probe (the first measured cell again, marked ``warmup`` with label ``drift``), as in
-the reference sweep (method.md §9.4, §10.14). The warm-up is 20 % of M as in the reference, but
+the reference sweep. The warm-up is 20 % of M as in the reference, but
 outside ``smoke`` at least 5,000 messages: at M = 5,000 a 1,000-message warm-up left the JVMs
 cold, and the first kafka cell 29 % above the drift probe.
 
@@ -38,15 +38,15 @@ from lab.stack.proc import exclusive
 
 log = logging.getLogger(__name__)
 
-ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order (method.md §9.1)
-# The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it (issue 6).
+ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order
+# The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile gives every cell an interval (3 runs: the median's [min, max], 75 % coverage)
-# in about 30 minutes here (issue 11 §5): 5 N x 4 pipelines x 3 = 60 runs at ~30 s. It keeps the
+# in about 30 minutes here: 5 N x 4 pipelines x 3 = 60 runs at ~30 s. It keeps the
 # article's N (1, 2, 4, 8) for the side-by-side tables and 16 beyond its extrapolated crossover;
 # N = 12 is in `full`.
 QUICK_CONSUMERS = (1, 2, 4, 8, 16)
-# The reference's own sweep (method.md §9.4, issue 12 §4): N = 1, 2, 4, 8 once each, in its order
+# The reference's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
 REFERENCE_CONSUMERS = (1, 2, 4, 8)
 
@@ -184,7 +184,8 @@ def cell_label(s: Scenario) -> str:
 class Step:
     """A progress event of :func:`run_series`.
 
-    ``status``: ``idle`` (the idle baseline is being measured; ``index`` is -1), ``start`` (a run begins), ``phase`` (the run moved on; ``phase`` says where),
+    ``status``: ``idle`` (the idle baseline is being measured; ``index`` is -1), ``start`` (a run
+    begins), ``phase`` (the run moved on; ``phase`` says where),
     ``skipped`` (a successful run exists) or ``done`` (``result`` is the run.json content).
     """
 

@@ -1,5 +1,5 @@
 """Does the speed probe earn its place? Runs taken on a slow machine, and the verdicts with and
-without speed normalisation (issue 11 §2; the probe itself is :mod:`lab.measure.probe`).
+without speed normalisation (the probe itself is :mod:`lab.measure.probe`).
 
 Every run stores ``speed.unit_ms_median`` (the probe's ms per fixed unit of work over the run's
 window) and ``cpu_ms_per_msg_norm`` (ms/msg × speed). :func:`spread` compares the raw and the

@@ -1,4 +1,4 @@
-"""The answer a report opens with, in words (issue 11 §5): which pipeline is cheapest at each N,
+"""The answer a report opens with, in words: which pipeline is cheapest at each N,
 where the direct lines cross the brokers (with the interval, measured or extrapolated, against
 the article's N ≈ 11), how far the intervals can be trusted, and how noisy the machine was.
 """

@@ -1,4 +1,4 @@
-"""``single`` against ``ha`` (issue 15): what the fault-tolerant topology costs, cell by cell, per
+"""``single`` against ``ha``: what the fault-tolerant topology costs, cell by cell, per
 participant, per broker, and where the architectures cross once both sides are fault-tolerant.
 
 Input is runs of both topologies as :func:`lab.results.load_runs` returns them (``topology``:
@@ -201,7 +201,7 @@ LATENCY = ("p50", "p99")  # the percentiles :func:`latency_table` compares
 
 
 def latency_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Latency at a fixed rate (issue 15): pipeline x N x percentile (:data:`LATENCY`, ms from an
+    """Latency at a fixed rate: pipeline x N x percentile (:data:`LATENCY`, ms from an
     outbox row's ``created_at`` to its work call, ``latency_ms``) under ``single`` and ``ha``, each
     the median over the cell's runs with its interval, and ha ÷ single with its bound. Only
     open-loop runs without a fault count, and a cell pairs runs of the same rate (``rate``

@@ -8,7 +8,7 @@ seconds (runs failed on the consumers' 30 s and the runner's 10 s timeouts). The
 ASP.NET service answered both on a thread pool; here the kernel's scheduler does that job between
 the two processes, and the work calls never wait behind an insert (docs/benchmarks.md, "Harness").
 
-Endpoints (method.md §5):
+Endpoints:
 
 * ``POST /send-email`` ``{"id", "content", "createdAt"}`` -> counts calls and distinct ids, yields
   once to the loop (the reference's ``Task.Yield()``; ``--work-delay-ms`` sleeps instead, for the
@@ -17,7 +17,7 @@ Endpoints (method.md §5):
   whole web service (both processes).
 * ``GET /load/arrivals`` -> ``{"ids": [...], "t": [...]}``: every work call's id and wall-clock
   arrival (``time.time()``), kept in two ``array`` columns (16 bytes and well under 1 µs a call).
-  Per-id call counts (duplicates, issue 14) are counted by the runner from it, after the run.
+  Per-id call counts (duplicates) are counted by the runner from it, after the run.
 * Fault runs only, with ``by_consumer``: the work body also carries ``"by"`` (the consumer's
   index), kept in a third column and returned as ``"by"`` (per-consumer accounting).
 * ``POST /load/reset`` -> 204; zeroes the counters and the arrivals.

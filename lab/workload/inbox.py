@@ -1,6 +1,6 @@
 """The inbox claims: one statement per batch decides which rows this consumer owns.
 
-Both shapes follow the reference bench (method.md §4.0 and §4.3):
+Both shapes follow the reference bench:
 
 * ``inbox`` (broker pipelines) is keyed by message id. The data-modifying CTE inserts the batch
   with ``on conflict do nothing``; the ``union all`` branch returns ids this consumer already
@@ -10,7 +10,7 @@ Both shapes follow the reference bench (method.md §4.0 and §4.3):
   (as in the reference, where the driver could not send ``pg_lsn[]``) and the statement returns
   the 1-based ordinals of the claimed inputs, so the caller maps them back to its batch.
 
-Takeover (``Scenario.claim == "takeover"``, issue 14), for ``inbox`` only. The reference's claim
+Takeover (``Scenario.claim == "takeover"``), for ``inbox`` only. The reference's claim
 binds a row to a consumer *name*: only that name gets it back. A broker that moves a message to
 another consumer (RabbitMQ requeues a dead consumer's unacked deliveries to anyone; a Kafka
 partition moves after a session timeout) then makes the new holder lose the claim and ack the
@@ -141,13 +141,17 @@ async def id_sets(conn: psycopg.AsyncConnection, worked: Sequence[int], inbox_ta
     All zero: the sets are equal.
     """
     cur = await conn.execute(ID_SETS, {"ids": list(worked)})
-    rows, foreign, missing = await cur.fetchone()
+    one = await cur.fetchone()
+    assert one is not None  # aggregates always answer
+    rows, foreign, missing = one
     out: dict[str, int | None] = {"messages_rows": rows, "worked_not_in_messages": foreign,
                                   "messages_not_worked": missing,
                                   "claimed_not_in_messages": None, "messages_not_claimed": None}
     if inbox_table == "inbox":
         cur = await conn.execute(CLAIMED_IDS)
-        out["claimed_not_in_messages"], out["messages_not_claimed"] = await cur.fetchone()
+        claimed = await cur.fetchone()
+        assert claimed is not None
+        out["claimed_not_in_messages"], out["messages_not_claimed"] = claimed
     return out
 
 

@@ -1,4 +1,4 @@
-"""The closed-loop HTTP senders of a run (method.md §3): S tasks that POST exactly M messages.
+"""The closed-loop HTTP senders of a run: S tasks that POST exactly M messages.
 
 Run as its own measured process::
 
@@ -22,7 +22,7 @@ consumers are ready. The measured process is silent: no progress output; ``--pro
 optionally rewrites a tiny JSON counter file at most once per second. The result is written once,
 atomically (temp file + rename), to ``--out``, also when every send failed or the run crashed.
 
-``--rate-steps R1,R2,... --step-s S`` (issue 14) is the open loop as a staircase: step i sends
+``--rate-steps R1,R2,... --step-s S`` is the open loop as a staircase: step i sends
 ``round(Ri * S)`` messages, message j due at ``gate + i * S + j / Ri`` (:func:`lab.scenario.step_plan`;
 ``--messages`` must be their sum). ``--stop-file PATH`` ends the staircase early: it is looked at
 once per step boundary (one ``stat``), and once it exists no further step starts; ``planned`` and
@@ -41,7 +41,7 @@ import os
 import resource
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,10 @@ class Tally:
         self.remaining, self.next_id = messages, 0
         self.sent = self.failed = 0
         self.steps = 0  # staircase: steps started
-        self.first_wall = self.last_wall = self.first_mono = self.last_mono = None
+        self.first_wall: float | None = None
+        self.last_wall: float | None = None
+        self.first_mono: float | None = None
+        self.last_mono: float | None = None
         self.first_error: str | None = None
         self.latency = array("d")
 
@@ -289,7 +292,7 @@ def tally_result(t: Tally, *, url: str, messages: int, senders: int, rate: float
 
 async def _wait_for_file(path: Path, gate: asyncio.Event) -> None:
     # A 20 ms stat() poll: nothing to wait on across processes, and it ends before the window.
-    while not path.exists():  # noqa: ASYNC110, ASYNC240 - one stat() per tick
+    while not path.exists():  # noqa: ASYNC110 - one stat() per tick
         await asyncio.sleep(GATE_POLL_S)
     gate.set()
 
@@ -327,7 +330,7 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
                    help="counter file, rewritten each second")
 
 
-def run_and_write(main: Callable[[], Awaitable[SendResult]], out: Path) -> int:
+def run_and_write(main: Callable[[], Coroutine[Any, Any, SendResult]], out: Path) -> int:
     """Run ``main()`` on uvloop, write its result to ``out``; the process's exit status."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
         result = r.run(main())

@@ -1,4 +1,4 @@
-"""The position watermark of DESIGN.md §3: confirm only up to the last resolved position that has
+"""The position watermark of the reference study: confirm only up to the last resolved position that has
 no unresolved position before it.
 
 One instance per Kafka partition (offsets) or per replication slot (LSNs). Positions arrive in

@@ -8,7 +8,7 @@ Two listeners in two processes (one participant, ``web``: the runner measures th
 
 * ``--port``: ``POST /load/messages`` ``{"content": ...}`` -> one autocommit
   ``INSERT INTO messages (content) VALUES ($1) RETURNING id, created_at`` -> 201
-  ``{"id", "createdAt"}`` (method.md §3). With ``--reset discard`` (the default) a reused pooled
+  ``{"id", "createdAt"}``. With ``--reset discard`` (the default) a reused pooled
   connection first gets ``DISCARD ALL``, pipelined with the INSERT in one round trip (one Sync,
   no wait in between), as Npgsql does when a pooled connection is reused without ``No Reset On
   Close``; ``--reset none`` sends the INSERT alone.
@@ -119,7 +119,7 @@ async def _results(pgconn: PGconn, *, pipeline: bool) -> list[PGresult]:
     fd = pgconn.socket
     while pgconn.flush():  # 1: the socket's buffer is full, more to send
         await _ready(loop, fd, write=True)
-    out = []
+    out: list[Any] = []
     while True:
         while pgconn.is_busy():
             await _ready(loop, fd)
@@ -211,7 +211,7 @@ def _spawn_control(port: int, host: str, argv: list[str]) -> subprocess.Popen[by
     return subprocess.Popen(
         [sys.executable, "-m", "lab.workload.web", "--control", "--host", host, "--port", str(port),
          "--insert-pid", str(os.getpid()), *argv],
-        stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - a prctl
+        stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(os.getpid()),
     )
 
 

@@ -29,7 +29,8 @@ def _amqp_consumer_connections(stack: Any) -> list[int]:
     return [r["channels"] for r in rows if "aiormq" in json.dumps(r["client_properties"])]
 
 
-@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix), pytest.param("wal-sharded", marks=pytest.mark.matrix),
+@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix),
+                                      pytest.param("wal-sharded", marks=pytest.mark.matrix),
                                       pytest.param("kafka", marks=pytest.mark.matrix), "rabbitmq"])
 def test_tasks_layout_passes_the_same_checks(stack: Any, settings: Settings, pipeline: str) -> None:
     seen: list[list[int]] = []

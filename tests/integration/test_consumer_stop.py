@@ -1,4 +1,4 @@
-"""A consumer stops promptly on SIGTERM even when its broker no longer answers (issue 10 §2).
+"""A consumer stops promptly on SIGTERM even when its broker no longer answers.
 
 The consumer reaches RabbitMQ through a TCP relay that the test freezes: the connection stays
 open but nothing comes back, as with a hung or vanished broker. Closing the AMQP channel then

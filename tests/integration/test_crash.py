@@ -1,4 +1,4 @@
-"""A crash leaves nothing that can bill or break the next run (issue 10 §2).
+"""A crash leaves nothing that can bill or break the next run.
 
 SIGKILL of a `lab run` in the middle of its drain (kafka, then wal): the run's processes die
 with it; `lab stack down` then leaves no process of this stack, and after `lab stack up` there

@@ -1,4 +1,4 @@
-"""Faults (issue 14, first slice) on the real stack: each fault on each pipeline it applies to, at a
+"""Faults on the real stack: each fault on each pipeline it applies to, at a
 low fixed rate, and every message accounted for from the web service's arrivals and the database.
 
 Asserted for every run: the fault happened (its events), the accounting adds up (once + repeated =
@@ -168,7 +168,8 @@ def _check_measures(f: dict, pipeline: str, kind: str) -> None:
     if f["recovery_bands"] is not None and kind == "consumer-dead":  # run on the real stack (h2);
         # the other kinds' recovery is recorded, and asserted once measured
         assert isinstance(f["recovery_s"], float), f["recovery_s"]
-    elif f["recovery_bands"] is None:  # nothing delivered in [1 s, fault start): no band to return to (a loaded machine, where
+    # nothing delivered in [1 s, fault start): no band to return to (a loaded machine, where
+    elif f["recovery_bands"] is None:
         # Debezium ran seconds behind the senders, docs/benchmarks.md); then it must say None
         assert f["recovery_s"] is None and phases["before"]["delivered_per_s"] < 1, phases["before"]
     lag = f["consumer_lag"]
@@ -241,7 +242,7 @@ def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settin
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-# --- Safety: the retention guard, slot invalidation (issue 14) -----------------------------------
+# --- Safety: the retention guard, slot invalidation -----------------------------------
 
 def _keep_size(settings: Settings) -> tuple[str, str]:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:

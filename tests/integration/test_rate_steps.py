@@ -1,4 +1,4 @@
-"""The load staircase end to end on the real stack (issue 14): the senders follow it, every step
+"""The load staircase end to end on the real stack: the senders follow it, every step
 is measured, the run's verdict is still the reference's, and a runaway lag stops it early."""
 
 from __future__ import annotations

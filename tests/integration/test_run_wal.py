@@ -23,7 +23,8 @@ def run(settings: Settings, **kw: object) -> dict:
     return asyncio.run(run_scenario(Scenario(**{"messages": M, "cooldown_s": 0, **kw}), settings))
 
 
-@pytest.mark.parametrize(("n", "layout"), [(1, "auto"), pytest.param(2, "auto", marks=pytest.mark.matrix), (4, "processes")])
+@pytest.mark.parametrize(("n", "layout"),
+                         [(1, "auto"), pytest.param(2, "auto", marks=pytest.mark.matrix), (4, "processes")])
 def test_wal_fan_out(stack: object, settings: Settings, n: int, layout: str) -> None:
     r = run(settings, pipeline="wal", consumers=n, consumer_layout=layout)
     c = r["counters"]

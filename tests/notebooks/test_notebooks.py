@@ -18,9 +18,9 @@ import nbformat
 import pandas as pd
 import pytest
 
+from lab.settings import Settings
 from lab.study import faults, series
 from lab.study.report import build_report, execute_notebook
-from lab.settings import Settings
 
 pytestmark = pytest.mark.notebooks
 FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
@@ -91,7 +91,7 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
 
 
 def test_report_shows_the_idle_baseline_memory_and_decode_volume(smoke_report: tuple[Path, str]) -> None:
-    out, sid = smoke_report
+    out, _ = smoke_report
     idle = pd.read_csv(out / "idle_and_residual.csv")
     assert idle["ms_per_msg_net"].notna().all()  # every run carries the series' idle baseline
     assert (idle["ms_per_msg_net"] <= idle["ms_per_msg"] + 1e-9).all() and (idle["idle_ms_per_msg"] >= 0).all()
@@ -165,7 +165,7 @@ def test_latency_notebook_runs_a_fixed_rate_series(stack: Any, settings: Setting
     assert f"series {sid}: 5 runs at 100 msg/s" in text
     t = pd.read_csv(tmp_path / "latency.csv")
     assert set(zip(t["pipeline"], t["consumers"], strict=True)) == {(p, n) for p in ("wal", "kafka") for n in (1, 2)}
-    assert ((0 < t["p50"]) & (t["p50"] <= t["p95"]) & (t["p95"] <= t["p99"]) & (t["p99"] <= t["max"])).all()
+    assert ((t["p50"] > 0) & (t["p50"] <= t["p95"]) & (t["p95"] <= t["p99"]) & (t["p99"] <= t["max"])).all()
     assert (t["rate"] == 100.0).all() and t["achieved_rate"].between(80, 110).all()
     assert (t["cpu_ms_per_msg"] > 0).all()
     assert (tmp_path / "latency.png").stat().st_size > 1000 and (tmp_path / "latency.svg").exists()
@@ -254,7 +254,7 @@ def test_faults_notebook_analyses_a_stored_matrix_without_running(
 
 
 def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Path) -> None:
-    """The ha report's last page (issue 15) on stored runs, no stack: three nodes that each cost
+    """The ha report's last page on stored runs, no stack: three nodes that each cost
     what the single broker did triple the broker's CPU (``x3`` 1.0), the standby is an added
     participant, and a side without runs says which command to run."""
     from lab.results import write_run

@@ -99,7 +99,7 @@ def test_the_default_layout_is_tasks_and_processes_under_a_fault() -> None:
 
 
 def test_a_broker_node_kill_names_a_node_of_three_not_a_consumer() -> None:
-    """issue 15's failover: the target is a broker node (1..3, default 1), whatever N is."""
+    """the failover: the target is a broker node (1..3, default 1), whatever N is."""
     assert parse_fault("broker-node-kill:3@2s+5s") == Fault("broker-node-kill", 3, 2.0, 5.0)
     assert Scenario(pipeline="kafka", consumers=1, fault="broker-node-kill:3@2s").parsed_fault.target == 3
     assert Scenario(pipeline="rabbitmq", fault="broker-node-kill@2s+1s").parsed_fault == Fault(
@@ -124,7 +124,7 @@ def test_a_broker_node_kill_under_single_is_refused_before_the_stack_starts(tmp_
 
 
 def test_a_postgres_failover_crashes_the_primary_unless_told_fast() -> None:
-    """issue 15's PostgreSQL failover: ``immediate`` (a crash) by default, ``=fast`` a switchover;
+    """the PostgreSQL failover: ``immediate`` (a crash) by default, ``=fast`` a switchover;
     no target, no duration, no other mode, on any pipeline."""
     assert parse_fault("postgres-failover@5s") == Fault("postgres-failover", None, 5.0, 0.0, mode="immediate")
     assert parse_fault("postgres-failover=fast@20s").mode == "fast"

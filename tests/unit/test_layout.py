@@ -1,4 +1,4 @@
-"""The package layout of DESIGN.md §6: no module imports a layer above its own.
+"""The package layout of the reference study: no module imports a layer above its own.
 
 Layers, top to bottom: ``cli`` → ``study`` → ``runner``/``consumer`` → ``pipelines``, ``measure`` →
 ``stack``, ``workload``, ``pg`` → ``scenario``, ``settings``, ``results``. Imports inside a function

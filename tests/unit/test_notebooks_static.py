@@ -10,8 +10,8 @@ import nbformat
 import papermill as pm
 import pytest
 
-from lab.study.report import KERNEL, NOTEBOOKS
 from lab.scenario import Scenario
+from lab.study.report import KERNEL, NOTEBOOKS
 
 DIR = Path(__file__).resolve().parents[2] / "notebooks"
 

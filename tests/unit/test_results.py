@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.results import load_runs, read_run, read_samples, write_run
+from lab.results import SCHEMA_VERSION, load_runs, read_run, read_samples, write_run
 from lab.settings import Settings
 
 
@@ -23,7 +23,7 @@ def test_write_is_atomic_and_loads_back(tmp_path: Path) -> None:
                      settings=settings)
     write_run(_run("a", "2026-01-01", success=False), settings=settings)
     assert path == tmp_path / "runs" / "b" and not list((tmp_path / "runs").glob("*.tmp"))
-    assert json.loads((path / "run.json").read_text())["schema_version"] == 1
+    assert json.loads((path / "run.json").read_text())["schema_version"] == SCHEMA_VERSION
     assert read_run("b", settings=settings)["cpu_s"]["web"] == 0.5
     assert read_samples("b", settings=settings)["participant"].tolist() == ["web"]
     df = load_runs(settings=settings)

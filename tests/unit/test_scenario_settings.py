@@ -51,7 +51,7 @@ def test_the_retained_wal_limit_reads_sizes() -> None:
     assert Settings.from_env({"LAB_MAX_RETAINED_WAL": "1048576"}).max_retained_wal == 1048576
     assert parse_size("64kB") == 65536 and parse_size("1 GB") == 1024**3
     for bad in ("2 parsecs", "MB", "0MB", "-1"):
-        with pytest.raises(ValueError, match="LAB_MAX_RETAINED_WAL=.* is not a size like 2GB"):
+        with pytest.raises(ValueError, match=r"LAB_MAX_RETAINED_WAL=.* is not a size like 2GB"):
             Settings.from_env({"LAB_MAX_RETAINED_WAL": bad})
     s = Settings.from_env({}).replace(max_retained_wal=12345)
     assert Settings.from_env(settings_env(s)).max_retained_wal == 12345

@@ -1,4 +1,4 @@
-"""Secrets per stack (issue 10 §3): generated once, 0600, overridable, never in a DSN."""
+"""Secrets per stack: generated once, 0600, overridable, never in a DSN."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_dsn_names_a_private_passfile(tmp_path: Path) -> None:
     passfile = Path(s.pg_dsn.split("passfile=")[1])
     assert _mode(passfile) == 0o600
     assert passfile.read_text() == f"127.0.0.1:*:*:postgres:{s.secret('pg')}\n"
-    s.replace(pg_port=31235).pg_dsn  # a copy on another port leaves the file valid for both
+    _ = s.replace(pg_port=31235).pg_dsn  # a copy on another port leaves the file valid for both
     assert passfile.read_text() == f"127.0.0.1:*:*:postgres:{s.secret('pg')}\n"
 
 

@@ -1,4 +1,4 @@
--- fanout-lab schema (method.md §2). Applied on every PostgreSQL start of the native stack and by
+-- fanout-lab schema. Applied on every PostgreSQL start of the native stack and by
 -- docker-compose.yml's init script, so every statement is idempotent.
 
 -- The outbox: one autocommit INSERT ... RETURNING per sender request. created_at is set by the
@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     CONSTRAINT pk_inbox PRIMARY KEY (id)
 ) WITH (autovacuum_enabled = false);
 
--- Takeover claims (lab/workload/inbox.py, issue 14): each consumer's claim session takes one number
+-- Takeover claims (lab/workload/inbox.py): each consumer's claim session takes one number
 -- and holds an advisory lock on it for its life; a claim whose number nobody holds may be taken over.
 CREATE SEQUENCE IF NOT EXISTS inbox_lease AS integer;
 

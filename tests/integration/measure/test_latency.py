@@ -1,4 +1,4 @@
-"""Latency mode end to end: `lab run --rate R --json` on the real stack (issue #6, item 3)."""
+"""Latency mode end to end: `lab run --rate R --json` on the real stack (item 3)."""
 
 from __future__ import annotations
 

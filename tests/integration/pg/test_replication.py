@@ -1,4 +1,4 @@
-"""lab.pg.replication.ReplicationStream against a real PostgreSQL 18 (method.md §4.3, §7.2, §10.4).
+"""lab.pg.replication.ReplicationStream against a real PostgreSQL 18.
 
 Runs on the session stack's PostgreSQL (``messages`` and ``load_test_pub`` come from its
 schema). Every test uses a slot of its own and drops it; the rows the module inserts are
@@ -23,7 +23,7 @@ from lab.settings import Settings
 pytestmark = pytest.mark.integration
 
 PUBLICATION = "load_test_pub"
-# method.md §7.2: the slot is held by a walsender that pg_stat_replication reports as streaming.
+# the reference study: the slot is held by a walsender that pg_stat_replication reports as streaming.
 STREAMING = """
     SELECT count(*) > 0 FROM pg_replication_slots AS s
     WHERE s.slot_name = %s AND s.active_pid IS NOT NULL AND s.restart_lsn IS NOT NULL
@@ -155,7 +155,7 @@ def test_streams_500_inserts_in_order_and_confirms(dsn: str, slot: str, loop: st
 
 
 def test_timeout_and_cancelled_read_lose_nothing(dsn: str, slot: str) -> None:
-    """method.md §10.4: a read that times out (or is cancelled) leaves the data for the next."""
+    """the reference study: a read that times out (or is cancelled) leaves the data for the next."""
 
     async def scenario() -> None:
         admin = await psycopg.AsyncConnection.connect(dsn, autocommit=True)

@@ -36,7 +36,7 @@ from tests.conftest import lab_env
 pytestmark = pytest.mark.integration
 
 M = 2000
-REFERENCE_CONFIG = {  # method.md §4.1
+REFERENCE_CONFIG = {  # the reference study
     "auto.offset.reset": "earliest",
     "enable.auto.commit": True,
     "enable.auto.offset.store": False,

@@ -1,4 +1,4 @@
-"""``wal-sharded`` on the real native stack (method.md §4.4, §10.1 to §10.3).
+"""``wal-sharded`` on the real native stack.
 
 Whole runs through :func:`lab.runner.run_scenario` at N = 1, 2, 4, two runs in a row, and the
 consumer half on its own: two sources that know each other's shards claim only their own rows
@@ -7,7 +7,7 @@ and still confirm the WAL past the rows they left alone.
 About the claim balance at N = 4 (see the report of the pipeline's author): the ids of a run
 are consecutive, so the rows *assigned* by shard ownership differ by a row or two per shard
 (2000 / 64 = 31.25); that is asserted within 25 %. The claims themselves also contain the early
-overlap of method.md §4.4 (consumer 0 knows no other owner until its refresh ≥ 1 s after the
+overlap of the reference study (consumer 0 knows no other owner until its refresh ≥ 1 s after the
 initial one and races everyone for their rows meanwhile). That overlap lasts up to a second
 whatever M is, and a 2000-message run here is sent in one to seven seconds, so the claims
 ratio depends on the machine's speed; only the timing-independent bounds are asserted on it.
@@ -23,10 +23,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
-from lab.runner import run_scenario
-from lab.scenario import Scenario
-from lab.settings import Settings
 from lab.pg.shards import (
     JOIN_SQL,
     LEAVE_SQL,
@@ -36,6 +32,10 @@ from lab.pg.shards import (
     ShardOwnership,
     target,
 )
+from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
 from tests.integration.checks import scalar
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def shard_states(settings: Settings, result: dict[str, Any]) -> list[dict[str, A
 
 
 def assert_clean(settings: Settings) -> None:
-    """No advisory lock of ours and no slot of ours outlives a run (method.md §10.1)."""
+    """No advisory lock of ours and no slot of ours outlives a run."""
     assert scalar(settings, OUR_LOCKS) == 0
     assert scalar(settings, OUR_SLOTS) == 0
 
@@ -96,7 +96,7 @@ def test_a_run_delivers_every_message_once_and_leaves_nothing(
 
 
 def test_two_runs_in_a_row_find_free_member_slots(settings: Settings, stack: object) -> None:
-    """The reference's second run failed with "No free member slot" (method.md §10.1)."""
+    """The reference's second run failed with "No free member slot"."""
     for _ in range(2):
         result = run(settings, 2)
         assert result["success"], result["error"]
@@ -186,7 +186,7 @@ def test_members_join_lowest_first_and_a_closed_member_frees_everything(
 
 
 async def _join_in_progress(settings: Settings) -> None:
-    """A join between its two statements (§4.4: lock every free number, then give back those
+    """A join between its two statements (lock every free number, then give back those
     above the lowest) holds N-1 member numbers for a moment. That moment is not N members:
     in the N = 16 loss of docs/benchmarks.md, readers 0 to 2 took it for everyone and did their
     forced initial refresh against 6 members."""

@@ -95,7 +95,7 @@ def test_pipeline_run_succeeds(compose: object, pipeline: str, consumers: int) -
 
     scenario = Scenario(pipeline=pipeline, consumers=consumers, messages=1000, senders=20, cooldown_s=0)
     result = asyncio.run(run_scenario(scenario, compose.settings))
-    assert result["success"], result["error"]  # the Success predicate of method.md §7.1
+    assert result["success"], result["error"]  # the Success predicate of the reference study
     assert result["backend"] == "compose"
     assert set(result["images"]) >= {"postgres", "kafka", "rabbitmq"}
     assert all(v.startswith("sha256:") for v in result["images"].values())

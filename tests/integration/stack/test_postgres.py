@@ -1,4 +1,4 @@
-"""The native PostgreSQL service against a real PostgreSQL 18 (method.md §1.2 and §2).
+"""The native PostgreSQL service against a real PostgreSQL 18.
 
 Flags, schema, publication, status and the refusals run against the session stack's PostgreSQL
 (read-only, or with a slot they drop again). The restart test needs a cluster it may stop: one
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 OWN_OFFSET = 100  # the module's throwaway instance: session ports + 100
 SPARE_OFFSET = 101  # a port nothing listens on, for the refusals
 
-# method.md §1.2 as the server must report it: (SHOW value, pg_settings setting, unit).
+# the reference study as the server must report it: (SHOW value, pg_settings setting, unit).
 EXPECTED_FLAGS = {
     "wal_level": ("logical", "logical", None),
     "max_connections": ("400", "400", None),

@@ -1,4 +1,4 @@
-"""The private RabbitMQ node: topology of method.md §1.4, confirms, restart, clean stop.
+"""The private RabbitMQ node: topology of the reference study, confirms, restart, clean stop.
 
 Publish/consume, idempotent start, status and users run against the session stack's node (the
 queue and exchange made here are deleted again). Restart and stop need a node that may be

@@ -54,7 +54,7 @@ def test_up_twice_is_a_no_op(stack: object, settings: Settings) -> None:
 
 def test_status_shows_every_slot_and_the_wal_it_retains(stack: object, settings: Settings) -> None:
     """An active slot (a walsender streams it) and an inactive one, each with its name, whether it
-    is held, the WAL it retains, ``wal_status`` and ``safe_wal_size`` (issue 14, Safety)."""
+    is held, the WAL it retains, ``wal_status`` and ``safe_wal_size`` (Safety)."""
 
     async def status_while_streaming() -> tuple[str, list[dict[str, object]]]:
         async with await ReplicationStream.connect(settings.pg_dsn) as stream:

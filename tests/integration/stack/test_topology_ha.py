@@ -1,4 +1,4 @@
-"""The fault-tolerant topology (issue 15) on its own real native stack.
+"""The fault-tolerant topology on its own real native stack.
 
 Three Kafka KRaft nodes, three clustered RabbitMQ nodes and a PostgreSQL streaming standby with
 failover slots, started by the lab on ports 400 above the configured ones (the session's
@@ -191,7 +191,8 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
         ha.stop_debezium("kafka")
 
 
-@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix), pytest.param("wal-sharded", marks=pytest.mark.matrix),
+@pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix),
+                                      pytest.param("wal-sharded", marks=pytest.mark.matrix),
                                       "kafka", "rabbitmq"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
@@ -224,7 +225,7 @@ def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipel
 
 @pytest.mark.parametrize("pipeline", ["kafka", pytest.param("rabbitmq", marks=pytest.mark.matrix)])
 def test_a_killed_broker_node_loses_nothing(ha: NativeStack, pipeline: str) -> None:
-    """issue 15's failover: SIGKILL node 1 (RabbitMQ's quorum leader, where every client connects;
+    """the failover: SIGKILL node 1 (RabbitMQ's quorum leader, where every client connects;
     a Kafka node leading some of the 4 partitions) 3 s into a fixed-rate run, start it again 5 s
     later: every message is delivered, the accounting adds up, and the node runs again."""
     node = f"{pipeline}-1"
@@ -310,9 +311,10 @@ def test_a_fast_shutdown_does_not_wait_for_an_idle_wal_reader(restored: NativeSt
     assert took < 20, f"the fast shutdown took {took:.1f} s: a walsender waited for its client"
 
 
-@pytest.mark.parametrize(("pipeline", "m", "at"), [("wal", 4000, "5s"), pytest.param("kafka", 9000, "20s", marks=pytest.mark.matrix)])
+@pytest.mark.parametrize(("pipeline", "m", "at"),
+                         [("wal", 4000, "5s"), pytest.param("kafka", 9000, "20s", marks=pytest.mark.matrix)])
 def test_a_promoted_standby_loses_nothing(restored: NativeStack, pipeline: str, m: int, at: str) -> None:
-    """issue 15's PostgreSQL failover: once the failover slots are synced, the primary stops (a
+    """the PostgreSQL failover: once the failover slots are synced, the primary stops (a
     fast shutdown: every commit reached the standby first) and the standby is promoted; the
     direct readers (and Debezium, moved by the lab) resume from their synchronised slots on the
     new primary. Every row of the new primary's outbox is worked, an insert refused meanwhile is

@@ -1,4 +1,4 @@
-"""The broker-native stand (method.md §9.5) on the real native stack: producers write straight
+"""The broker-native stand on the real native stack: producers write straight
 into the topic, the quorum queue or the table; no outbox row for the brokers, no Debezium.
 
 Each arm is one whole run through :func:`lab.runner.run_scenario` at N = 2, M = 2000, so each
@@ -25,7 +25,8 @@ M = 2000
 N = 2
 
 
-@pytest.mark.parametrize("pipeline", ["kafka", pytest.param("rabbitmq", marks=pytest.mark.matrix), pytest.param("wal", marks=pytest.mark.matrix)])
+@pytest.mark.parametrize("pipeline", ["kafka", pytest.param("rabbitmq", marks=pytest.mark.matrix),
+                                      pytest.param("wal", marks=pytest.mark.matrix)])
 def test_direct_producers_feed_the_usual_consumers(
     settings: Settings, stack: Any, pipeline: str
 ) -> None:

@@ -38,7 +38,7 @@ async def _claims(settings: Settings) -> None:
     await db.execute("DELETE FROM inbox WHERE id >= %s", (BASE,))
     a, b = await _connect(settings), await _connect(settings)
     try:
-        # the reference's claim: by name, for good (method.md §4.0)
+        # the reference's claim: by name, for good
         assert await claim_ids(a, ids(1, 2), "x") == set(ids(1, 2))
         assert await claim_ids(b, ids(2, 3), "y") == set(ids(3))
         assert await claim_ids(b, ids(1, 2, 3), "x") == set(ids(1, 2))  # the same name gets them back

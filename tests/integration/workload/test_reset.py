@@ -64,7 +64,7 @@ def test_discard_and_insert_go_out_before_any_reply(db: psycopg.Connection, sett
     row = asyncio.run(one())
     assert row is not None and isinstance(row[0], int)
     # libpq trace lines: timestamp, F (sent) or B (received), length, message type, contents
-    msgs = [(line.split("\t") + [""])[:5] for line in trace.read_text().splitlines()]
+    msgs = [[*line.split("\t"), ""][:5] for line in trace.read_text().splitlines()]
     sent = [m[3] for m in msgs if m[1] == "F"]
     first_reply = next(i for i, m in enumerate(msgs) if m[1] == "B")
     assert all(m[1] == "F" for m in msgs[:first_reply])  # nothing read before everything is out

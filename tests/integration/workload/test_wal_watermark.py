@@ -10,11 +10,11 @@ holder finishes A, loses the later rows' claims, and its slot passes A as well.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 

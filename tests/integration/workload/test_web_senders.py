@@ -26,9 +26,9 @@ import psutil
 import psycopg
 import pytest
 
-from lab.workload.senders import SendResult, run_senders
 from lab.settings import Settings, child_env
 from lab.stack import proc
+from lab.workload.senders import SendResult, run_senders
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Without root, CPU is still exact in a delegated cgroup v2 subtree (issue 11 §1).
+"""Without root, CPU is still exact in a delegated cgroup v2 subtree.
 
 As root the test makes what systemd's ``--user --scope`` (or an administrator) gives a user: a
 cgroup v2 directory owned by an unprivileged uid. A child process is put there, drops to that

@@ -16,8 +16,8 @@ import types
 import psutil
 import pytest
 
-from lab.measure.cgroups import PREFIX, cgroup2_mount, cgroup_scope, choose_cpu_method, schedstat_available
 import lab.measure.idle as idle_mod
+from lab.measure.cgroups import PREFIX, cgroup2_mount, cgroup_scope, choose_cpu_method, schedstat_available
 from lab.measure.idle import sample_idle
 from lab.settings import Settings
 

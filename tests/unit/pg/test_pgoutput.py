@@ -21,7 +21,6 @@ import pytest
 
 from lab.pg.pgoutput import (
     UNCHANGED,
-    commit_end_lsn,
     Begin,
     BeginPrepare,
     Commit,
@@ -45,6 +44,7 @@ from lab.pg.pgoutput import (
     Type,
     Update,
     XLogData,
+    commit_end_lsn,
     format_lsn,
     parse_copy_data,
     parse_lsn,
@@ -280,7 +280,7 @@ def test_transaction_positions_and_times(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_insert_lsn_is_unique_per_row(variant: str) -> None:
-    """method.md §10.17: the Insert's XLogData dataStart is the row's own WAL position."""
+    """the reference study: the Insert's XLogData dataStart is the row's own WAL position."""
     inserts = [
         (f, m)
         for f, m in decoded(variant)

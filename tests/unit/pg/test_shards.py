@@ -1,4 +1,4 @@
-"""The shard rules of method.md §4.4 without a database: target, release/take plan, lock
+"""The shard rules of the reference study without a database: target, release/take plan, lock
 snapshot, the row filter, and N consumers rebalancing against an in-memory lock table."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_snapshot_counts_every_member_and_only_other_sessions_shards() -> None:
 
 
 def test_a_join_in_progress_counts_as_one_member_however_many_numbers_it_holds() -> None:
-    """The join locks every free number before it gives back all but the lowest (§4.4): a
+    """The join locks every free number before it gives back all but the lowest: a
     snapshot taken between its two statements must still count sessions, not numbers."""
     first, joining = 100, 200
     rows = [(0, first, MEMBER_SPACE), *((m, joining, MEMBER_SPACE) for m in range(1, 16))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -20,10 +21,8 @@ def _injector() -> FaultInjector:
 
 async def _swallows_cancels(inj: FaultInjector, hold: list[bool]) -> None:
     while inj.sampling or hold[0]:
-        try:
+        with contextlib.suppress(asyncio.CancelledError):  # a wait_for completing as the cancel arrives (3.11)
             await asyncio.sleep(0.02)
-        except asyncio.CancelledError:
-            pass  # what a wait_for completing as the cancel arrives does on 3.11
 
 
 def test_a_sampler_that_swallowed_its_cancel_stops_on_the_flag() -> None:

@@ -1,4 +1,4 @@
-"""A run's processes (issue 10 §2): recorded, killed with their parent, stopped by pid in bounded time."""
+"""A run's processes: recorded, killed with their parent, stopped by pid in bounded time."""
 
 from __future__ import annotations
 

@@ -35,6 +35,6 @@ def test_purge_deletes_the_state_when_everything_stopped(tmp_path: Path, monkeyp
 
 def test_purge_keeps_the_state_of_a_node_that_did_not_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stack = _stack(tmp_path, monkeypatch, failing="kafka")
-    with pytest.raises(StackError, match="kafka did not exit.*state kept in .* \\(not purged\\)"):
+    with pytest.raises(StackError, match=r"kafka did not exit.*state kept in .* \(not purged\)"):
         stack.down(purge=True)
     assert (stack.settings.stack_dir / "marker").exists()  # its pid file is still findable

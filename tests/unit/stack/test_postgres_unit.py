@@ -12,12 +12,12 @@ from lab.stack.postgres import (
     RELOADABLE,
     SERVER_FLAGS,
     lab_conf,
-    strip_reloadable,
     lock_pid,
     lock_port,
     missing_search_bit,
     parse_version,
     server_argv,
+    strip_reloadable,
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -65,6 +66,6 @@ def test_rabbitmq_release_setting(tmp_path: Path) -> None:
     old = RabbitMQService(s.replace(rabbitmq_version="3.10"))
     assert old.root is None
     assert new.mnesia != old.mnesia and new.mnesia.parent == old.mnesia.parent  # no shared database
-    with pytest.raises(StackError, match="unknown LAB_RABBITMQ_VERSION '3.13': choose one of 4.0, 3.10"):
+    with pytest.raises(StackError, match=re.escape("unknown LAB_RABBITMQ_VERSION '3.13': choose one of 4.0, 3.10")):
         RabbitMQService(s.replace(rabbitmq_version="3.13"))
     assert Settings.from_env({"LAB_RABBITMQ_VERSION": "3.10"}).rabbitmq_version == "3.10"

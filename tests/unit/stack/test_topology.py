@@ -1,4 +1,4 @@
-"""The topology setting (issue 15): what ``single`` and ``ha`` render, without starting anything."""
+"""The topology setting: what ``single`` and ``ha`` render, without starting anything."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pytest
 
 from lab.cli import build_parser
 from lab.measure.services import stack_record
-from lab.settings import Settings, settings_env
 from lab.pipelines.rabbitmq import queue_arguments
+from lab.settings import Settings, settings_env
 from lab.stack import kafka
-from lab.stack.rabbitmq import HA_MEMORY_WATERMARK, RabbitMQService
-from lab.stack.rabbitmq_cluster import RabbitMQCluster, queue_replicas, running_nodes
 from lab.stack.base import StackError
 from lab.stack.compose import ComposeStack
 from lab.stack.debezium import render_properties
 from lab.stack.native import NativeStack
+from lab.stack.rabbitmq import HA_MEMORY_WATERMARK, RabbitMQService
+from lab.stack.rabbitmq_cluster import RabbitMQCluster, queue_replicas, running_nodes
 from lab.stack.standby import STANDBY_SLOT, standby_flags
 
 

@@ -74,7 +74,8 @@ def test_plan_and_series_id() -> None:
 
 def test_report_hands_the_staircase_to_the_latency_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: dict[str, dict] = {}
-    monkeypatch.setattr(report, "execute_notebook", lambda name, out, params, **kw: calls.setdefault(name, params) and out)
+    monkeypatch.setattr(report, "execute_notebook",
+                        lambda name, out, params, **kw: calls.setdefault(name, params) and out)
     monkeypatch.setattr(report, "combine", lambda nbs, out: out)
     monkeypatch.setattr(report, "export_html", lambda nb, html, **kw: html)
     report.build_report("quick", Settings().replace(data_dir=tmp_path), series_id="s1")

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.study import compare, costmodel
 from lab.measure.idle import idle_rates_for, net_of_idle
+from lab.study import compare, costmodel
 
 NS = (1, 2, 4, 8, 12, 16)
 
@@ -63,7 +63,8 @@ def test_crossing_inside_the_measured_range_is_found_by_the_cells_and_the_fit() 
 def test_no_crossing_below_sixteen_is_said_plainly() -> None:
     df = _runs({"wal": (1.0, 0.02), "rabbitmq": (2.5, 0.0)})
     row = compare.crossover_table(df, n_boot=400).iloc[0]
-    assert row.first_measured_n is None or (isinstance(row.first_measured_n, float) and math.isnan(row.first_measured_n))
+    first = row.first_measured_n
+    assert first is None or (isinstance(first, float) and math.isnan(first))
     assert not row.inside_all and row.n_star_all == pytest.approx(76.0, rel=0.05)
     assert "no crossing up to N=16" in row.verdict
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.study import costmodel as cm
 from lab.results import load_reference
+from lab.study import costmodel as cm
 
 
 def synth(
@@ -71,7 +71,7 @@ def test_student_t_quantiles_match_the_tables() -> None:
 
 
 def test_the_articles_model_anchored_at_n1_with_the_postgres_slope(published: pd.DataFrame) -> None:
-    # Article (method.md §9.5): 1.19 + 0.094·(N - 1), "PG pays ≈ 9.4 CPU-s per extra reader",
+    # Article: 1.19 + 0.094·(N - 1), "PG pays ≈ 9.4 CPU-s per extra reader",
     # N* ≈ 11 against the flat CDC line 2.16 (the Kafka N = 8 cell). The runs carry the JSON's 3-dp
     # values, so a = 1.187 rounds to 1.19, and b = (129.7 - 64.0) CPU-s / 7 / 100,000 msg = 0.09386
     # rounds to 0.094: tolerances are half a unit of the article's last printed digit.
@@ -220,7 +220,7 @@ def test_within_noise_by_overlap_or_the_articles_10_percent_rule() -> None:
 def test_drift_probe_against_its_origin(published: pd.DataFrame) -> None:
     d = cm.drift(published)
     assert len(d) == 1 and d.loc[0, "origin_run"] == "ref-02-dbz-kafka-c1"
-    assert d.loc[0, "cpu_change_pct"] == pytest.approx(0.04, abs=0.01)  # method.md §9.4: +0.04 %
+    assert d.loc[0, "cpu_change_pct"] == pytest.approx(0.04, abs=0.01)  # the reference study: +0.04 %
     assert d.loc[0, "rate_change_pct"] == pytest.approx(100 * (53.8**-1 / 46.4**-1 - 1))
 
 

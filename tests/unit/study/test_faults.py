@@ -1,4 +1,4 @@
-"""The fault matrix (issue 14): its plan, its resume rules, its tables on hand-made fault blocks
+"""The fault matrix: its plan, its resume rules, its tables on hand-made fault blocks
 (the shape h2's runner writes, and the older one without backlog, lag, phases or recovery), the CLI.
 No services: stored runs are written by hand, as in test_series."""
 
@@ -218,7 +218,8 @@ def _rabbit_kill() -> dict[str, Any]:
 def test_an_old_fault_block_tabulates_with_nan_where_the_runner_did_not_measure() -> None:
     row = faults.cell_row(_old_wal_dead(), {"wal": 2.0})
     assert list(row) == list(faults.COLUMNS)
-    assert (row["pipeline"], row["fault"], row["spec"], row["success"]) == ("wal", "consumer-dead", "consumer-dead:1@3s+4s", True)
+    got = (row["pipeline"], row["fault"], row["spec"], row["success"])
+    assert got == ("wal", "consumer-dead", "consumer-dead:1@3s+4s", True)
     assert (row["lost"], row["duplicates"], row["max_burst"], row["resume_s"]) == (0, 0, 0, 0.16)
     assert row["slots_back_s"] == 2.0  # the later of the two slots
     assert row["wal_slope_kb_s"] == pytest.approx(100_000 / 1024)  # slot 1's retained WAL over 3..8 s
@@ -292,7 +293,8 @@ def test_matrix_table_a_failed_cell_and_a_cell_that_never_stored_a_run() -> None
 
 def test_by_pipeline_sums_what_each_architecture_cost() -> None:
     t = faults.matrix_table([_clean("wal", 2.0), _old_wal_dead(), _new_kafka_dead(), _rabbit_kill(),
-                             {**_rabbit_kill(), "run_id": "again", "scenario": _scenario("rabbitmq", "sink-outage@3s+4s")}])
+                             {**_rabbit_kill(), "run_id": "again",
+                              "scenario": _scenario("rabbitmq", "sink-outage@3s+4s")}])
     by = faults.by_pipeline(t).set_index("pipeline")
     assert list(by.index) == ["wal", "kafka", "rabbitmq"]  # the clean cell is not a fault cell
     assert by.loc["rabbitmq", "fault_cells"] == 2 and by.loc["rabbitmq", "cells_with_loss"] == 2
@@ -343,7 +345,8 @@ def test_figures_draw_what_was_sampled() -> None:
 def test_cli_parses_lab_faults() -> None:
     args = build_parser().parse_args(["faults", "--profile", "smoke", "--pipelines", "wal", "--series-id", "x",
                                       "--retry-failed"])
-    assert (args.profile, args.pipelines, args.series_id, args.retry_failed, args.force) == ("smoke", "wal", "x", True, False)
+    got = (args.profile, args.pipelines, args.series_id, args.retry_failed, args.force)
+    assert got == ("smoke", "wal", "x", True, False)
     assert build_parser().parse_args(["faults"]).profile == "quick"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["faults", "--profile", "huge"])

@@ -32,7 +32,7 @@ def _frame() -> pd.DataFrame:
 
 def test_the_published_inputs_give_the_articles_slope_and_n_of_about_11() -> None:
     x = fidelity.article_crossover(costmodel.published_runs(), "wal", "kafka")
-    assert round(x["slope_pg"], 3) == 0.094  # "PG pays ≈ 9.4 CPU-s per extra reader" (method.md §9.5)
+    assert round(x["slope_pg"], 3) == 0.094  # "PG pays ≈ 9.4 CPU-s per extra reader"
     assert round(x["n_star"]) == 11 and x["missing"] is None  # "crosses ... at N ≈ 11"
     assert x["level"] == pytest.approx(2.159) and x["direct_lo"] == pytest.approx(1.187)
 
@@ -73,7 +73,7 @@ def test_throughput_follows_the_references_definitions() -> None:
     assert t["drain_only_s"] == 2.0 and t["drain_only_per_s"] == 500.0  # every processed message / the tail
     assert t["ops_per_msg"] == 0.02 and t["send_p95_ms"] == 50.0
     table = fidelity.throughput_table(pd.DataFrame([run])).iloc[0]
-    assert table["send_per_s_published"] == 7783 and table["ops_per_msg_published"] == 0.02  # §9.1 wal c2
+    assert table["send_per_s_published"] == 7783 and table["ops_per_msg_published"] == 0.02  # published: wal c2
     assert table["ops_per_msg_ratio"] == pytest.approx(1.0)
 
 
@@ -81,7 +81,7 @@ def test_participants_sum_ours_into_the_articles_test_column() -> None:
     run = _run("wal", 1, 0, total=1.0, postgres=0.32, senders=0.1, consumers=0.2, runner=0.05, web=0.3)
     long = fidelity.participants_table(pd.DataFrame([run])).set_index("participant")
     assert long.loc["test", "ours"] == pytest.approx(0.35)  # (0.1 + 0.2 + 0.05) s * 1000 / 1000 messages
-    assert long.loc["test", "published"] == pytest.approx(0.152)  # 15.2 CPU-s / 100,000 (§9.3 wal c1)
+    assert long.loc["test", "published"] == pytest.approx(0.152)  # 15.2 CPU-s / 100,000 (published: wal c1)
     assert long.loc["postgres", "ratio"] == pytest.approx(0.5)  # 0.32 against 0.64
     assert long.loc["test", "ours_from"] == "senders + consumers + runner"
     wide = fidelity.participants_wide(long.reset_index())

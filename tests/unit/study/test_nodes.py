@@ -1,4 +1,4 @@
-"""The study's roll-up of the ``ha`` topology's nodes (issue 15) on hand-made stored runs."""
+"""The study's roll-up of the ``ha`` topology's nodes on hand-made stored runs."""
 
 from __future__ import annotations
 

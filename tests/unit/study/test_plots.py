@@ -10,9 +10,9 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
+from lab.results import load_reference
 from lab.study import costmodel as cm
 from lab.study import plots
-from lab.results import load_reference
 
 PIPES = ("wal", "wal-sharded", "kafka", "rabbitmq")
 
@@ -158,13 +158,13 @@ def test_claims_per_run(runs: pd.DataFrame, published: pd.DataFrame) -> None:
     top, bottom = builds(plots.claims_figure(published)).axes
     assert len(top.containers[0]) == 16 and len(bottom.get_xticklabels()) == 16
     segs = bottom.collections[0].get_segments()
-    assert segs[3][:, 1] == pytest.approx([9600 / 12500, 15800 / 12500])  # wal c8, method.md §9.1
+    assert segs[3][:, 1] == pytest.approx([9600 / 12500, 15800 / 12500])  # wal c8, the reference study
 
 
 def test_drift_probe_vs_origin(runs: pd.DataFrame, published: pd.DataFrame) -> None:
     fig = builds(plots.drift_figure(published))
     assert len(fig.axes) == 2 and all(len(ax.containers) == 2 for ax in fig.axes)
-    assert [t.get_text() for t in fig.axes[0].texts] == ["+0.04 %"]  # method.md §9.4
+    assert [t.get_text() for t in fig.axes[0].texts] == ["+0.04 %"]  # the reference study
     assert [t.get_text() for t in fig.axes[1].texts] == ["-13.8 %"]
     ours = builds(plots.drift_figure(runs)).axes
     assert [t.get_text() for t in ours[1].texts] == [f"{100 * (5.0 / 5.5 - 1):+.1f} %"]

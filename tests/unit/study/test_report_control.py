@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from lab.study import control, faults, report
 from lab.results import new_report_id, report_dir
 from lab.settings import Settings
+from lab.study import control, faults, report
 
 RESULT = {
     "run_id": "r1", "success": True, "error": None, "window_s": 2.0, "cpu_ms_per_msg": 4.0,
@@ -58,7 +58,8 @@ def test_outputs_go_to_the_report_folder_only_when_one_is_given(tmp_path: Path) 
     report.save_table(pd.DataFrame({"a": [1]}), "", "nowhere")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "f.svg", "t.csv"]
     rid = new_report_id("quick")
-    assert rid.endswith("Z-quick") and report_dir(rid, Settings().replace(data_dir=tmp_path)) == tmp_path / "reports" / rid
+    assert rid.endswith("Z-quick")
+    assert report_dir(rid, Settings().replace(data_dir=tmp_path)) == tmp_path / "reports" / rid
 
 
 def _control_runs(rates: dict[tuple[str, int], float]) -> pd.DataFrame:
@@ -124,7 +125,7 @@ def test_every_profile_has_a_fault_matrix_and_reference_gets_quick() -> None:
 def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:
     sizes = {p: report.EXTRAS[p]["control"] for p in ("smoke", "quick", "full")}
     assert sizes["smoke"]["messages"] < sizes["quick"]["messages"] < sizes["full"]["messages"] == 20_000
-    assert sizes["full"]["consumers"] == "2,4,8"  # the published control table's N (method.md §9.5)
+    assert sizes["full"]["consumers"] == "2,4,8"  # the published control table's N
     # quick stays short on 2 cores: at 15 ms per message N consumers do ~N x 66 msg/s
     runs = len(sizes["quick"]["pipelines"].split(","))
     work_s = sum(sizes["quick"]["messages"] / (n * 1000 / 15) for n in map(int, sizes["quick"]["consumers"].split(",")))

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 import lab.runner
-from lab.study import series
 from lab.results import read_idle, write_run
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.study import series
 
 
 def test_plan_is_warmup_then_every_cell_then_drift_probe() -> None:
@@ -47,7 +47,7 @@ def test_profiles() -> None:
 
 
 def test_reference_profile_is_the_published_sweep() -> None:
-    """method.md §9.4: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8 in
+    """the reference study: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8 in
     that order, then the drift probe (kafka c1, 100k): 18 runs, not shuffled."""
     plan = series.plan("reference")
     assert len(plan) == 18

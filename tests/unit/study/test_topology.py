@@ -1,4 +1,4 @@
-"""single against ha (issue 15) on hand-made stored runs of both topologies."""
+"""single against ha on hand-made stored runs of both topologies."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def both(settings: Settings) -> pd.DataFrame:
 
 def test_every_cell_is_paired_and_ha_costs_more(both: pd.DataFrame) -> None:
     cells = topology.cell_table(both)
-    assert sorted(zip(cells["pipeline"], cells["consumers"])) == sorted(
+    assert sorted(zip(cells["pipeline"], cells["consumers"], strict=True)) == sorted(
         (p, n) for p in ("kafka", "wal") for n in NS)
     assert list(cells["pipeline"]) == ["wal"] * 3 + ["kafka"] * 3  # the report's pipeline order
     assert (cells["ratio"] > 1).all()  # a standby, two more broker nodes: never cheaper
@@ -153,7 +153,8 @@ def test_latency_pairs_fixed_rate_clean_runs_of_the_same_rate(settings: Settings
         runs += [closed, faulty]
         i += 2
     table = topology.latency_table(_write(settings, runs))
-    assert sorted(zip(table["rate"], table["percentile"])) == [(200.0, "p50"), (200.0, "p99"), (500.0, "p50"),
+    assert sorted(zip(table["rate"], table["percentile"], strict=True)) == [
+        (200.0, "p50"), (200.0, "p99"), (500.0, "p50"),
                                                                (500.0, "p99")]
     p99 = table[(table["rate"] == 500.0) & (table["percentile"] == "p99")].iloc[0]
     assert (p99["single"], p99["ha"]) == (120.0, 260.0)  # the fault and closed-loop runs were left out

@@ -17,7 +17,7 @@ def text(q: object) -> str:
 
 def test_owner_is_the_reference_statement_and_takeover_adds_one_cte() -> None:
     owner, takeover = text(inbox.CLAIM_IDS), text(inbox.CLAIM_IDS_TAKEOVER)
-    assert owner == (  # method.md §4.0, word for word
+    assert owner == (  # the reference study, word for word
         "with claimed as (insert into inbox (id, consumer) select unnest(%(ids)s::int[]), %(me)s "
         "on conflict do nothing returning id) select id from claimed union all "
         "select id from inbox where id = any(%(ids)s::int[]) and consumer = %(me)s")

@@ -6,7 +6,7 @@ How the fixture was made: a throwaway PostgreSQL 18.6 from the ``embedded-postgr
 
     python tests/unit/pg/data/capture_pgoutput.py "host=127.0.0.1 port=25539 dbname=lab user=postgres password=lab"
 
-The script (re)creates ``messages`` (method.md §2), a ``kinds`` table with more column types
+The script (re)creates ``messages``, a ``kinds`` table with more column types
 (an enum, so a Type message; a TOASTed ``big`` column, so an unchanged-TOAST ``u`` value),
 the publications ``load_test_pub`` and ``lab_kinds_pub``, and one slot per variant below.
 Each variant's walsender gets its own session GUCs; the two streaming variants use

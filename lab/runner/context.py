@@ -1,0 +1,60 @@
+"""What the parts of one run share: the attributes :class:`lab.runner.Run` sets up and its phases
+read and write, declared once so that each part is typed against the same state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import psutil
+
+from lab.measure.provenance import HostWindow
+from lab.measure.sampler import Snapshot
+from lab.scenario import Scenario
+from lab.settings import Settings
+
+if TYPE_CHECKING:
+    from lab.runner.faults import FaultInjector
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+class RunContext:
+    """The state of one run; :class:`lab.runner.Run` fills it in ``__init__``."""
+
+    scenario: Scenario
+    settings: Settings
+    stack: Any
+    progress: Progress
+    idle: dict[str, Any] | None  # the series' idle baseline (lab.measure.idle), if one was measured
+    run_id: str
+    scratch: Path  # the run's scratch dir under the stack dir: logs, captures
+    pipeline: Any
+    procs: dict[str, psutil.Popen]  # web, senders, probe
+    consumers: list[psutil.Popen]
+    edges: dict[str, Snapshot]  # the sampler's readings at the window's edges
+    samples: list[dict[str, Any]]  # the timeline written to samples.csv
+    slot_stats: dict[str, dict[str, Any]]
+    latency_ms: dict[str, Any] | None
+    latency_from_due_ms: dict[str, Any] | None
+    home_cgroup: Path | None
+    cpu_method: str
+    host_window: HostWindow
+    respawning: set[int]  # consumers being replaced (consumer-kill)
+    ended: set[int]  # consumers a fault ended for good (slot-invalidation)
+    injector: FaultInjector | None
+    accounting: dict[str, Any] | None  # fault runs: lab.runner.accounting
+    stair_data: dict[str, Any] | None  # staircase: created_at and arrivals
+    stair_stop: dict[str, Any] | None  # staircase: why the runner stopped it early
+    flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
+    _http: aiohttp.ClientSession | None
+
+    async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
+        """One call to the web service's control listener (:class:`lab.runner.processes.RunProcesses`)."""
+        raise NotImplementedError
+
+    def _check_consumers_alive(self) -> None:
+        """Raise when a consumer exited early (:class:`lab.runner.processes.RunProcesses`)."""
+        raise NotImplementedError
