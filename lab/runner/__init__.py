@@ -80,6 +80,7 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
+        self.pg_edges: dict[str, dict[int, Any]] = {}
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
 
     async def execute(self) -> dict[str, Any]:

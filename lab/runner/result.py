@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from lab import __version__
-from lab.measure import probe, steady
+from lab.measure import pgbackends, probe, steady
 from lab.measure.idle import idle_rates_for, net_of_idle
 from lab.measure.latency import achieved_rate
 from lab.measure.provenance import client_versions, provenance
@@ -121,6 +121,8 @@ class RunResult(RunContext):
         stair = self._staircase(sampler, sent) if s.rate_steps else {}
         raw = round(total * 1000 / m, 4) if window else None
         cost_split = self._cost_split(sampler, a, b, cpu_s, m) if window else None
+        backends = (pgbackends.breakdown(self.pg_edges["gate"], self.pg_edges["drained"], cpu_s.get("postgres"), m)
+                    if window and {"gate", "drained"} <= self.pg_edges.keys() else None)
         return {
             "run_id": self.run_id,
             "started_at": started_at,
@@ -135,6 +137,7 @@ class RunResult(RunContext):
             "speed": speed,
             "cpu_s": cpu_s,
             "cost_split": cost_split,
+            "postgres_backends": backends,
             "mem_mb": mem_mb,
             "mem_mb_max": mem_mb_max,
             "slots": self.slot_stats,

@@ -247,3 +247,38 @@ def answer_table(answers: Iterable[Answer]) -> pd.DataFrame:
             rows.append({"condition": ans.condition, "model": "range over models", "n_star": None,
                          "lo": r[0], "hi": r[1], "inside": ans.measured})
     return pd.DataFrame(rows, columns=["condition", "model", "n_star", "lo", "hi", "inside"])
+
+
+PARTS = ("pg.walsenders", "pg.claims", "pg.inserts", "pg.shards", "pg.other", "cpu_s.consumers", "cpu_s.web",
+         "cpu_s.senders", "cpu_s.runner", "cpu_s.kafka", "cpu_s.rabbitmq", "cpu_s.debezium")
+
+
+def slope_parts(df: pd.DataFrame, pipeline: str, *, parts: Sequence[str] = PARTS) -> pd.DataFrame:
+    """What one more reader costs, part by part: each part's ms/msg fitted as a + b·(N − 1) by least
+    squares over the pipeline's measured runs (PostgreSQL split into walsenders, claim backends,
+    insert backends and the rest by :mod:`lab.measure.pgbackends`). The parts' slopes add up to the
+    total's (least squares is linear in y); ``b_se`` is the slope's standard error (NaN below 3 N).
+    Runs without the PostgreSQL breakdown are left out; an empty frame when fewer than 2 N remain."""
+    runs = costmodel.measured(df, pipeline)
+    if "pg.walsenders" in runs:
+        runs = runs.dropna(subset=["pg.walsenders"])
+    x = runs["consumers"].to_numpy(float) - 1
+    cols = ["part", "a_ms_per_msg", "b_ms_per_msg", "b_se", "share_of_slope"]
+    if np.unique(x).size < 2:
+        return pd.DataFrame(columns=cols)
+    m = runs["messages"].to_numpy(float)
+    total = runs[METRIC].to_numpy(float)
+    rows = []
+    for part in [p for p in parts if p in runs] + ["total"]:
+        y = total if part == "total" else runs[part].fillna(0.0).to_numpy(float) * 1000 / m
+        if np.unique(x).size >= 3 and len(x) > 3:
+            (b, a), cov = np.polyfit(x, y, 1, cov=True)
+            se = float(np.sqrt(cov[0, 0]))
+        else:
+            b, a = np.polyfit(x, y, 1)
+            se = math.nan
+        rows.append({"part": part.removeprefix("cpu_s."), "a_ms_per_msg": float(a), "b_ms_per_msg": float(b),
+                     "b_se": se})
+    out = pd.DataFrame(rows)
+    b_total = float(out.loc[out["part"] == "total", "b_ms_per_msg"].iloc[0])
+    return out.assign(share_of_slope=out["b_ms_per_msg"] / b_total if b_total else math.nan)[cols]

@@ -105,3 +105,22 @@ def test_volume_fit_recovers_a_fixed_part_only_where_there_is_one() -> None:
     assert fit.loc["total", "runs"] == 6 and fit.loc["total", "volumes"] == [5_000, 20_000, 100_000]
     one_volume = pd.DataFrame([r for r in rows if r["messages"] == 5_000])
     assert crossover.volume_fit(one_volume).empty
+
+
+def test_the_slope_is_the_sum_of_its_parts() -> None:
+    rows = []
+    for n in (1, 2, 4, 8):
+        for rep in range(2):
+            m = 5000
+            wals, claims, cons = 0.05 * n, 0.02 * n, 0.2 + 0.01 * n  # ms/msg per part
+            rows.append({"pipeline": "wal", "consumers": n, "messages": m, "success": True, "warmup": False,
+                         "rate": 0.0, "pg.walsenders": wals * m / 1000, "pg.claims": claims * m / 1000,
+                         "pg.other": 0.1 * m / 1000, "cpu_s.consumers": cons * m / 1000,
+                         "cpu_ms_per_msg": wals + claims + 0.1 + cons + 0.001 * rep})
+    parts = crossover.slope_parts(pd.DataFrame(rows), "wal").set_index("part")
+    assert parts.loc["pg.walsenders", "b_ms_per_msg"] == pytest.approx(0.05)
+    assert parts.loc["pg.claims", "b_ms_per_msg"] == pytest.approx(0.02)
+    assert parts.loc["total", "b_ms_per_msg"] == pytest.approx(0.08)
+    named = parts.drop(index="total")["b_ms_per_msg"].sum()
+    assert named == pytest.approx(parts.loc["total", "b_ms_per_msg"])
+    assert parts.loc["pg.walsenders", "share_of_slope"] == pytest.approx(0.625)
