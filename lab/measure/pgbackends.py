@@ -16,7 +16,9 @@ walsender the slot it streams from ``pg_replication_slots``), and charges each g
   total but in no pid read at the edges).
 
 A process alive at both edges is charged the difference; one that started inside the window, its
-whole CPU. Native backend only: in a container the server's pids are not the host's.
+whole CPU. Native backend only: in a container the server's pids are not the host's. With
+decode-only slots (:mod:`lab.measure.decoders`) ``decode_only`` gives their walsenders' mean CPU per
+slot: the pure cost of decoding the run's WAL once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from lab.measure.decoders import SLOT_PREFIX as DECODE_PREFIX
 from lab.pg.shards import SHARDS_APPLICATION
 from lab.workload.inbox import CLAIMS_APPLICATION
 from lab.workload.web import APPLICATION_NAME as WEB_APPLICATION
@@ -95,7 +98,11 @@ def breakdown(start: Mapping[int, Process], end: Mapping[int, Process], postgres
             per_slot[p.slot] = round(per_slot.get(p.slot, 0.0) + used, 4)
     other = None if postgres_cpu_s is None else postgres_cpu_s - sum(cpu.values())
     every: dict[str, float | None] = {**cpu, "other": other}
+    decode = [v for s, v in per_slot.items() if s.startswith(DECODE_PREFIX)]
     return {
+        "decode_only": {"slots": len(decode), "cpu_s_per_slot": round(sum(decode) / len(decode), 4),
+                        "ms_per_msg_per_slot": round(sum(decode) / len(decode) * 1000 / messages, 5)}
+        if decode and messages > 0 else None,
         "cpu_s": {g: None if v is None else round(v, 4) for g, v in every.items()},
         "ms_per_msg": {g: None if v is None or messages <= 0 else round(v * 1000 / messages, 5)
                        for g, v in every.items()},

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from lab.measure import pgbackends
+from lab.measure import decoders, pgbackends
 from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
 from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
@@ -52,6 +52,7 @@ class RunPhases(RunContext):
         dsn = self.settings.pg_dsn
         await asyncio.to_thread(drop_slots, dsn, "dbz_")
         await asyncio.to_thread(drop_slots, dsn, "load_test_slot")
+        await asyncio.to_thread(drop_slots, dsn, decoders.SLOT_PREFIX)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             for table in ("inbox", "inbox_wal", "messages"):
                 await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))

@@ -29,15 +29,15 @@ def _runs(seed: int = 0, noise: float = 0.01) -> pd.DataFrame:
 def test_n_star_by_volume_moves_with_the_fixed_part_and_settles_at_the_steady_crossing() -> None:
     answers = crossover.by_volume(_runs(), "wal", "kafka", n_boot=200)
     by = {a.condition: a for a in answers}
-    steady = by["M = ∞ (steady)"]
+    steady = by["M = ∞ (steady), from each run's split"]
     straight = next(m for m in steady.models if m.model == crossover.MODELS[0])
     assert straight.n_star == pytest.approx(10.0, rel=0.05)  # 1 + (1.5 − 0.6) / 0.1
     assert straight.inside and straight.ci[0] < 10 < straight.ci[1]
-    five = next(m for m in by["M = 5,000"].models if m.model == crossover.MODELS[0])
+    five = next(m for m in by["M = 5,000, from each run's split"].models if m.model == crossover.MODELS[0])
     assert five.n_star == pytest.approx(17.0, rel=0.05)  # 1 + ((1.5 + 0.9) − (0.6 + 0.2)) / 0.1
     assert not five.inside  # beyond the measured N = 16: extrapolated, and said so
-    assert "extrapolated beyond N = 16" in by["M = 5,000"].words()
-    hundred = next(m for m in by["M = 100,000"].models if m.model == crossover.MODELS[0])
+    assert "extrapolated beyond N = 16" in by["M = 5,000, from each run's split"].words()
+    hundred = next(m for m in by["M = 100,000, from each run's split"].models if m.model == crossover.MODELS[0])
     assert 10 < hundred.n_star < 11.0
     assert {m.model for m in steady.models} == set(crossover.MODELS)  # every model could be fitted
     lo, hi = steady.range
@@ -124,3 +124,17 @@ def test_the_slope_is_the_sum_of_its_parts() -> None:
     named = parts.drop(index="total")["b_ms_per_msg"].sum()
     assert named == pytest.approx(parts.loc["total", "b_ms_per_msg"])
     assert parts.loc["pg.walsenders", "share_of_slope"] == pytest.approx(0.625)
+
+
+def test_cells_run_at_several_volumes_answer_from_the_fit_across_them() -> None:
+    rows = []
+    for n in (1, 2, 4, 8):
+        for m in (5_000, 20_000):
+            for pipeline, c, f in (("wal", 0.6 + 0.1 * (n - 1), 0.0), ("kafka", 1.5, 4.5)):
+                rows.append({"pipeline": pipeline, "consumers": n, "messages": m, "success": True, "warmup": False,
+                             "cpu_ms_per_msg": c + 1000 * f / m})  # no split at all: not needed
+    five, steady = crossover.by_volume(pd.DataFrame(rows), "wal", "kafka", volumes=[5_000, math.inf], n_boot=50)
+    assert steady.condition == "M = ∞ (steady), fitted across volumes"
+    straight = next(m for m in steady.models if m.model == crossover.MODELS[0])
+    assert straight.n_star == pytest.approx(10.0, rel=0.01)
+    assert next(m for m in five.models if m.model == crossover.MODELS[0]).n_star == pytest.approx(19.0, rel=0.01)
