@@ -27,7 +27,7 @@ def test_insert_text_types_and_formats_are_psycopgs_conversion() -> None:
     assert q.params == [b"helloworld"]  # the parameter is the str's UTF-8 bytes, as the web sends it
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/benchmarks.md"])
+@pytest.mark.parametrize("doc", ["docs/method.md", "docs/history/2026-12-01-fidelity-options.md"])
 def test_the_docs_name_the_defaults_the_code_has(doc: str) -> None:
     from lab.workload import senders
 
