@@ -15,7 +15,7 @@ from psycopg import sql
 
 from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
-from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
+from lab.measure.staircase import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after, longest_stall_after
 from lab.runner.context import RunContext
@@ -28,7 +28,7 @@ QUIET_S = 15.0  # a fault run whose work calls stopped for this long (fault over
 
 
 class _StopWatch:
-    """When the drain loop tests the staircase's next step (:data:`lab.measure.steps.STOP_LEAD_S`,
+    """When the drain loop tests the staircase's next step (:data:`lab.measure.staircase.STOP_LEAD_S`,
     at most a quarter step, before its scheduled end, counted from the runner's gate); the last
     step is never tested."""
 
@@ -118,7 +118,7 @@ class RunPhases(RunContext):
         return sent_result
 
     async def _check_step(self, stair: _StopWatch, worked: int) -> None:
-        """The staircase's early stop (:mod:`lab.measure.steps`): shortly before a step's end, its
+        """The staircase's early stop (:mod:`lab.measure.staircase`): shortly before a step's end, its
         lag (rows of ``messages`` − distinct ids worked) against criterion 1's bound; above it, the
         senders start no further step."""
         rate = stair.plan[stair.step][0]

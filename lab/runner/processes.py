@@ -72,7 +72,7 @@ class RunProcesses(RunContext):
                            "--senders", str(s.senders), *gate_out]
             if s.rate:
                 sender_args += ["--rate", str(s.rate)]
-            if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.steps)
+            if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.staircase)
                 sender_args += ["--rate-steps", s.rate_steps, "--step-s", str(s.step_s),
                                 "--stop-file", str(self.scratch / "stop")]
         self.procs["senders"] = self._spawn("senders", sender_args)

@@ -12,8 +12,8 @@ from lab.measure.latency import achieved_rate
 from lab.measure.provenance import client_versions, provenance
 from lab.measure.sampler import Sampler, Snapshot
 from lab.measure.services import stack_record
-from lab.measure.steps import step_rows
-from lab.measure.steps import summary as step_summary
+from lab.measure.staircase import step_rows
+from lab.measure.staircase import summary as step_summary
 from lab.pipelines.versions import broker_client_versions
 from lab.runner.context import RunContext
 from lab.workload import HARNESS
@@ -175,7 +175,7 @@ class RunResult(RunContext):
         return steady.split(samples, cpu_s, m, inserted, delivered)
 
     def _staircase(self, sampler: Sampler | None, sent: dict[str, Any]) -> dict[str, Any]:
-        """run.json's ``steps``, ``max_sustainable_rate`` and ``staircase`` (:mod:`lab.measure.steps`),
+        """run.json's ``steps``, ``max_sustainable_rate`` and ``staircase`` (:mod:`lab.measure.staircase`),
         from the rows' ``created_at``, the work calls and the sampler's timeline; a failure to
         compute them is logged and leaves ``steps`` None (the run's own verdict stands)."""
         s, data = self.scenario, getattr(self, "stair_data", None)

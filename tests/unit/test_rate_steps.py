@@ -128,7 +128,7 @@ def test_lab_run_prints_every_step_and_the_verdict(capsys: pytest.CaptureFixture
 
 
 def test_the_runner_tests_each_step_but_the_last_a_second_before_its_end() -> None:
-    from lab.measure.steps import STOP_LEAD_S
+    from lab.measure.staircase import STOP_LEAD_S
     from lab.runner.phases import _StopWatch
 
     w = _StopWatch(Scenario(rate_steps="100,200,400", step_s=10), gate=100.0)
