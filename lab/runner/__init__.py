@@ -16,13 +16,16 @@ every message sent, no message of ``messages`` without a work call (0 lost), no 
 accounting adds up; duplicates are allowed and counted. Without a fault it is exactly the above.
 
 The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
-:mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.result` (run.json).
+:mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.readings` (what the run
+read at its end, as one record). The verdict (:mod:`lab.runner.verdict`) and run.json's content
+(:mod:`lab.runner.assembly`) are pure functions of that record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,11 +39,12 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
+from lab.runner.assembly import assemble
 from lab.runner.context import Progress
 from lab.runner.faults import FaultInjector, check_topology
 from lab.runner.phases import RunPhases
 from lab.runner.processes import RunError, RunProcesses
-from lab.runner.result import RunResult, interpolate
+from lab.runner.readings import RunReadings, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
@@ -50,7 +54,7 @@ __all__ = ["Progress", "Run", "RunError", "interpolate", "run_scenario"]
 log = logging.getLogger(__name__)
 
 
-class Run(RunProcesses, RunPhases, RunResult):
+class Run(RunProcesses, RunPhases, RunReadings):
     """State of one run, its phases in order (:meth:`execute`). Use :func:`run_scenario`."""
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Any, progress: Progress,
@@ -81,6 +85,7 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
+        self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
@@ -128,18 +133,22 @@ class Run(RunProcesses, RunPhases, RunResult):
                 sampler.stop()
             await self.cleanup()
         await self._checkpoint_and_cool()
-        return self._assemble(started_at, sampler, sent, consumer_results, checks, error)
+        self.record = self._record(started_at, sampler, sent, consumer_results, checks, error)
+        return assemble(self.record)
 
 
 async def run_scenario(
     scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
     meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
+    capture: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Execute one run on the configured stack (``LAB_BACKEND``), store it under data/runs/, return run.json's content.
 
     ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
     ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
     without it (``idle``).
+    ``capture``: called with the run's record (:mod:`lab.runner.assembly`), e.g. to store it as a test
+    fixture (``tests/unit/runner/fixtures/capture.py``).
     """
     check_topology(scenario, settings)  # a fault of the other topology: refused before the stack starts
     stack = get_stack(settings)
@@ -148,6 +157,8 @@ async def run_scenario(
         await asyncio.to_thread(check_clean, settings, stack)
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
         result = await run.execute()
+    if capture is not None and run.record is not None:
+        capture(run.record)
     result.update(meta or {})
     write_run(result, run.samples, settings=settings)
     return result
