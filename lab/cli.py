@@ -161,8 +161,7 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
                                                 progress=progress, idle_s=idle_s))
     finally:
         bar.close()
-    table = series.outcome_table(results)
-    sys.stdout.write(table.drop(columns=["error"]).to_string(index=False) + "\n")
+    sys.stdout.write(presentation.series_text(results))
     _say(f"series {sid}: {len(results) - last['skipped']} run, {last['skipped']} skipped "
          f"(done before), {last['failed']} failed; results in {runs_dir(settings)}")
     return 0 if not last["failed"] else 1
@@ -223,10 +222,7 @@ def _faults(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         bar.close()
     table = faults.matrix_table(results)
-    cols = ["pipeline", "spec", "success", "lost", "duplicates", "max_burst", "resume_s", "recovery_s",
-            "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "healthy_lag_peak", "cpu_ms_per_msg"]
-    sys.stdout.write(faults.shown(table[cols]).to_string(index=False) + "\n\n"
-                     + faults.shown(faults.by_pipeline(table)).to_string(index=False) + "\n")
+    sys.stdout.write(presentation.matrix_text(table))
     unrun = [faults.cell_label(s) for s, r in zip(plan, results, strict=True) if not r.get("run_id")]
     failed = int((~table["success"]).sum())
     _say(f"fault matrix {sid}: {len(results)} cells, {failed} failed (a failed run is a finding: its error "

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SUMMARY_COUNTERS = (
     "sent", "send_failed", "processed", "skipped", "failures", "work_calls", "work_distinct",
@@ -194,3 +197,24 @@ def slot_line(slot: dict[str, Any]) -> str:
     if slot.get("invalidation_reason"):
         line += f", INVALIDATED: {slot['invalidation_reason']}"
     return line
+
+
+MATRIX_COLUMNS = ("pipeline", "spec", "success", "lost", "duplicates", "max_burst", "resume_s", "recovery_s",
+                  "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "healthy_lag_peak", "cpu_ms_per_msg")
+
+
+def matrix_text(table: pd.DataFrame) -> str:
+    """A fault matrix as ``lab faults`` prints it: one row per cell, then one per pipeline
+    (:func:`lab.study.faults.matrix_table`)."""
+    from lab.study import faults
+
+    return (faults.shown(table[list(MATRIX_COLUMNS)]).to_string(index=False) + "\n\n"
+            + faults.shown(faults.by_pipeline(table)).to_string(index=False) + "\n")
+
+
+def series_text(results: Sequence[dict[str, Any]]) -> str:
+    """A series' outcome as ``lab series`` prints it: one row per run, without the error text
+    (:func:`lab.study.series.outcome_table`)."""
+    from lab.study import series
+
+    return series.outcome_table(results).drop(columns=["error"]).to_string(index=False) + "\n"
