@@ -259,6 +259,20 @@ def _bench_options(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _bench_crossing(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.study.ladder import climb
+
+    fields = {f: getattr(args, f) for f in Scenario.field_names() if getattr(args, f, None) is not None}
+    try:
+        ladder = [int(n) for n in args.ladder.split(",") if n.strip()]
+    except ValueError:
+        raise SystemExit(f"lab: --ladder wants reader counts like 16,24,32, got {args.ladder!r}") from None
+    out = climb(Scenario(**fields), args.direct, args.broker, settings, ladder=ladder, repeats=args.repeats,
+                say=_say)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
 def _bench_harness(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study.harness import bench_harness
 
@@ -343,6 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="e.g. reset=discard,none or consumer_layout=processes,tasks (first = baseline)")
     bopt.add_argument("--repeats", type=int, default=3, help="rounds (default 3)")
     bopt.set_defaults(handler=_bench_options)
+    bcross = bsub.add_parser("crossing", help="measure the crossover: direct and broker pipelines side by side "
+                                              "up a ladder of N until the direct readers cost more")
+    _scenario_options(bcross)
+    bcross.add_argument("--direct", default="wal", help="the direct pipeline (default wal)")
+    bcross.add_argument("--broker", default="kafka", help="the broker pipeline (default kafka)")
+    bcross.add_argument("--ladder", default="16,24,32,48,60", help="reader counts to climb (default 16,24,32,48,60)")
+    bcross.add_argument("--repeats", type=int, default=2, help="runs of each pipeline at each N (default 2)")
+    bcross.set_defaults(handler=_bench_crossing)
     bh = bsub.add_parser("harness", help="web + senders ms/msg: the lab's against a naive aiohttp/psycopg-pool one")
     bh.add_argument("--messages", type=int, default=20_000)
     bh.add_argument("--senders", type=int, default=200)

@@ -23,7 +23,9 @@ import pandas as pd
 from lab.settings import Settings, get_settings
 
 # run.json's shape. 2: ``cost_split`` (the window's CPU as F + c·M per participant and in total,
-# lab.measure.steady) added beside ``cpu_s``; everything of 1 is still there and read the same way.
+# lab.measure.steady) and ``postgres_backends`` (PostgreSQL's CPU by walsenders, claims, inserts,
+# shards and the rest, lab.measure.pgbackends) added beside ``cpu_s``; everything of 1 is still
+# there and read the same way.
 SCHEMA_VERSION = 2
 SAMPLE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 
@@ -143,6 +145,12 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "idle" and isinstance(value, Mapping):
             row["cpu_ms_per_msg_net"] = value.get("cpu_ms_per_msg_net")
             row.update({f"idle_cpu_s.{k}": v for k, v in (value.get("idle_cpu_s") or {}).items()})
+        elif key == "cost_split" and isinstance(value, Mapping) and isinstance(value.get("total"), Mapping):
+            row.update({k: value["total"].get(k) for k in ("fixed_cpu_s", "steady_ms_per_msg", "unsplit_cpu_s")})
+            for name, part in (value.get("participants") or {}).items():
+                row[f"steady.{name}"], row[f"fixed.{name}"] = part.get("steady_ms_per_msg"), part.get("fixed_cpu_s")
+        elif key == "postgres_backends" and isinstance(value, Mapping):
+            row.update({f"pg.{k}": v for k, v in (value.get("cpu_s") or {}).items()})
         elif key == "slots" and isinstance(value, Mapping):
             row["decoded_mb"] = sum(v.get("total_bytes") or 0 for v in value.values()) / 2**20
             row["slots"] = len(value)
@@ -154,7 +162,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_runs(*, settings: Settings | None = None, include_failed: bool = True) -> pd.DataFrame:
-    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``,
+    """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``, the cost
+    split (``steady_ms_per_msg``, ``fixed_cpu_s``, ``steady.<participant>``, ``fixed.<participant>``),
     ``senders.<field>`` (send times, ``send_p95_ms``, ...), ...
 
     Sorted by start time. Empty (with no columns) when there are no runs.

@@ -220,6 +220,7 @@ class Scenario:
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
     rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none
     step_s: float = 20.0  # how long each rate of rate_steps is held
+    decode_slots: int = 0  # extra slots that decode every change and publish none: the decode cost per slot
 
     def __post_init__(self) -> None:
         if self.pipeline not in PIPELINE_NAMES:
@@ -254,6 +255,10 @@ class Scenario:
         for name in ("ready_timeout_s", "drain_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.decode_slots <= MAX_CONSUMERS - self.consumers:
+            raise ValueError(f"decode_slots must be between 0 and {MAX_CONSUMERS - self.consumers} "
+                             f"(max_wal_senders=64 is shared with the {self.consumers} reader(s)), "
+                             f"got {self.decode_slots}")
         if self.fault:
             self._check_fault(parse_fault(self.fault))
         if self.rate_steps:

@@ -40,6 +40,7 @@ SHARDS = 64
 SHARD_SPACE = 0x7761  # 30561
 MEMBER_SPACE = 0x7762  # 30562
 REFRESH_S = 1.0
+SHARDS_APPLICATION = "lab-shards"  # how the shard owners' connections show in pg_stat_activity
 JOIN_ATTEMPTS = 10
 JOIN_DELAY_S = 1.0
 
@@ -200,7 +201,7 @@ class ShardOwnership:
     async def open(self, *, attempts: int = JOIN_ATTEMPTS, delay: float = JOIN_DELAY_S) -> int:
         """Connect (autocommit, no prepared statements, no pool) and join; returns the member."""
         self._conn = await psycopg.AsyncConnection.connect(
-            self.dsn, autocommit=True, prepare_threshold=None
+            self.dsn, autocommit=True, prepare_threshold=None, application_name=SHARDS_APPLICATION
         )
         self._pid = self._conn.info.backend_pid
         return await self.join(attempts=attempts, delay=delay)

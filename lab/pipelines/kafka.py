@@ -83,7 +83,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
 from lab.stack.kafka import replication
-from lab.workload.inbox import take_lease
+from lab.workload.inbox import CLAIMS_APPLICATION, take_lease
 from lab.workload.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,8 @@ class KafkaSource:
         self._revoked_now = False  # a revocation was served during this fill
 
     async def open(self) -> None:
-        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True,
+                                                             application_name=CLAIMS_APPLICATION)
         if self.takeover:  # held by this session for its life
             self.claimant = await take_lease(self._claims, self.me)
         self.group = await asyncio.to_thread(self._find_group)

@@ -67,7 +67,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import StackError
 from lab.stack.debezium import RABBITMQ_EXCHANGE, RABBITMQ_ROUTING_KEY, SLOT
-from lab.workload.inbox import take_lease
+from lab.workload.inbox import CLAIMS_APPLICATION, take_lease
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,8 @@ class RabbitSource:
         self._number = 0  # the channel number
 
     async def open(self) -> None:
-        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True,
+                                                             application_name=CLAIMS_APPLICATION)
         if self.takeover:  # held by this session for its life
             self.me = await take_lease(self._claims, self.me)
         if self._shared is None:

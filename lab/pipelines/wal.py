@@ -46,7 +46,7 @@ from lab.pg.slots import drop_slots, wait_streaming
 from lab.pipelines.base import Item
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.workload.inbox import claim_lsns
+from lab.workload.inbox import CLAIMS_APPLICATION, claim_lsns
 from lab.workload.watermark import SlotWatermark
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,8 @@ class WalSource:
         self._broken: psycopg.Error | None = None  # a status update found the stream gone
 
     async def open(self) -> None:
-        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True)
+        self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True,
+                                                             application_name=CLAIMS_APPLICATION)
         cur = await self._claims.execute(SLOT_HOLDER_SQL, (self.slot,))
         self.resumed = await cur.fetchone() is not None  # a replacement of a killed reader
         self._stream = await self._start(create=not self.resumed)

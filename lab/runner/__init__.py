@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import psutil
 
-from lab.measure import cgroups
+from lab.measure import cgroups, decoders
 from lab.measure.cgroups import choose_cpu_method
 from lab.measure.preflight import check_clean
 from lab.measure.provenance import HostWindow
@@ -84,6 +84,8 @@ class Run(RunProcesses, RunPhases, RunReadings):
         self.accounting: dict[str, Any] | None = None  # fault runs: lab.runner.accounting
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
+        self.pg_edges: dict[str, dict[int, Any]] = {}
+        self.decoders = decoders.DecodeOnly(settings.pg_dsn, scenario.decode_slots)
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
         self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
 
@@ -107,6 +109,7 @@ class Run(RunProcesses, RunPhases, RunReadings):
             await self.start_consumers()
             self.progress("ready", {})
             await self.pipeline.wait_ready()
+            await self.decoders.start()  # decode-only slots (Scenario.decode_slots), streaming before the gate
             with tied():  # the run's Debezium dies with this runner, like its other processes
                 await self.pipeline.start_source()
             walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"

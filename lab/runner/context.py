@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import psutil
 
+from lab.measure.decoders import DecodeOnly
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.scenario import Scenario
@@ -48,6 +49,8 @@ class RunContext:
     accounting: dict[str, Any] | None  # fault runs: lab.runner.accounting
     stair_data: dict[str, Any] | None  # staircase: created_at and arrivals
     stair_stop: dict[str, Any] | None  # staircase: why the runner stopped it early
+    decoders: DecodeOnly  # the run's decode-only slots (lab.measure.decoders)
+    pg_edges: dict[str, dict[int, Any]]  # PostgreSQL's processes at the window edges (lab.measure.pgbackends)
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
     _http: aiohttp.ClientSession | None
 

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from lab.measure import decoders, pgbackends
 from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
 from lab.measure.staircase import STOP_LEAD_S, lag_bound, staircase_due_latencies
@@ -51,6 +52,7 @@ class RunPhases(RunContext):
         dsn = self.settings.pg_dsn
         await asyncio.to_thread(drop_slots, dsn, "dbz_")
         await asyncio.to_thread(drop_slots, dsn, "load_test_slot")
+        await asyncio.to_thread(drop_slots, dsn, decoders.SLOT_PREFIX)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             for table in ("inbox", "inbox_wal", "messages"):
                 await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
@@ -63,6 +65,7 @@ class RunPhases(RunContext):
         """Open the senders' gate, then wait until every sent message was worked on."""
         s = self.scenario
         self.edges["gate"] = sampler.snapshot()
+        await self._read_backends("gate")
         (self.scratch / "start").touch()
         if self.injector is not None:
             self.injector.start(time.monotonic())
@@ -115,7 +118,18 @@ class RunPhases(RunContext):
         if self.injector is not None:
             await self.injector.finish()
         self.edges["drained"] = sampler.snapshot()
+        await self._read_backends("drained")
         return sent_result
+
+    async def _read_backends(self, edge: str) -> None:
+        """PostgreSQL's processes and their CPU at a window edge (:mod:`lab.measure.pgbackends`);
+        native backend only, and a failure is a warning, never the run's."""
+        if self.settings.backend != "native":
+            return
+        try:
+            self.pg_edges[edge] = await pgbackends.read(self.settings.pg_dsn)
+        except Exception as exc:
+            log.warning("run %s: PostgreSQL's backends not read at %s: %s", self.run_id, edge, exc)
 
     async def _check_step(self, stair: _StopWatch, worked: int) -> None:
         """The staircase's early stop (:mod:`lab.measure.staircase`): shortly before a step's end, its

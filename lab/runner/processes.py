@@ -192,6 +192,8 @@ class RunProcesses(RunContext):
             children.forget(self.settings, ours)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(drop_slots, self.settings.pg_dsn, "load_test_slot")
+        with contextlib.suppress(Exception):
+            await self.decoders.stop()
         if self._http is not None:
             await self._http.close()
         if self.injector is not None:  # last: nothing of the run may still use the promoted standby

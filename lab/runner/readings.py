@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from lab import __version__
-from lab.measure import probe, steady
+from lab.measure import pgbackends, probe, steady
 from lab.measure.idle import idle_rates_for
 from lab.measure.provenance import client_versions, provenance
 from lab.measure.sampler import Sampler, Snapshot
@@ -35,7 +35,8 @@ class RunReadings(RunContext):
         m = planned_messages(s.as_parameters(), sent)
         t0, t1 = window_edges(sent, consumers)
         window: dict[str, Any] = {}
-        derived: dict[str, Any] = {"cost_split": None}  # per-participant figures from the timelines
+        # per-participant figures derived from the timelines, each a block of run.json
+        derived: dict[str, Any] = {"cost_split": None, "postgres_backends": None}
         if sampler is not None and t0 and t1 and t1 > t0:
             timeline = sampler.timeline()
             a, b = interpolate(timeline, t0), interpolate(timeline, t1)
@@ -46,6 +47,9 @@ class RunReadings(RunContext):
             cpu_s["unattributed"] = window["unattributed_cpu_s"]
             cpu_s.pop("probe", None)
             derived["cost_split"] = self._cost_split(sampler, a, b, cpu_s, m)
+            if {"gate", "drained"} <= self.pg_edges.keys():  # PostgreSQL by what its processes do
+                derived["postgres_backends"] = pgbackends.breakdown(
+                    self.pg_edges["gate"], self.pg_edges["drained"], cpu_s.get("postgres"), m)
         inj = self.injector
         facts = None
         if inj is not None:

@@ -23,13 +23,13 @@ from lab.study.ha_nodes import rollup_nodes
 from lab.workload import HARNESS_BEFORE
 
 KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",
-        "reset", "consumer_layout", "claim", "backend", "fault", "topology", "harness")
+        "reset", "consumer_layout", "claim", "backend", "fault", "topology", "harness", "decode_slots")
 # A run stored before a field existed was measured the way the lab worked then: no reset on a
 # reused connection, one process per consumer, the reference's inbox claim, the native stack.
 DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded",
                             "reset": "none", "consumer_layout": "processes", "claim": "owner", "backend": "native",
                             "fault": "",
-                            "topology": "single", "harness": HARNESS_BEFORE}
+                            "topology": "single", "harness": HARNESS_BEFORE, "decode_slots": 0}
 
 
 class NotComparable(ValueError):

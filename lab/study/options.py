@@ -10,22 +10,26 @@ the 1-minute load average when each run ended.
 Beside the whole-window figure each value gets its runs' cost split (:mod:`lab.measure.steady`):
 the steady cost per message ``c`` and the fixed part ``F``, total and per participant, with their
 range over the repeats. ``--vary messages=5000,20000,100000`` is the volume check: the whole-window
-figure falls with M when a fixed part is spread over it, the steady cost should not.
+figure falls with M when a fixed part is spread over it; the output then also has ``volume_fit``,
+F and c per participant fitted across the volumes (:func:`lab.study.crossover.volume_fit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pandas as pd
 import psutil
 
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
+from lab.study import crossover
 
 Say = Callable[[str], None]
 
@@ -122,7 +126,21 @@ def bench_options(
             for n, ms in s["by_participant"].items()
             if first["by_participant"].get(n) and n != "unattributed"
         }
+    extra: dict[str, Any] = {}
+    if field == "messages":  # the volume check: F and c across the volumes, beside each run's own split
+        flat = pd.DataFrame([{"pipeline": r["scenario"]["pipeline"], "consumers": r["scenario"]["consumers"],
+                              "messages": r["scenario"]["messages"], "cpu_ms_per_msg": r["cpu_ms_per_msg"],
+                              "success": True, **{f"cpu_s.{k}": v for k, v in r["cpu_s"].items()}}
+                             for rs in runs.values() for r in rs])
+        names = sorted({k for rs in runs.values() for r in rs for k in r["cpu_s"]} - {"unattributed"})
+        fit = crossover.volume_fit(flat, names)
+        extra["volume_fit"] = {row.participant: {"fixed_cpu_s": round(row.fixed_cpu_s, 3),
+                                                 "steady_ms_per_msg": round(row.steady_ms_per_msg, 4),
+                                                 "steady_se": None if math.isnan(row.steady_se)
+                                                 else round(row.steady_se, 4)}
+                               for row in fit.itertuples()}
     return {
+        **extra,
         "scenario": base.slug, "field": field, "values": [str(v) for v in values], "repeats": repeats,
         "results": out, "failed": failed, "loadavg_1m": [round(x, 2) for x in loads], "host_cpus": psutil.cpu_count(),
     }

@@ -336,3 +336,44 @@ def memory_figure(memory: pd.DataFrame) -> Figure:
     ax.set_title("Memory per participant")
     ax.legend(fontsize="small", ncol=3)
     return fig
+
+
+def n_star_figure(answers: Iterable[Any], *,
+                  title: str = "N* against the messages one Debezium start serves") -> Figure:
+    """N* under each condition (a volume per start, or a rate) for each broker: every model's point
+    with its 95 % interval, the range over the models as a band; "never" drawn at the top."""
+    answers = list(answers)
+    fig = Figure(figsize=(7.5, 4), layout="constrained")
+    ax = fig.subplots()
+    if not answers:
+        ax.text(0.5, 0.5, "no crossover could be computed", ha="center")
+        ax.set_axis_off()
+        return fig
+    conditions = list(dict.fromkeys(a.condition for a in answers))
+    brokers = list(dict.fromkeys(a.broker for a in answers))
+    finite = [v for a in answers for m in a.models for v in (m.n_star, *m.ci)
+              if v is not None and math.isfinite(v)]
+    top = max([*finite, 16.0]) * 1.15
+    markers = {"straight direct, flat broker": "o", "straight direct, sloped broker": "s",
+               "curved direct, flat broker": "^"}
+    for j, broker in enumerate(brokers):
+        shift = (j - (len(brokers) - 1) / 2) * 0.25
+        for a in (a for a in answers if a.broker == broker):
+            x = conditions.index(a.condition) + shift
+            r = a.range
+            if r is not None:
+                ax.vlines(x, r[0], min(r[1], top), color=_color(broker), alpha=0.25, linewidth=8)
+            for k, m in enumerate(a.models):
+                y = top if m.n_star is None or not math.isfinite(m.n_star) else m.n_star
+                lo, hi = (min(v, top) if math.isfinite(v) else top for v in m.ci) if math.isfinite(m.ci[0]) else (y, y)
+                ax.errorbar(x + (k - 1) * 0.06, y, yerr=[[max(y - lo, 0)], [max(hi - y, 0)]],
+                            fmt=markers.get(m.model, "o"), color=_color(broker), markersize=5, capsize=2,
+                            label=f"{a.direct} vs {broker}: {m.model}" if a.condition == conditions[0] else None)
+    ax.axhline(top, color="0.8", linestyle=":")
+    ax.text(len(conditions) - 0.6, top, "never", va="bottom", ha="right", fontsize="small", color="0.4")
+    ax.set_xticks(range(len(conditions)), conditions)
+    ax.set_ylim(0, top * 1.05)
+    ax.set_ylabel("N* (readers)")
+    ax.set_title(title)
+    ax.legend(fontsize="x-small", loc="upper left")
+    return fig

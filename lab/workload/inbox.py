@@ -56,6 +56,7 @@ CLAIMS = ("owner", "takeover")
 LEASE_SPACE = 0x7763  # pg_locks.classid of the inbox leases (wal-sharded's spaces are 0x7761, 0x7762)
 LEASE_SEQUENCE = "inbox_lease"  # schema.sql
 LEASE_MARK = "#"  # claimant = <consumer name>#<lease number>
+CLAIMS_APPLICATION = "lab-claims"  # how the consumers' claim connections show in pg_stat_activity
 
 CLAIM_IDS_TAKEOVER = sql.SQL(
     "with claimed as ("

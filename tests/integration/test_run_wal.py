@@ -101,3 +101,30 @@ def test_a_run_whose_web_port_is_taken_does_not_start(stack: object, settings: S
     assert len(load_runs(settings=settings)) == before
     with psycopg.connect(settings.pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0
+
+
+def test_postgres_split_by_process_and_decode_only_slots(stack: object, settings: Settings) -> None:
+    """PostgreSQL's CPU by walsender, claim and insert backends, a decode-only slot beside the reader
+    (it decodes every change and publishes none), and the run's cost split; nothing left behind."""
+    m = 8000
+    r = run(settings, pipeline="wal", consumers=1, messages=m, decode_slots=1)
+    assert r["success"], r["error"]
+    pb = r["postgres_backends"]
+    assert set(pb["walsender_cpu_s_per_slot"]) == {"load_test_slot_0", "decode_only_0"}
+    assert pb["processes"]["walsenders"] == 2 and pb["processes"]["claims"] == 1 and pb["processes"]["inserts"] > 0
+    assert pb["cpu_s"]["walsenders"] > 0 and pb["cpu_s"]["inserts"] > 0 and pb["cpu_s"]["claims"] > 0
+    named = sum(v for k, v in pb["cpu_s"].items() if k != "other")
+    assert named + pb["cpu_s"]["other"] == pytest.approx(r["cpu_s"]["postgres"], abs=1e-3)
+    assert pb["decode_only"]["slots"] == 1 and pb["decode_only"]["cpu_s_per_slot"] > 0
+    assert r["counters"]["skipped"] == 0  # the decode-only slot never reaches a consumer
+    split = r["cost_split"]
+    delivered = [d for _, _, d in split["progress"]]
+    assert delivered == sorted(delivered) and 0 < delivered[-1] <= m  # samples inside the window
+    if "total" in split:  # a loaded machine may leave too few samples to split: then it says why
+        total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
+        f, c = split["total"]["fixed_cpu_s"], split["total"]["steady_ms_per_msg"]
+        assert f + c * m / 1000 == pytest.approx(total, rel=1e-2)
+    else:
+        assert "too short" in split["error"]
+    with psycopg.connect(settings.pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
