@@ -44,6 +44,23 @@ def window_edges(sent: Mapping[str, Any], consumers: Sequence[Mapping[str, Any]]
     return t0, (max(lasts) if lasts else None)
 
 
+def participants_of(window: Mapping[str, Any]) -> dict[str, Any]:
+    """The window's participants as run.json names them: the consumers as their group (each one is
+    in ``consumers``), every other participant and group by its name."""
+    parts = {n: v for n, v in window["participants"].items() if not n.startswith("consumer-")}
+    parts.update(window["groups"])
+    return parts
+
+
+def window_cpu_s(window: Mapping[str, Any]) -> dict[str, float]:
+    """run.json's ``cpu_s`` from a window: CPU-seconds per participant and ``unattributed``, without
+    the speed probe (its own participant, never in the totals)."""
+    cpu_s = {n: v["cpu_s"] for n, v in participants_of(window).items()}
+    cpu_s["unattributed"] = window["unattributed_cpu_s"]
+    cpu_s.pop("probe", None)
+    return cpu_s
+
+
 def verdict_of(record: Mapping[str, Any]) -> Verdict:
     """The run's :class:`~lab.runner.verdict.Verdict` from its record."""
     facts = record.get("fault_facts")
@@ -66,8 +83,7 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
     mem_mb: dict[str, float] = {}
     mem_mb_max: dict[str, float] = {}
     if window:
-        parts = {n: v for n, v in window["participants"].items() if not n.startswith("consumer-")}
-        parts.update(window["groups"])
+        parts = participants_of(window)
         cpu_s = {n: v["cpu_s"] for n, v in parts.items()}
         mem_mb = {n: v["rss_mb_mean"] for n, v in parts.items()}
         mem_mb_max = {n: v["rss_mb_max"] for n, v in parts.items()}

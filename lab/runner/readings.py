@@ -15,7 +15,7 @@ from lab.measure.services import stack_record
 from lab.measure.staircase import step_rows
 from lab.measure.staircase import summary as step_summary
 from lab.pipelines.versions import broker_client_versions
-from lab.runner.assembly import SCHEMA_VERSION, verdict_of, window_edges
+from lab.runner.assembly import SCHEMA_VERSION, verdict_of, window_cpu_s, window_edges
 from lab.runner.context import RunContext
 from lab.runner.verdict import planned_messages
 from lab.workload import HARNESS
@@ -42,10 +42,7 @@ class RunReadings(RunContext):
             a, b = interpolate(timeline, t0), interpolate(timeline, t1)
             window = sampler.window(a, b)
             self.samples = sampler.timeline_rows(origin=a)
-            cpu_s = {n: v["cpu_s"] for n, v in window["participants"].items() if not n.startswith("consumer-")}
-            cpu_s.update({n: v["cpu_s"] for n, v in window["groups"].items()})
-            cpu_s["unattributed"] = window["unattributed_cpu_s"]
-            cpu_s.pop("probe", None)
+            cpu_s = window_cpu_s(window)
             derived["cost_split"] = self._cost_split(sampler, a, b, cpu_s, m)
             if {"gate", "drained"} <= self.pg_edges.keys():  # PostgreSQL by what its processes do
                 derived["postgres_backends"] = pgbackends.breakdown(
