@@ -188,3 +188,15 @@ def test_counters_sum_the_consumers_and_keep_the_checks() -> None:
     c = counters_of({"sent": 3}, [{"processed": 1, "skipped": 2}, {"processed": 2}], {"work_calls": 3})
     assert (c["sent"], c["send_failed"], c["processed"], c["skipped"], c["work_calls"]) == (3, 0, 3, 2, 3)
     assert consumer_errors([{"index": 0, "error": "x"}, {"index": 1, "error": "y"}], [1]) == ["consumer 0: x"]
+
+
+def test_a_derived_figure_is_one_more_block_beside_cpu_s_and_none_without_a_window() -> None:
+    rec = load("wal-clean")["record"]
+    before = list(rec["derived"])
+    rec["derived"]["steady_cost"] = {"web": 0.1}
+    keys = list(assemble(rec))
+    assert keys[keys.index("cpu_s") + 1:keys.index("mem_mb")] == [*before, "steady_cost"]
+    assert assemble(rec)["steady_cost"] == {"web": 0.1}
+    rec["window"] = None
+    out = assemble(rec)
+    assert out["steady_cost"] is None and out["cpu_ms_per_msg"] is None and out["cpu_s"] == {}
