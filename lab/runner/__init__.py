@@ -8,12 +8,9 @@ consumer, and this runner process itself (its own CPU only, never its children's
 The run is a failure, stored with its error, when anything in the Success predicate of
 the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
-the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
-
-With a fault (``Scenario.fault``) :mod:`lab.runner.faults` injects it during the drain
-and the predicate becomes at-least-once, proven by :mod:`lab.runner.accounting`: no send failed,
-every message sent, no message of ``messages`` without a work call (0 lost), no foreign id, and the
-accounting adds up; duplicates are allowed and counted. Without a fault it is exactly the above.
+the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`). With a fault (``Scenario.fault``,
+injected during the drain by :mod:`lab.runner.faults`) the predicate becomes at-least-once, proven by
+:mod:`lab.runner.accounting`. Both are :func:`lab.runner.verdict.judge`, where they are spelled out.
 
 The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
 :mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.readings` (what the run
