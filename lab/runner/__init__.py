@@ -37,7 +37,7 @@ from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
 from lab.runner.assembly import assemble
-from lab.runner.context import Progress
+from lab.runner.context import Progress, RunContext
 from lab.runner.faults import FaultInjector, check_topology
 from lab.runner.phases import RunPhases
 from lab.runner.processes import RunError, RunProcesses
@@ -51,8 +51,10 @@ __all__ = ["Progress", "Run", "RunError", "interpolate", "run_scenario"]
 log = logging.getLogger(__name__)
 
 
-class Run(RunProcesses, RunPhases, RunReadings):
-    """State of one run, its phases in order (:meth:`execute`). Use :func:`run_scenario`."""
+class Run(RunContext):
+    """One run: its state (:class:`~lab.runner.context.RunContext`) and its phases in order
+    (:meth:`execute`), each done by one of its parts over that state: :attr:`processes`,
+    :attr:`phases`, :attr:`readings`. Use :func:`run_scenario`."""
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Any, progress: Progress,
                  idle: dict[str, Any] | None = None) -> None:
@@ -84,10 +86,28 @@ class Run(RunProcesses, RunPhases, RunReadings):
         self.pg_edges: dict[str, dict[int, Any]] = {}
         self.decoders = decoders.DecodeOnly(settings.pg_dsn, scenario.decode_slots)
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
+        self.service_cgroups: dict[str, Any] = {}
         self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
+        self.processes = RunProcesses(self)
+        self.phases = RunPhases(self)
+        self.readings = RunReadings(self)
+
+    # what the phases and the fault injector call on the run, done by its processes
+    async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
+        return await self.processes._web(path, method)
+
+    def _check_consumers_alive(self) -> None:
+        self.processes._check_consumers_alive()
+
+    def spawn_consumer(self, group: list[int]) -> psutil.Popen:
+        return self.processes.spawn_consumer(group)
+
+    def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
+        self.processes.attach_consumer(i, proc)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
+        proc, phases = self.processes, self.phases
         self.scratch.mkdir(parents=True, exist_ok=True)
         started_at = datetime.now(UTC).isoformat()
         sampler: Sampler | None = None
@@ -97,24 +117,24 @@ class Run(RunProcesses, RunPhases, RunReadings):
         checks: dict[str, Any] = {}
         try:
             self.progress("setup", {})
-            await self.start_web()
-            await self.reset()
+            await proc.start_web()
+            await phases.reset()
             await self.pipeline.prepare()
             if self.injector is not None:  # its backlog sampler's child, started before the gate
                 self.injector.prepare()
-            self.start_senders()
-            await self.start_consumers()
+            proc.start_senders()
+            await proc.start_consumers()
             self.progress("ready", {})
             await self.pipeline.wait_ready()
             await self.decoders.start()  # decode-only slots (Scenario.decode_slots), streaming before the gate
             with tied():  # the run's Debezium dies with this runner, like its other processes
                 await self.pipeline.start_source()
             walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
-            sampler = Sampler(self.participants(), cpu_method=walk)
+            sampler = Sampler(proc.participants(), cpu_method=walk)
             self.host_window.start()
             sampler.start()
-            sent = await self.drain(sampler)
-            consumer_results = await self.stop_consumers()
+            sent = await phases.drain(sampler)
+            consumer_results = await proc.stop_consumers()
             # The drain is seen when the web service has counted every call, but a consumer's
             # last work completes when the reply reaches it (later still with a work delay or
             # a loaded machine): read once more after the consumers exited, so the window's
@@ -122,18 +142,18 @@ class Run(RunProcesses, RunPhases, RunReadings):
             self.edges["stopped"] = sampler.snapshot()
             self.host_window.stop()
             sampler.stop()
-            self.slot_stats = await self.read_slot_stats()
-            checks = await self.verify()
-            await self.measure_latency(sent)
+            self.slot_stats = await phases.read_slot_stats()
+            checks = await phases.verify()
+            await phases.measure_latency(sent)
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
         finally:
             if sampler is not None:
                 sampler.stop()
-            await self.cleanup()
-        await self._checkpoint_and_cool()
-        self.record = self._record(started_at, sampler, sent, consumer_results, checks, error)
+            await proc.cleanup()
+        await phases._checkpoint_and_cool()
+        self.record = self.readings.record(started_at, sampler, sent, consumer_results, checks, error)
         return assemble(self.record)
 
 
