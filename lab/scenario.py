@@ -51,7 +51,7 @@ string because fields are primitives), each rate held open-loop for ``step_s`` s
 20 s). Step i sends ``round(Ri * step_s)`` messages, message j of it due at
 ``gate + i * step_s + j / Ri``; ``messages`` is then derived (the sum over the steps: a given value
 is replaced) and ``rate`` must stay 0. What a step measures and when it is sustainable:
-:mod:`lab.measure.steps`.
+:mod:`lab.measure.staircase`.
 
 ``claim`` is how a broker consumer claims a message in ``inbox`` (:mod:`lab.workload.inbox`):
 ``owner``, the reference's statement (a row belongs to a consumer name; only that name gets it

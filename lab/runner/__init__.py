@@ -8,21 +8,21 @@ consumer, and this runner process itself (its own CPU only, never its children's
 The run is a failure, stored with its error, when anything in the Success predicate of
 the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
-the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`).
-
-With a fault (``Scenario.fault``) :mod:`lab.runner.faults` injects it during the drain
-and the predicate becomes at-least-once, proven by :mod:`lab.runner.accounting`: no send failed,
-every message sent, no message of ``messages`` without a work call (0 lost), no foreign id, and the
-accounting adds up; duplicates are allowed and counted. Without a fault it is exactly the above.
+the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`). With a fault (``Scenario.fault``,
+injected during the drain by :mod:`lab.runner.faults`) the predicate becomes at-least-once, proven by
+:mod:`lab.runner.accounting`. Both are :func:`lab.runner.verdict.judge`, where they are spelled out.
 
 The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
-:mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.result` (run.json).
+:mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.readings` (what the run
+read at its end, as one record). The verdict (:mod:`lab.runner.verdict`) and run.json's content
+(:mod:`lab.runner.assembly`) are pure functions of that record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,11 +36,12 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
-from lab.runner.context import Progress
+from lab.runner.assembly import assemble
+from lab.runner.context import Progress, RunContext
 from lab.runner.faults import FaultInjector, check_topology
 from lab.runner.phases import RunPhases
 from lab.runner.processes import RunError, RunProcesses
-from lab.runner.result import RunResult, interpolate
+from lab.runner.readings import RunReadings, interpolate
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
@@ -52,8 +53,10 @@ __all__ = ["Progress", "Run", "RunError", "interpolate", "run_scenario"]
 log = logging.getLogger(__name__)
 
 
-class Run(RunProcesses, RunPhases, RunResult):
-    """State of one run, its phases in order (:meth:`execute`). Use :func:`run_scenario`."""
+class Run(RunContext):
+    """One run: its state (:class:`~lab.runner.context.RunContext`) and its phases in order
+    (:meth:`execute`), each done by one of its parts over that state: :attr:`processes`,
+    :attr:`phases`, :attr:`readings`. Use :func:`run_scenario`."""
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack, progress: Progress,
                  idle: dict[str, Any] | None = None) -> None:
@@ -86,9 +89,28 @@ class Run(RunProcesses, RunPhases, RunResult):
         self.decoders = decoders.DecodeOnly(settings.pg_dsn, scenario.decode_slots)
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
         self.interrupted: str | None = None  # the signal that ended the run early (SIGTERM, SIGINT)
+        self.service_cgroups: dict[str, Any] = {}
+        self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
+        self.processes = RunProcesses(self)
+        self.phases = RunPhases(self)
+        self.readings = RunReadings(self)
+
+    # what the phases and the fault injector call on the run, done by its processes
+    async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
+        return await self.processes._web(path, method)
+
+    def _check_consumers_alive(self) -> None:
+        self.processes._check_consumers_alive()
+
+    def spawn_consumer(self, group: list[int]) -> psutil.Popen:
+        return self.processes.spawn_consumer(group)
+
+    def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
+        self.processes.attach_consumer(i, proc)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
+        proc, phases = self.processes, self.phases
         self.scratch.mkdir(parents=True, exist_ok=True)
         started_at = datetime.now(UTC).isoformat()
         sampler: Sampler | None = None
@@ -98,24 +120,24 @@ class Run(RunProcesses, RunPhases, RunResult):
         checks: dict[str, Any] = {}
         try:
             self.progress("setup", {})
-            await self.start_web()
-            await self.reset()
+            await proc.start_web()
+            await phases.reset()
             await self.pipeline.prepare()
             if self.injector is not None:  # its backlog sampler's child, started before the gate
                 self.injector.prepare()
-            self.start_senders()
-            await self.start_consumers()
+            proc.start_senders()
+            await proc.start_consumers()
             self.progress("ready", {})
             await self.pipeline.wait_ready()
             await self.decoders.start()  # decode-only slots (Scenario.decode_slots), streaming before the gate
             with tied():  # the run's Debezium dies with this runner, like its other processes
                 await self.pipeline.start_source()
             walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
-            sampler = Sampler(self.participants(), cpu_method=walk)
+            sampler = Sampler(proc.participants(), cpu_method=walk)
             self.host_window.start()
             sampler.start()
-            sent = await self.drain(sampler)
-            consumer_results = await self.stop_consumers()
+            sent = await phases.drain(sampler)
+            consumer_results = await proc.stop_consumers()
             # The drain is seen when the web service has counted every call, but a consumer's
             # last work completes when the reply reaches it (later still with a work delay or
             # a loaded machine): read once more after the consumers exited, so the window's
@@ -123,9 +145,9 @@ class Run(RunProcesses, RunPhases, RunResult):
             self.edges["stopped"] = sampler.snapshot()
             self.host_window.stop()
             sampler.stop()
-            self.slot_stats = await self.read_slot_stats()
-            checks = await self.verify()
-            await self.measure_latency(sent)
+            self.slot_stats = await phases.read_slot_stats()
+            checks = await phases.verify()
+            await phases.measure_latency(sent)
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
@@ -138,21 +160,25 @@ class Run(RunProcesses, RunPhases, RunResult):
         finally:
             if sampler is not None:
                 sampler.stop()
-            await self.cleanup()
+            await proc.cleanup()
         if self.interrupted is None:
-            await self._checkpoint_and_cool()
-        return self._assemble(started_at, sampler, sent, consumer_results, checks, error)
+            await phases._checkpoint_and_cool()
+        self.record = self.readings.record(started_at, sampler, sent, consumer_results, checks, error)
+        return assemble(self.record)
 
 
 async def run_scenario(
     scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
     meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
+    capture: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Execute one run on the configured stack (``LAB_BACKEND``), store it under data/runs/, return run.json's content.
 
     ``meta``: extra top-level fields stored with the run (e.g. ``series_id``, ``series_index``).
     ``idle``: an idle baseline (:func:`lab.measure.idle.measure_idle`); the run then stores its cost
     without it (``idle``).
+    ``capture``: called with the run's record (:mod:`lab.runner.assembly`), e.g. to store it as a test
+    fixture (``tests/unit/runner/fixtures/capture.py``).
     """
     check_topology(scenario, settings)  # a fault of the other topology: refused before the stack starts
     stack = get_stack(settings)
@@ -162,6 +188,8 @@ async def run_scenario(
         server = await asyncio.to_thread(_server_settings, settings)
         run = Run(scenario, settings, stack, progress or (lambda phase, info: None), idle=idle)
         result = await run.execute()
+    if capture is not None and run.record is not None:
+        capture(run.record)
     result.update(meta or {})
     result["server_settings"] = server  # as in force at the start (a fault may change one during the run)
     if run.interrupted is not None:

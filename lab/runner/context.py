@@ -24,7 +24,8 @@ Progress = Callable[[str, dict[str, Any]], None]
 
 
 class RunContext:
-    """The state of one run; :class:`lab.runner.Run` fills it in ``__init__``."""
+    """The state of one run; :class:`lab.runner.Run` is it and fills it in ``__init__``; each part of the
+    run (processes, phases, readings) and the fault injector hold the run and read and write this state."""
 
     scenario: Scenario
     settings: Settings
@@ -53,12 +54,13 @@ class RunContext:
     decoders: DecodeOnly  # the run's decode-only slots (lab.measure.decoders)
     pg_edges: dict[str, dict[int, Any]]  # PostgreSQL's processes at the window edges (lab.measure.pgbackends)
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
+    service_cgroups: dict[str, Any]  # each service's cgroup: a restarted service moves back in (faults)
     _http: aiohttp.ClientSession | None
 
     async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
-        """One call to the web service's control listener (:class:`lab.runner.processes.RunProcesses`)."""
+        """One call to the web service's control listener (:meth:`lab.runner.processes.RunProcesses._web`)."""
         raise NotImplementedError
 
     def _check_consumers_alive(self) -> None:
-        """Raise when a consumer exited early (:class:`lab.runner.processes.RunProcesses`)."""
+        """Raise when a consumer exited early (:meth:`lab.runner.processes.RunProcesses._check_consumers_alive`)."""
         raise NotImplementedError

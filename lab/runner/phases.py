@@ -16,7 +16,7 @@ from psycopg import sql
 from lab.measure import decoders, pgbackends
 from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
-from lab.measure.steps import STOP_LEAD_S, lag_bound, staircase_due_latencies
+from lab.measure.staircase import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.pg.slots import drop_slots
 from lab.runner.accounting import account, first_call_after, longest_stall_after
 from lab.runner.context import RunContext
@@ -30,7 +30,7 @@ QUIET_S = 15.0  # a fault run whose work calls stopped for this long (fault over
 
 
 class _StopWatch:
-    """When the drain loop tests the staircase's next step (:data:`lab.measure.steps.STOP_LEAD_S`,
+    """When the drain loop tests the staircase's next step (:data:`lab.measure.staircase.STOP_LEAD_S`,
     at most a quarter step, before its scheduled end, counted from the runner's gate); the last
     step is never tested."""
 
@@ -43,14 +43,17 @@ class _StopWatch:
         return now >= self.gate + self.plan[self.step][1] + self.step_s - min(STOP_LEAD_S, self.step_s / 4)
 
 
-class RunPhases(RunContext):
-    """Reset, drain, verify and the readings after the window (a part of :class:`lab.runner.Run`)."""
+class RunPhases:
+    """Reset, drain, verify and the readings after the window (a part of :class:`lab.runner.Run`, over its state)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run  # the run's state, shared with its other parts and the fault injector
 
     async def reset(self) -> None:
         """Stop both Debezium instances, drop our slots, truncate (identity kept), reset web."""
         for sink in DEBEZIUM_SINKS:
-            self.stack.stop_debezium(sink)
-        dsn = self.settings.pg_dsn
+            self.run.stack.stop_debezium(sink)
+        dsn = self.run.settings.pg_dsn
         await asyncio.to_thread(drop_slots, dsn, "dbz_")
         await asyncio.to_thread(drop_slots, dsn, "load_test_slot")
         await asyncio.to_thread(drop_slots, dsn, decoders.SLOT_PREFIX)
@@ -60,17 +63,17 @@ class RunPhases(RunContext):
             # schema.sql has it; a server started before it did gets it here (takeover claims)
             await conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} AS integer").format(
                 sql.Identifier(LEASE_SEQUENCE)))
-        await self._web("/load/reset", "POST")
+        await self.run._web("/load/reset", "POST")
 
     async def drain(self, sampler: Sampler) -> dict[str, Any]:
         """Open the senders' gate, then wait until every sent message was worked on."""
-        s = self.scenario
-        self.edges["gate"] = sampler.snapshot()
+        s = self.run.scenario
+        self.run.edges["gate"] = sampler.snapshot()
         await self._read_backends("gate")
-        (self.scratch / "start").touch()
-        if self.injector is not None:
-            self.injector.start(time.monotonic())
-        senders_out = self.scratch / "senders.json"
+        (self.run.scratch / "start").touch()
+        if self.run.injector is not None:
+            self.run.injector.start(time.monotonic())
+        senders_out = self.run.scratch / "senders.json"
         stair = _StopWatch(s, time.monotonic()) if s.rate_steps else None
         quiet_since, last_calls = time.monotonic(), -1
         deadline = time.monotonic() + s.drain_timeout_s
@@ -78,17 +81,17 @@ class RunPhases(RunContext):
         last_progress = 0.0
         while True:
             await asyncio.sleep(DRAIN_POLL_S)
-            self._check_consumers_alive()
-            if self.injector is not None:
-                self.injector.check()
+            self.run._check_consumers_alive()
+            if self.run.injector is not None:
+                self.run.injector.check()
             if sent_result is None and senders_out.exists():
                 sent_result = json.loads(senders_out.read_text())
-            stats = await self._web("/load/stats")
+            stats = await self.run._web("/load/stats")
             now = time.monotonic()
             if stair is not None and sent_result is None and stair.due(now):
                 await self._check_step(stair, stats["distinct"])
             if now - last_progress >= 1.0:
-                self.progress("drain", {"processed": stats["calls"]})
+                self.run.progress("drain", {"processed": stats["calls"]})
                 last_progress = now
             if stats["calls"] != last_calls:
                 quiet_since, last_calls = now, stats["calls"]
@@ -97,55 +100,55 @@ class RunPhases(RunContext):
                 settled = sent_result["sent"] + sent_result["send_failed"] >= planned
                 # a fault run may repeat calls: drained when every id was worked (distinct), or
                 # when nothing was worked for QUIET_S after the fault (what is missing is lost)
-                worked = stats["calls"] if self.injector is None else stats["distinct"]
+                worked = stats["calls"] if self.run.injector is None else stats["distinct"]
                 expected = sent_result["sent"]
-                if self.injector is not None:  # a big transaction's rows are messages too
-                    expected += len(self.injector.extra_ids)
-                    if self.injector.holds_drain():
+                if self.run.injector is not None:  # a big transaction's rows are messages too
+                    expected += len(self.run.injector.extra_ids)
+                    if self.run.injector.holds_drain():
                         settled = False
                 if settled and worked >= expected:
                     break
-                if (settled and self.injector is not None and self.injector.over()
-                        and now - max(quiet_since, self.injector.over_mono) > QUIET_S):
+                if (settled and self.run.injector is not None and self.run.injector.over()
+                        and now - max(quiet_since, self.run.injector.over_mono) > QUIET_S):
                     log.warning("run %s: no work call for %.0f s after the fault: %d of %d ids worked",
-                                self.run_id, QUIET_S, stats["distinct"], sent_result["sent"])
+                                self.run.run_id, QUIET_S, stats["distinct"], sent_result["sent"])
                     break
                 if sent_result["sent"] == 0:
                     break
-            elif self.procs["senders"].poll() not in (None, 0):
-                raise RunError(f"senders exited with {self.procs['senders'].returncode}")
+            elif self.run.procs["senders"].poll() not in (None, 0):
+                raise RunError(f"senders exited with {self.run.procs['senders'].returncode}")
             if now > deadline:
                 raise RunError(f"not drained after {s.drain_timeout_s:.0f} s: {stats['calls']} processed")
-        if self.injector is not None:
-            await self.injector.finish()
-        self.edges["drained"] = sampler.snapshot()
+        if self.run.injector is not None:
+            await self.run.injector.finish()
+        self.run.edges["drained"] = sampler.snapshot()
         await self._read_backends("drained")
         return sent_result
 
     async def _read_backends(self, edge: str) -> None:
         """PostgreSQL's processes and their CPU at a window edge (:mod:`lab.measure.pgbackends`);
         native backend only, and a failure is a warning, never the run's."""
-        if self.settings.backend != "native":
+        if self.run.settings.backend != "native":
             return
         try:
-            self.pg_edges[edge] = await pgbackends.read(self.settings.pg_dsn)
+            self.run.pg_edges[edge] = await pgbackends.read(self.run.settings.pg_dsn)
         except Exception as exc:
-            log.warning("run %s: PostgreSQL's backends not read at %s: %s", self.run_id, edge, exc)
+            log.warning("run %s: PostgreSQL's backends not read at %s: %s", self.run.run_id, edge, exc)
 
     async def _check_step(self, stair: _StopWatch, worked: int) -> None:
-        """The staircase's early stop (:mod:`lab.measure.steps`): shortly before a step's end, its
+        """The staircase's early stop (:mod:`lab.measure.staircase`): shortly before a step's end, its
         lag (rows of ``messages`` − distinct ids worked) against criterion 1's bound; above it, the
         senders start no further step."""
         rate = stair.plan[stair.step][0]
-        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
             one = await (await conn.execute("SELECT count(*) FROM messages")).fetchone()
         rows = one[0] if one else 0
-        lag, bound = rows - worked, lag_bound(rate, self.scenario.consumers, self.scenario.batch_size)
+        lag, bound = rows - worked, lag_bound(rate, self.run.scenario.consumers, self.run.scenario.batch_size)
         if lag > bound:
-            (self.scratch / "stop").touch()
-            self.stair_stop = {"after_step": stair.step, "rate": rate, "lag": lag, "bound": bound,
+            (self.run.scratch / "stop").touch()
+            self.run.stair_stop = {"after_step": stair.step, "rate": rate, "lag": lag, "bound": bound,
                                "at_s": round(time.monotonic() - stair.gate, 3)}
-            log.info("run %s: lag %d > %g at %g msg/s: the staircase stops", self.run_id, lag, bound, rate)
+            log.info("run %s: lag %d > %g at %g msg/s: the staircase stops", self.run.run_id, lag, bound, rate)
             stair.step = len(stair.plan)  # nothing more to check
         else:
             stair.step += 1
@@ -160,7 +163,7 @@ class RunPhases(RunContext):
             "WHERE r.slot_type = 'logical' ORDER BY 1"
         )
         try:
-            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
                 cur = await conn.execute(query)
                 stats = {
                     name: {"total_txns": txns, "total_bytes": total, "spill_bytes": spill, "stream_bytes": stream}
@@ -177,7 +180,7 @@ class RunPhases(RunContext):
         ``synced`` (slot sync persisted it: a promoted standby carries it), ``temporary`` (still
         waiting for the slot to pass the standby's catalog xmin: a failover now would lose it) or
         ``absent``. Informative only."""
-        standby = self.stack.standby
+        standby = self.run.stack.standby
         if standby is None or not stats:
             return
         try:
@@ -195,38 +198,38 @@ class RunPhases(RunContext):
         for the ``created_at`` of those ids. Sets ``latency_ms`` and, for an open-loop run where
         every send succeeded, ``latency_from_due_ms``. A failure is a warning and None. Not for
         ``producer="direct"`` runs, whose messages may have no outbox row."""
-        if getattr(self.scenario, "producer", "web") != "web":
+        if getattr(self.run.scenario, "producer", "web") != "web":
             return
         try:
-            arrivals = await self._web("/load/arrivals")
+            arrivals = await self.run._web("/load/arrivals")
             ids = sorted(set(arrivals["ids"]))
-            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
-                if self.scenario.rate_steps:  # every row: the lag also counts rows never worked
+            async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+                if self.run.scenario.rate_steps:  # every row: the lag also counts rows never worked
                     cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
                 else:
                     cur = await conn.execute(
                         "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)",
                         (ids,))
                 created: dict[int, float] = dict(await cur.fetchall())
-            self.flow = sorted(created.values()), sorted(arrivals["t"])  # the cost split's regressors
-            self.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
-            if self.scenario.rate_steps and sent.get("gate_opened_at"):
-                self.stair_data = {"created_at": created, "arrivals": arrivals}
+            self.run.flow = sorted(created.values()), sorted(arrivals["t"])  # the cost split's regressors
+            self.run.latency_ms = summarize(message_latencies(arrivals["ids"], arrivals["t"], created))
+            if self.run.scenario.rate_steps and sent.get("gate_opened_at"):
+                self.run.stair_data = {"created_at": created, "arrivals": arrivals}
                 if sent.get("send_failed") == 0:
-                    plan = self.scenario.staircase[:sent.get("steps_sent") or 0]
-                    self.latency_from_due_ms = summarize(
+                    plan = self.run.scenario.staircase[:sent.get("steps_sent") or 0]
+                    self.run.latency_from_due_ms = summarize(
                         staircase_due_latencies(arrivals["ids"], arrivals["t"], plan, sent["gate_opened_at"]))
-            if sent.get("rate") and sent.get("sent") == self.scenario.messages and sent.get("gate_opened_at"):
-                self.latency_from_due_ms = summarize(
+            if sent.get("rate") and sent.get("sent") == self.run.scenario.messages and sent.get("gate_opened_at"):
+                self.run.latency_from_due_ms = summarize(
                     due_latencies(arrivals["ids"], arrivals["t"], sent["gate_opened_at"], sent["rate"])
                 )
         except Exception as exc:  # never fails the run, never silent
-            log.warning("run %s: latency not measured: %s: %s", self.run_id, type(exc).__name__, exc)
+            log.warning("run %s: latency not measured: %s: %s", self.run.run_id, type(exc).__name__, exc)
 
     async def verify(self) -> dict[str, Any]:
-        table = sql.Identifier(self.pipeline.inbox_table)
-        key, owner = ("wal", "slot") if self.pipeline.inbox_table == "inbox_wal" else ("id", "consumer")
-        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+        table = sql.Identifier(self.run.pipeline.inbox_table)
+        key, owner = ("wal", "slot") if self.run.pipeline.inbox_table == "inbox_wal" else ("id", "consumer")
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
             cur = await conn.execute(
                 sql.SQL("SELECT count(*), count(DISTINCT {}) FROM {}").format(sql.Identifier(key), table)
             )
@@ -237,12 +240,12 @@ class RunPhases(RunContext):
                 sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
             )
             claims = [r[0] for r in await cur.fetchall()]
-            stats = await self._web("/load/stats")
-            sets = await id_sets(conn, (await self._web("/load/arrivals"))["ids"], self.pipeline.inbox_table)
-        if self.scenario.producer != "web" and not sets["messages_rows"]:
+            stats = await self.run._web("/load/stats")
+            sets = await id_sets(conn, (await self.run._web("/load/arrivals"))["ids"], self.run.pipeline.inbox_table)
+        if self.run.scenario.producer != "web" and not sets["messages_rows"]:
             sets = {}  # the direct producers of a broker stand write no outbox row: counts only
-        if self.injector is not None:
-            self.accounting = await self._account()
+        if self.run.injector is not None:
+            self.run.accounting = await self._account()
         return {
             "inbox_rows": rows, "distinct_ids": distinct,
             "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
@@ -254,10 +257,10 @@ class RunPhases(RunContext):
         """Every message accounted for (:mod:`lab.runner.accounting`), from the web service's
         arrivals and the ids of ``messages``; for the id-keyed ``inbox`` also which consumer had
         claimed each lost id (a claim whose work never came)."""
-        inj = self.injector
+        inj = self.run.injector
         assert inj is not None  # only a fault run is accounted for
-        arrivals = await self._web("/load/arrivals")
-        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+        arrivals = await self.run._web("/load/arrivals")
+        async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
             cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
             # the lag, phases and recovery (lab.measure.recovery)
             created: dict[int, float] = dict(await cur.fetchall())
@@ -265,7 +268,7 @@ class RunPhases(RunContext):
             inj.arrivals, inj.created_at = arrivals, created
             out = account(arrivals["ids"], messages, arrivals.get("by"))
             out["lost_claimed_by"] = None
-            if self.pipeline.inbox_table == "inbox" and out["lost"]:
+            if self.run.pipeline.inbox_table == "inbox" and out["lost"]:
                 lost = sorted(set(messages) - set(arrivals["ids"]))
                 cur = await conn.execute(  # by consumer name (a takeover claimant also has a lease)
                     sql.SQL("SELECT coalesce(split_part(consumer, {}, 1), '(unclaimed)'), count(*) "
@@ -295,9 +298,9 @@ class RunPhases(RunContext):
         reader, or Debezium, reconnected); for ``debezium-kill``, from the SIGKILL until the
         restarted Debezium holds its slot (for :data:`lab.runner.faults.HELD_S` in a row); for
         ``broker-node-kill``, the longest stop of delivery after the kill (the others go on)."""
-        f = self.scenario.parsed_fault
-        assert f is not None and self.injector is not None  # only a fault run has a resume
-        events = self.injector.events
+        f = self.run.scenario.parsed_fault
+        assert f is not None and self.run.injector is not None  # only a fault run has a resume
+        events = self.run.injector.events
         if f.kind == "slot-invalidation":  # the reader never reads again: nothing resumes
             return None
         at = {e["what"]: e["at"] for e in events}
@@ -322,8 +325,8 @@ class RunPhases(RunContext):
 
     async def _checkpoint_and_cool(self) -> None:
         with contextlib.suppress(Exception):
-            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
                 await conn.execute("CHECKPOINT")
-        if self.scenario.cooldown_s:
-            self.progress("cooldown", {})
-            await asyncio.sleep(self.scenario.cooldown_s)
+        if self.run.scenario.cooldown_s:
+            self.run.progress("cooldown", {})
+            await asyncio.sleep(self.run.scenario.cooldown_s)

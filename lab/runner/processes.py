@@ -37,32 +37,37 @@ class RunError(RuntimeError):
     """A run that could not complete; the message is stored as the run's error."""
 
 
-class RunProcesses(RunContext):
-    """Start, measure, watch and stop the processes of one run (a part of :class:`lab.runner.Run`)."""
+class RunProcesses:
+    """Start, measure, watch and stop the processes of one run (a part of :class:`lab.runner.Run`, over its state)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run  # the run's state, shared with its other parts and the fault injector
+        self.consumer_cgroups: list[cgroups.CpuGroup | None] = []  # set by participants()
 
     def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
-        return children.spawn(self.settings, name, [sys.executable, *argv], log_path=self.scratch / f"{name}.log",
-                              env=child_env(self.settings), cwd=self.settings.root)
+        st = self.run.settings
+        return children.spawn(st, name, [sys.executable, *argv], log_path=self.run.scratch / f"{name}.log",
+                              env=child_env(st), cwd=st.root)
 
     async def start_web(self) -> None:
         """The web service (and the speed probe beside it); returns once the service answers
         on its control listener, which it starts after its insert listener."""
-        s, st = self.scenario, self.settings
+        s, st = self.run.scenario, self.run.settings
         web_args = ["-m", "lab.workload.web", "--port", str(st.web_port),
                     "--control-port", str(st.control_port), "--dsn", st.pg_dsn, "--reset", s.reset]
         if s.work_delay_ms:
             web_args += ["--work-delay-ms", str(s.work_delay_ms)]
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
             web_args += ["--by-consumer"]
-        self.procs["web"] = self._spawn("web", web_args)
-        self.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
-                                                    "--out", str(self.scratch / "probe.json")])
+        self.run.procs["web"] = self._spawn("web", web_args)
+        self.run.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
+                                                    "--out", str(self.run.scratch / "probe.json")])
         await self._wait_web()
 
     def start_senders(self) -> None:
         """The senders (or a broker-native stand's producers), waiting at their gate file."""
-        s, st = self.scenario, self.settings
-        gate_out = ["--start-file", str(self.scratch / "start"), "--out", str(self.scratch / "senders.json")]
+        s, st = self.run.scenario, self.run.settings
+        gate_out = ["--start-file", str(self.run.scratch / "start"), "--out", str(self.run.scratch / "senders.json")]
         if s.producer == "direct":  # broker-native stand: write straight into the transport
             target = {"kafka": "kafka", "rabbitmq": "rabbitmq"}.get(s.pipeline, "pg")
             sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
@@ -72,10 +77,10 @@ class RunProcesses(RunContext):
                            "--senders", str(s.senders), *gate_out]
             if s.rate:
                 sender_args += ["--rate", str(s.rate)]
-            if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.steps)
+            if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.staircase)
                 sender_args += ["--rate-steps", s.rate_steps, "--step-s", str(s.step_s),
-                                "--stop-file", str(self.scratch / "stop")]
-        self.procs["senders"] = self._spawn("senders", sender_args)
+                                "--stop-file", str(self.run.scratch / "stop")]
+        self.run.procs["senders"] = self._spawn("senders", sender_args)
 
     def participants(self) -> list[Participant]:
         """Everything that does work in a run, each in its own cgroup where one can be made.
@@ -83,16 +88,16 @@ class RunProcesses(RunContext):
         The runner counts its own CPU only (its children are other participants).
         """
         def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
-            if self.cpu_method != "cgroup":
+            if self.run.cpu_method != "cgroup":
                 return None
             pids = (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
-            return attached(self.settings, name, pids)
+            return attached(self.run.settings, name, pids)
 
-        parts = service_participants(self.stack, (*service_names(self.stack), "debezium"), group)
-        self.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
+        parts = service_participants(self.run.stack, (*service_names(self.run.stack), "debezium"), group)
+        self.run.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
         for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
-            parts.append(Participant(name, [self.procs[name]], cgroup=group(name, [self.procs[name]])))
-        self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.consumers)]
+            parts.append(Participant(name, [self.run.procs[name]], cgroup=group(name, [self.run.procs[name]])))
+        self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.run.consumers)]
         parts += [  # roots asked at every walk: a replaced consumer (consumer-kill) is the same participant
             Participant(f"consumer-{i}", self._consumer_roots(i), group="consumers", cgroup=cg)
             for i, cg in enumerate(self.consumer_cgroups)
@@ -102,14 +107,14 @@ class RunProcesses(RunContext):
         return parts
 
     def _consumer_roots(self, i: int) -> Callable[[], list[psutil.Popen]]:
-        return lambda: [self.consumers[i]]
+        return lambda: [self.run.consumers[i]]
 
     async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
         """One call to the web service's control listener on a kept-alive connection (the drain
         loop polls it); never queued behind the senders' inserts, which the other listener serves."""
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        async with self._http.request(method, self.settings.control_url + path) as r:
+        if self.run._http is None or self.run._http.closed:
+            self.run._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        async with self.run._http.request(method, self.run.settings.control_url + path) as r:
             if r.status >= 300:
                 raise RunError(f"web service answered {r.status} to {method} {path}")
             return await r.json() if r.status == 200 else {}
@@ -117,9 +122,10 @@ class RunProcesses(RunContext):
     async def _wait_web(self) -> None:
         deadline = time.monotonic() + WEB_READY_S
         while True:
-            if self.procs["web"].poll() is not None:
+            if self.run.procs["web"].poll() is not None:
                 raise RunError(
-                    f"web service exited with {self.procs['web'].returncode}: {tail(self.scratch / 'web.log', 2)}"
+                    f"web service exited with {self.run.procs['web'].returncode}: "
+                    f"{tail(self.run.scratch / 'web.log', 2)}"
                 )
             try:
                 await self._web("/load/stats")
@@ -131,70 +137,70 @@ class RunProcesses(RunContext):
 
     def spawn_consumer(self, group: list[int]) -> psutil.Popen:
         """One consumer process running the consumers ``group`` (a replacement too: same index)."""
-        s = self.scenario
+        s = self.run.scenario
         return self._spawn(f"consumer-{group[0]}", [
             "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
-            "--run-dir", str(self.scratch), "--scenario", json.dumps(s.as_parameters()),
+            "--run-dir", str(self.run.scratch), "--scenario", json.dumps(s.as_parameters()),
         ])
 
     def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
         """Move a replacement into consumer ``i``'s cgroup, which keeps the killed one's CPU."""
-        groups = getattr(self, "consumer_cgroups", [])
-        if i < len(groups) and groups[i] is not None:
-            groups[i].attach([proc.pid])
+        group = self.consumer_cgroups[i] if i < len(self.consumer_cgroups) else None
+        if group is not None:
+            group.attach([proc.pid])
 
     async def start_consumers(self) -> None:
-        s = self.scenario
+        s = self.run.scenario
         # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
         layout = [[i] for i in range(s.consumers)] if s.layout == "processes" else [list(range(s.consumers))]
         for group in layout:
-            self.consumers.append(self.spawn_consumer(group))
+            self.run.consumers.append(self.spawn_consumer(group))
         deadline = time.monotonic() + s.ready_timeout_s
-        while not all((self.scratch / f"consumer-{i}.ready").exists() for i in range(s.consumers)):
+        while not all((self.run.scratch / f"consumer-{i}.ready").exists() for i in range(s.consumers)):
             self._check_consumers_alive()
             if time.monotonic() > deadline:
                 raise RunError(f"consumers not ready after {s.ready_timeout_s:.0f} s")
             await asyncio.sleep(0.05)
 
     def _check_consumers_alive(self) -> None:
-        for i, c in enumerate(self.consumers):
-            if i not in self.respawning and i not in self.ended and c.poll() is not None and not (
-                    self.injector is not None and self.injector.supervises(i)):
-                raise RunError(f"consumer {i} exited with {c.returncode}; see {self.scratch / f'consumer-{i}.log'}")
+        for i, c in enumerate(self.run.consumers):
+            if i not in self.run.respawning and i not in self.run.ended and c.poll() is not None and not (
+                    self.run.injector is not None and self.run.injector.supervises(i)):
+                raise RunError(f"consumer {i} exited with {c.returncode}; see {self.run.scratch / f'consumer-{i}.log'}")
 
     async def stop_consumers(self) -> list[dict[str, Any]]:
-        for c in self.consumers:
+        for c in self.run.consumers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 c.send_signal(signal.SIGTERM)
         results = []
-        for c in self.consumers:
+        for c in self.run.consumers:
             try:
                 await asyncio.to_thread(c.wait, 30)
             except psutil.TimeoutExpired:
                 c.kill()
-        for i in range(self.scenario.consumers):  # one result file per consumer in either layout
-            path = self.scratch / f"consumer-{i}.json"
+        for i in range(self.run.scenario.consumers):  # one result file per consumer in either layout
+            path = self.run.scratch / f"consumer-{i}.json"
             results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
         return results
 
     async def cleanup(self) -> None:
         """Stop our processes and the pipeline's source, drop slots; never raises."""
-        cgroups.move_to(self.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
-        if self.injector is not None:  # before any stop: a stopped consumer would ignore its SIGTERM
-            self.injector.restore()  # (and a service the fault stopped starts outside our groups)
+        cgroups.move_to(self.run.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
+        if self.run.injector is not None:  # before any stop: a stopped consumer would ignore its SIGTERM
+            self.run.injector.restore()  # (and a service the fault stopped starts outside our groups)
         with contextlib.suppress(psutil.Error):
-            await asyncio.to_thread(children.stop, [c for c in self.consumers if c.poll() is None], timeout=0)
+            await asyncio.to_thread(children.stop, [c for c in self.run.consumers if c.poll() is None], timeout=0)
         with contextlib.suppress(Exception):
-            await self.pipeline.teardown()
-        ours = [*self.consumers, *self.procs.values()]
+            await self.run.pipeline.teardown()
+        ours = [*self.run.consumers, *self.run.procs.values()]
         with contextlib.suppress(Exception):
             await asyncio.to_thread(children.stop, [p for p in ours if p.poll() is None], timeout=10)
-            children.forget(self.settings, ours)
+            children.forget(self.run.settings, ours)
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(drop_slots, self.settings.pg_dsn, "load_test_slot")
+            await asyncio.to_thread(drop_slots, self.run.settings.pg_dsn, "load_test_slot")
         with contextlib.suppress(Exception):
-            await self.decoders.stop()
-        if self._http is not None:
-            await self._http.close()
-        if self.injector is not None:  # last: nothing of the run may still use the promoted standby
-            await self.injector.fail_back()
+            await self.run.decoders.stop()
+        if self.run._http is not None:
+            await self.run._http.close()
+        if self.run.injector is not None:  # last: nothing of the run may still use the promoted standby
+            await self.run.injector.fail_back()

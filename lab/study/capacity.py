@@ -1,7 +1,7 @@
 """The maximum sustainable rate per pipeline x N: a series of load staircases and its views.
 
 Each cell is one run with ``Scenario.rate_steps`` (the same staircase for every cell): open-loop
-rates held ``step_s`` each, the run stopping once a step's lag ran away (:mod:`lab.measure.steps`
+rates held ``step_s`` each, the run stopping once a step's lag ran away (:mod:`lab.measure.staircase`
 defines what a step measures and when it is sustainable). No warm-up run: the staircase's first,
 low step warms the path, and in a report the stack has just run the other series.
 

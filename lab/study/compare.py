@@ -28,7 +28,7 @@ import pandas as pd
 from lab.study import costmodel
 from lab.study.costmodel import METRIC, measured
 
-# ha runs: `kafka`/`rabbitmq` are the sums of their nodes (lab.study.nodes), the
+# ha runs: `kafka`/`rabbitmq` are the sums of their nodes (lab.study.ha_nodes), the
 # standby a participant of its own
 PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "kafka", "rabbitmq", "web", "senders", "consumers",
                 "runner")

@@ -37,8 +37,8 @@ import pandas as pd
 from lab.results import load_reference
 from lab.scenario import PIPELINE_NAMES
 from lab.study import groups
+from lab.study.ha_nodes import rollup_nodes
 from lab.study.intervals import median_interval
-from lab.study.nodes import rollup_nodes
 
 METRIC = "cpu_ms_per_msg"
 Z975 = 1.959963984540054  # standard normal 97.5 % quantile
@@ -71,7 +71,7 @@ def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | N
         ok &= (df["pipeline"] == pipeline).to_numpy()
     out = df[ok]
     groups.check(out)  # never pool runs that were not measured alike (lab.study.groups)
-    return rollup_nodes(out)  # ha: `kafka`/`rabbitmq` as the sum of their nodes (lab.study.nodes)
+    return rollup_nodes(out)  # ha: `kafka`/`rabbitmq` as the sum of their nodes (lab.study.ha_nodes)
 
 
 def participant_ms(df: pd.DataFrame, participant: str) -> np.ndarray:

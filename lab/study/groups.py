@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from lab.study.nodes import rollup_nodes
+from lab.study.ha_nodes import rollup_nodes
 from lab.workload import HARNESS_BEFORE
 
 KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",

@@ -19,8 +19,8 @@ from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from lab.scenario import PIPELINE_NAMES
 from lab.study.costmodel import METRIC, Crossover, FanoutFit, Level, drift, headline, measured
+from lab.study.ha_nodes import is_node
 from lab.study.intervals import coverage_label
-from lab.study.nodes import is_node
 
 PIPELINE_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}
 PARTICIPANT_COLORS = {

@@ -5,7 +5,7 @@ Input is runs of both topologies as :func:`lab.results.load_runs` returns them (
 ``single`` or ``ha``; a run stored before the field existed is ``single``). Each topology is taken
 through :func:`lab.study.costmodel.measured` on its own, so the runs of one side must be
 comparable among themselves, and an ``ha`` run's brokers are the sums of their nodes
-(:mod:`lab.study.nodes`).
+(:mod:`lab.study.ha_nodes`).
 
 Intervals. A cell's median carries its order-statistic interval and exact coverage
 (:func:`lab.study.intervals.median_interval`: [min, max] covers 75 % with 3 runs). A ratio of two
@@ -30,8 +30,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from lab.study import compare, costmodel
+from lab.study.ha_nodes import STANDBY
 from lab.study.intervals import median_interval
-from lab.study.nodes import STANDBY
 
 TOPOLOGIES = ("single", "ha")
 ARTICLE_FACTOR = 3.0  # "production runs three brokers: multiply by three", never measured there

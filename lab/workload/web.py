@@ -13,7 +13,7 @@ Two listeners in two processes (one participant, ``web``: the runner measures th
   no wait in between), as Npgsql does when a pooled connection is reused without ``No Reset On
   Close``; ``--reset none`` sends the INSERT alone.
 * ``--control-port``: the consumers' ``/send-email`` and the runner's ``/load/*`` calls
-  (:mod:`lab.workload.control`), in a child process started once the insert listener is up, so
+  (:mod:`lab.workload.work_listener`), in a child process started once the insert listener is up, so
   that the control port answering means the whole service is ready. Without ``--control-port``
   the service inserts only (``lab bench harness``'s like-for-like arms).
 
@@ -57,7 +57,7 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg_pool import AsyncConnectionPool
 
 from lab.stack.proc import die_with_parent
-from lab.workload import control
+from lab.workload import work_listener
 from lab.workload.rawhttp import PostServer
 
 log = logging.getLogger("lab.workload.web")  # not __name__: that is "__main__" under -m
@@ -274,12 +274,12 @@ async def serve(
 
 
 async def serve_control(host: str, port: int, insert_pid: int | None, **options: Any) -> None:
-    """The control listener (:mod:`lab.workload.control`) until SIGTERM or SIGINT."""
+    """The control listener (:mod:`lab.workload.work_listener`) until SIGTERM or SIGINT."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(control.create_app(insert_pid=insert_pid, **options), access_log=None,
+    runner = web.AppRunner(work_listener.create_app(insert_pid=insert_pid, **options), access_log=None,
                            handle_signals=False)
     await runner.setup()
     try:

@@ -18,13 +18,13 @@ import psutil
 import psycopg
 import pytest
 
-from lab.cli import fault_line
 from lab.runner import run_scenario
 from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import DURABLE
 from lab.stack.kafka import metadata_brokers
+from lab.study.presentation import fault_line
 
 pytestmark = pytest.mark.integration
 M, RATE, N = 2000, 200.0, 2  # 10 s of sends; the fault starts 3 s after the gate

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from lab.measure.steps import max_sustainable_rate
+from lab.measure.staircase import max_sustainable_rate
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings

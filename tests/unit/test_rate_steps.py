@@ -11,6 +11,7 @@ import pytest
 
 from lab import cli
 from lab.scenario import Scenario, parse_rate_steps, step_plan
+from lab.study import presentation
 from lab.workload import senders
 
 
@@ -102,7 +103,7 @@ def test_a_stop_file_ends_the_staircase_at_the_next_step(tmp_path: Path, monkeyp
     assert len(calls) == 20
 
 
-def test_lab_run_prints_every_step_and_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+def test_lab_run_prints_every_step_and_the_verdict() -> None:
     step = {"rate": 200.0, "achieved_rate": 199.5, "delivered_per_s": 150.0, "lag_end": 900, "oldest_age_s": 4.5,
             "lag_slope": 48.0, "sustainable": False, "failed": ["lag grows 48.0 msg/s > 10"],
             "latency_ms": {"p50": 10.0, "p99": 40.0}, "latency_from_due_ms": {"p99": 45.0},
@@ -114,21 +115,20 @@ def test_lab_run_prints_every_step_and_the_verdict(capsys: pytest.CaptureFixture
                                                               "failed": []}, step],
               "max_sustainable_rate": 100.0,
               "staircase": {"limit_found": True, "stop": {"after_step": 1, "lag": 900}}}
-    summary = cli._summary(result)
+    summary = presentation.summary(result)
     assert summary["max_sustainable_rate"] == 100.0
     assert summary["steps"][1] == {"rate": 200.0, "achieved_rate": 199.5, "delivered_per_s": 150.0,
                                    "lag_end": 900, "oldest_age_s": 4.5, "lag_slope": 48.0, "sustainable": False,
                                    "p50_ms": 10.0, "p99_ms": 40.0, "due_p99_ms": 45.0, "cpu_ms_per_msg": 1.25,
                                    "failed": ["lag grows 48.0 msg/s > 10"]}
-    cli._print_run(result)
-    out = capsys.readouterr().out
+    out = presentation.run_text(result)
     assert "max sustainable rate 100.0 msg/s; stopped early after step 1 (lag 900)" in out
     assert "step     200 msg/s: achieved 199.5" in out and "NOT: lag grows 48.0 msg/s > 10" in out
     assert "step     100 msg/s" in out and ": sustainable" in out
 
 
 def test_the_runner_tests_each_step_but_the_last_a_second_before_its_end() -> None:
-    from lab.measure.steps import STOP_LEAD_S
+    from lab.measure.staircase import STOP_LEAD_S
     from lab.runner.phases import _StopWatch
 
     w = _StopWatch(Scenario(rate_steps="100,200,400", step_s=10), gate=100.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lab.cli import slot_line
+from lab.study.presentation import slot_line
 
 
 def test_a_slot_line_names_slot_state_retained_wal_and_status() -> None:

@@ -69,6 +69,6 @@ def test_latency_that_cannot_be_measured_is_null_with_a_warning(
 ) -> None:
     run = Run(Scenario(pipeline="wal", messages=10), settings, stack, lambda phase, info: None)
     with caplog.at_level(logging.WARNING, logger="lab.runner"):  # no web service is listening
-        asyncio.run(run.measure_latency({"rate": 100.0, "sent": 10, "gate_opened_at": 1.0}))
+        asyncio.run(run.phases.measure_latency({"rate": 100.0, "sent": 10, "gate_opened_at": 1.0}))
     assert run.latency_ms is None and run.latency_from_due_ms is None
     assert "latency not measured" in caplog.text

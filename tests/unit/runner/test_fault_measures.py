@@ -14,10 +14,10 @@ from typing import Any
 import psutil
 import pytest
 
-from lab.cli import fault_line, phases_line
 from lab.pipelines.backlog import KafkaBacklog, parse_erl_call, queue_expression
 from lab.runner.faults import FaultInjector, wal_summary
 from lab.scenario import Scenario
+from lab.study.presentation import fault_line, phases_line
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,7 +11,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from lab.results import new_report_id, report_dir
 from lab.settings import Settings
-from lab.study import control, faults, report
+from lab.study import faults, report, slow_work
 
 RESULT = {
     "run_id": "r1", "success": True, "error": None, "window_s": 2.0, "cpu_ms_per_msg": 4.0,
@@ -69,13 +69,13 @@ def _control_runs(rates: dict[tuple[str, int], float]) -> pd.DataFrame:
 
 def test_control_checks_pass_on_linear_equal_transports_and_fail_otherwise() -> None:
     good = {(p, n): n * 62.0 * f for p, f in (("kafka", 1.0), ("rabbitmq", 1.03), ("wal", 0.98)) for n in (2, 4, 8)}
-    table = control.throughput(_control_runs(good))
+    table = slow_work.throughput(_control_runs(good))
     assert table.loc[0, "ideal"] == pytest.approx(2 * 1000 / 15)
-    assert control.checks(table)["ok"].all()
+    assert slow_work.checks(table)["ok"].all()
     bad = dict(good) | {("wal", 8): 8 * 30.0}  # wal stops scaling at 8
-    checks = control.checks(control.throughput(_control_runs(bad)))
+    checks = slow_work.checks(slow_work.throughput(_control_runs(bad)))
     assert set(checks.loc[~checks["ok"], "subject"]) == {"wal", "N=8"}
-    assert control.figure(table, None, work_delay_ms=15.0).axes
+    assert slow_work.figure(table, None, work_delay_ms=15.0).axes
 
 
 def test_exported_settings_reach_children_and_are_restored() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from lab.results import load_runs, write_run
 from lab.settings import Settings
-from lab.study import compare, costmodel, groups, nodes, plots
+from lab.study import compare, costmodel, groups, ha_nodes, plots
 
 M = 1000
 
@@ -43,16 +43,16 @@ def stored(tmp_path: Path) -> pd.DataFrame:
 
 
 def test_node_names_are_recognised() -> None:
-    assert nodes.broker_of("kafka-2") == "kafka" and nodes.broker_of("rabbitmq-3") == "rabbitmq"
-    assert nodes.broker_of("kafka") is None and nodes.broker_of("postgres-standby") is None
-    assert not nodes.is_node("consumers") and not nodes.is_node("debezium-kafka")
+    assert ha_nodes.broker_of("kafka-2") == "kafka" and ha_nodes.broker_of("rabbitmq-3") == "rabbitmq"
+    assert ha_nodes.broker_of("kafka") is None and ha_nodes.broker_of("postgres-standby") is None
+    assert not ha_nodes.is_node("consumers") and not ha_nodes.is_node("debezium-kafka")
 
 
 def test_rollup_sums_the_nodes_under_the_brokers_name_and_keeps_nodes_and_standby(stored: pd.DataFrame) -> None:
     assert "cpu_s.kafka" in stored  # the single run's column
     ha = stored["topology"] == "ha"
     assert stored.loc[ha, "cpu_s.kafka"].isna().all()  # as loaded: an ha run has nodes only
-    out = nodes.rollup_nodes(stored)
+    out = ha_nodes.rollup_nodes(stored)
     first = out[out["run_id"] == "r0-rabbitmq-ha"].iloc[0]
     assert first["cpu_s.rabbitmq"] == pytest.approx(3.0) and first["cpu_s.kafka"] == pytest.approx(1.0)
     assert first["cpu_s.rabbitmq-1"] == 2.0 and first["cpu_s.postgres-standby"] == 0.25  # still there
@@ -61,7 +61,7 @@ def test_rollup_sums_the_nodes_under_the_brokers_name_and_keeps_nodes_and_standb
     assert r2["cpu_s.kafka"] == pytest.approx(1.2)
     single = out[out["topology"] == "single"].iloc[0]
     assert single["cpu_s.kafka"] == 0.4 and single["cpu_s.rabbitmq"] == 2.2  # its own value kept
-    assert nodes.rollup_nodes(out).equals(out)  # idempotent
+    assert ha_nodes.rollup_nodes(out).equals(out)  # idempotent
     assert stored.loc[ha, "cpu_s.kafka"].isna().all()  # the input is left as it was
 
 
@@ -91,7 +91,7 @@ def test_memory_and_breakdown_show_brokers_once_and_the_standby(stored: pd.DataF
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "kafka" in labels and "rabbitmq" in labels and "postgres-standby" in labels
-    assert not any(nodes.is_node(x) for x in labels)
+    assert not any(ha_nodes.is_node(x) for x in labels)
     heights = np.zeros(len(ha))
     for bars in ax.containers:
         heights += np.array([b.get_height() for b in bars])
@@ -100,12 +100,12 @@ def test_memory_and_breakdown_show_brokers_once_and_the_standby(stored: pd.DataF
 
 
 def test_node_table_lists_each_node_and_the_sums(stored: pd.DataFrame) -> None:
-    table = nodes.node_table(stored)
+    table = ha_nodes.node_table(stored)
     assert len(table) == 5 and set(table["topology"]) == {"ha"}  # the single run has no nodes
     row = table[table["run_id"] == "r0-rabbitmq-ha"].iloc[0]
     assert row["rabbitmq-1"] == 2.0 and row["rabbitmq"] == pytest.approx(3.0)
     assert row["kafka-3"] == 0.25 and row["postgres-standby"] == 0.25
-    assert nodes.node_table(stored[stored["topology"] == "single"]).empty
+    assert ha_nodes.node_table(stored[stored["topology"] == "single"]).empty
 
 
 def test_the_reports_tables_read_an_ha_series(tmp_path: Path) -> None:

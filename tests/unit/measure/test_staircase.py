@@ -1,11 +1,11 @@
-"""lab.measure.steps on hand-made staircases with known answers (no services): the per-step
+"""lab.measure.staircase on hand-made staircases with known answers (no services): the per-step
 figures, the sustainability verdict and the maximum sustainable rate."""
 
 from __future__ import annotations
 
 import pytest
 
-from lab.measure import steps
+from lab.measure import staircase as steps
 from lab.measure.sampler import Snapshot
 from lab.scenario import step_plan
 
