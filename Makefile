@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 KERNEL := $(VENV)/share/jupyter/kernels/fanout-lab/kernel.json
 
 
-.PHONY: setup lock system-deps check test test-full test-unit test-integration test-notebooks up down status report lab clean
+.PHONY: setup lock system-deps lint check test test-full test-unit test-integration test-notebooks up down status report lab clean
 
 # requirements.lock pins every distribution (pip freeze of the venv the figures were measured
 # with); pyproject.toml keeps the supported ranges. Refresh the lock with `make lock`.
@@ -35,13 +35,15 @@ system-deps:
 # a matrix is marked `matrix` and left to `test-full` (and to the study's `lab faults`).
 PYTEST_TIMES := --durations=25 --durations-min=1
 
-check: setup  ## lint, types, unit tests and one real wal run: the edit loop (a few minutes)
-	$(BIN)/ruff check lab tests
-	$(BIN)/mypy lab
+check: setup lint  ## lint, types, unit tests and one real wal run: the edit loop (a few minutes)
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/pytest -q 'tests/integration/test_run_wal.py::test_wal_fan_out[1-auto]'
 
-test: setup  ## unit tests, then one real run of every family on the native stack (and a Docker engine)
+lint: $(STAMP)  ## ruff (lint, import order) on lab/ and tests/, mypy on lab/
+	$(BIN)/ruff check lab tests
+	$(BIN)/mypy
+
+test: setup lint  ## lint, unit tests, then one real run of every family on the native stack (and a Docker engine)
 	BIN=$(BIN) bash scripts/with-docker.sh $(BIN)/pytest $(PYTEST_TIMES) -m 'not matrix' tests/unit tests/integration tests/notebooks
 
 test-full: setup  ## everything, the whole fault, ha and compose matrices included
