@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     _faults_options(flt)
     flt.set_defaults(handler=_faults, locks=True)
 
-    bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures for docs/benchmarks.md)")
+    bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures in docs/history)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     bstack = bsub.add_parser("stack", help="warm start, idle CPU and RSS per service, Debezium start time")
     bstack.add_argument("--idle-s", type=DURATION, default=30.0, help="idle measurement (default 30 s)")
