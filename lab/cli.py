@@ -274,7 +274,7 @@ def _bench_crossing(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError:
         raise SystemExit(f"lab: --ladder wants reader counts like 16,24,32, got {args.ladder!r}") from None
     out = climb(Scenario(**fields), args.direct, args.broker, settings, ladder=ladder, repeats=args.repeats,
-                say=_say)
+                steady=args.steady, say=_say)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return 0
 
@@ -425,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     bcross.add_argument("--direct", default="wal", help="the direct pipeline (default wal)")
     bcross.add_argument("--broker", default="kafka", help="the broker pipeline (default kafka)")
     bcross.add_argument("--ladder", default="16,24,32,48,60", help="reader counts to climb (default 16,24,32,48,60)")
+    bcross.add_argument("--steady", action="store_true",
+                        help="judge on each run's steady cost (its cost split) instead of the whole window at M")
     bcross.add_argument("--repeats", type=COUNT, default=2, help="runs of each pipeline at each N (default 2)")
     bcross.set_defaults(handler=_bench_crossing, locks=True)
     bh = bsub.add_parser("harness", help="web + senders ms/msg: the lab's against a naive aiohttp/psycopg-pool one")
