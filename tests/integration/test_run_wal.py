@@ -88,7 +88,7 @@ def test_the_id_sets_are_compared_not_only_their_sizes(stack: object, settings: 
 
 
 def test_a_run_whose_web_port_is_taken_does_not_start(stack: object, settings: Settings) -> None:
-    """Issue 10: a run starts only on free ports; it fails at once naming the holder's pid,
+    """A run starts only on free ports; it fails at once naming the holder's pid,
     stores nothing and leaves no slot (it used to start and be stored as failed)."""
     before = len(load_runs(settings=settings))
     with socket.socket() as blocker:  # the web service could not bind its port
