@@ -133,6 +133,7 @@ def test_a_bad_parameter_stops_before_anything_starts(stack: Any, settings: Sett
         execute_notebook("scenario", tmp_path / "bad.ipynb", {"pipeline": "nats"}, settings=settings)
 
 
+@pytest.mark.matrix  # the smoke report runs this notebook too (see test_report_*)
 def test_control_notebook_measures_throughput(stack: Any, settings: Settings, tmp_path: Path) -> None:
     sid = f"nbtest-control-{secrets.token_hex(3)}"
     params = {"messages": 150, "consumers": "1,2", "pipelines": "kafka,wal", "cooldown_s": 0.0,
@@ -145,6 +146,7 @@ def test_control_notebook_measures_throughput(stack: Any, settings: Settings, tm
     assert "transports indistinguishable" in text and (tmp_path / "control.png").exists()
 
 
+@pytest.mark.matrix  # the smoke report runs this notebook too (see test_report_*)
 def test_broker_native_notebook_runs_the_three_arms(stack: Any, settings: Settings, tmp_path: Path) -> None:
     sid = f"nbtest-native-{secrets.token_hex(3)}"
     params = {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0, "series_id": sid,
@@ -157,6 +159,7 @@ def test_broker_native_notebook_runs_the_three_arms(stack: Any, settings: Settin
     assert (tmp_path / "broker_native.png").stat().st_size > 1000
 
 
+@pytest.mark.matrix  # the smoke report runs this notebook too (see test_report_*)
 def test_latency_notebook_runs_a_fixed_rate_series(stack: Any, settings: Settings, tmp_path: Path) -> None:
     sid = f"nbtest-latency-{secrets.token_hex(3)}"
     params = {"rate": 100.0, "profile": "smoke", "pipelines": "wal,kafka", "consumers": "1,2",
@@ -198,6 +201,24 @@ def test_report_runs_the_control_experiment_at_the_profiles_size(smoke_report: t
     assert set(zip(table["pipeline"], table["consumers"], strict=True)) == {
         (p, int(n)) for p in size["pipelines"].split(",") for n in size["consumers"].split(",")}
     assert (table["msg_per_s"] > 0).all() and "transports indistinguishable" in _outputs(out / "control.ipynb")
+
+
+def test_report_measures_latency_and_the_broker_native_stand(smoke_report: tuple[Path, str]) -> None:
+    """What the latency and broker-native notebooks compute, checked on the smoke report's own run of them."""
+    from lab.study.report import EXTRAS
+
+    out, _ = smoke_report
+    size = EXTRAS["smoke"]
+    t = pd.read_csv(out / "latency.csv")
+    assert set(zip(t["pipeline"], t["consumers"], strict=True)) == {
+        (p, int(n)) for p in series.available_pipelines() for n in size["latency"]["consumers"].split(",")}
+    assert ((t["p50"] > 0) & (t["p50"] <= t["p95"]) & (t["p95"] <= t["p99"]) & (t["p99"] <= t["max"])).all()
+    assert (t["rate"] == size["latency"]["rate"]).all() and (t["cpu_ms_per_msg"] > 0).all()
+    assert t["achieved_rate"].between(0.8 * size["latency"]["rate"], 1.1 * size["latency"]["rate"]).all()
+    bn = pd.read_csv(out / "broker_native.csv")
+    assert list(bn["pipeline"]) == ["kafka", "rabbitmq", "wal"] and (bn["runs"] == 1).all()
+    assert (bn["ms_per_msg"] > 0).all() and list(bn["published"]) == [0.45, 0.58, 2.22]
+    assert (bn["ms.senders"] > 0).all()
 
 
 def test_report_finds_the_maximum_sustainable_rate_per_pipeline(smoke_report: tuple[Path, str]) -> None:
