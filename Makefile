@@ -68,10 +68,11 @@ status:
 	$(BIN)/lab stack status
 
 PROFILE ?= quick
+WITH ?=
 
-report: setup  ## the study: runs (or resumes) the series, writes data/reports/<id>/report.html
+report: setup  ## the study: runs (or resumes) the series, writes data/reports/<id>/report.html (WITH=faults,control adds those parts)
 	$(BIN)/lab stack up
-	$(BIN)/lab report --profile $(PROFILE)
+	$(BIN)/lab report --profile $(PROFILE) $(if $(WITH),--with $(WITH))
 
 lab: setup  ## JupyterLab on notebooks/, with the stack up and `lab` importable
 	$(BIN)/pip install -q -e '.[test,notebooks]'

@@ -177,9 +177,10 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study import series
-    from lab.study.report import build_report, report_series
+    from lab.study.report import build_report, report_parts, report_series
 
     pipelines = series.parse_pipelines(args.pipelines)
+    parts = report_parts(args.profile, args.with_parts)
     series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines)  # validate
     sid = args.series_id or series.default_series_id(
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, topology=settings.topology)
@@ -188,11 +189,13 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     _say(f"report on series {sid} (profile {args.profile}); the notebooks' output follows")
     out = build_report(args.profile, settings, series_id=sid, repeats=args.repeats, seed=args.seed,
                        pipelines=",".join(pipelines or []), force=args.force, idle_s=args.idle_s,
-                       single_series_id=single if settings.topology == "ha" else "", echo=sys.stderr)
+                       single_series_id=single if settings.topology == "ha" else "", echo=sys.stderr,
+                       parts=parts)
     sys.stdout.write(f"{out / 'report.html'}\n")
     _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
     failed = [f"{name}: {cell}" for name, rid in report_series(sid, args.profile).items()
               if name != "faults"  # a fault cell's failed run is a finding (the report shows it), not a gap
+              and (name in ("series", "latency", "capacity") or name in parts)
               for cell in series.failed_cells(rid, settings)]
     if failed:
         _say(f"{len(failed)} cell(s) of series {sid} have no successful run ({'; '.join(failed)}); "
@@ -396,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="run (or resume) the series and write the HTML report")
     _series_options(rep)
     _topology_option(rep)
+    rep.add_argument("--with", dest="with_parts", default="", metavar="PARTS",
+                     help="add report parts the profile leaves out, comma-separated: faults, control "
+                          "(quick runs latency and broker-native; smoke, full and reference run all four)")
     rep.set_defaults(handler=_report, locks=True)
 
     flt = sub.add_parser("faults", help="the insulation matrix: every pipeline x every fault it applies to "

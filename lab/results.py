@@ -64,8 +64,9 @@ def report_dir(report_id: str, settings: Settings | None = None) -> Path:
 
 
 def new_report_id(profile: str) -> str:
-    """``<UTC timestamp>-<profile>``, e.g. ``20261130T120000Z-quick``."""
-    return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{profile}"
+    """``<UTC timestamp>-<profile>-<4 hex>``, e.g. ``20261130T120000Z-quick-3f9a``: two reports
+    started in the same second get two folders."""
+    return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{profile}-{secrets.token_hex(2)}"
 
 
 def new_run_id(pipeline: str, consumers: int) -> str:

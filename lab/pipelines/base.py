@@ -128,7 +128,12 @@ class Pipeline(Protocol):
 
 
 class PipelineFactory(Protocol):
-    """The one constructor shape of a pipeline's runner half (its class)."""
+    """The one constructor shape of a pipeline's runner half (its class), and the class attributes
+    the study reads without building one."""
+
+    name: str
+    fan_out: bool
+    cdc_sink: str | None
 
     def __call__(self, scenario: Scenario, settings: Settings, stack: Stack) -> Pipeline: ...
 

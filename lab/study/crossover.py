@@ -152,26 +152,110 @@ def at_volume(df: pd.DataFrame, messages: float) -> pd.DataFrame:
 
 
 def by_volume(df: pd.DataFrame, direct: str, broker: str, *, volumes: Iterable[float] = VOLUMES,
-              n_boot: int = 1000, seed: int = 0) -> list[Answer]:
-    """N*(M) for every volume per Debezium start (N*∞ last). When every cell of both pipelines was
-    run at two or more volumes, from the fit across them (:func:`volume_fit`, the reliable source);
-    otherwise from each run's own cost split, whose limit (a warm-up that outlasts the start of a
-    short run) the condition's label says."""
+              arm: pd.DataFrame | None = None, n_boot: int = 1000, seed: int = 0) -> list[Answer]:
+    """N*(M) for every volume per Debezium start (N*∞ last), from the most reliable source there is:
+
+    1. every cell of both pipelines run at two or more volumes: the fit across them per cell
+       (:func:`volume_fit`);
+    2. a volume arm (``arm``: runs of the same pipelines at another message count at a few N, the
+       series' ``volume`` runs): F fitted across volumes at those N, as a line in N
+       (:func:`fixed_lines`), and each measured run's steady cost c = its figure − F(N)/M;
+    3. otherwise each run's own cost split, whose limit (a warm-up that outlasts the start of a
+       short run) the condition's label says.
+    """
     cells = df[df["pipeline"].isin([direct, broker])]
     fits = volume_fit(cells) if "messages" in cells else pd.DataFrame()
     per_cell = cells.groupby(["pipeline", "consumers"]).ngroups if not cells.empty else 0
     across = not fits.empty and len(fits) == per_cell
+    lines = pd.DataFrame()
+    if not across and arm is not None and not arm.empty and "messages" in cells:
+        lines = fixed_lines(cells, arm[arm["pipeline"].isin([direct, broker])])
+        if set(lines["pipeline"]) != {direct, broker}:
+            lines = pd.DataFrame()
     out = []
     for m in volumes:
         label = "M = ∞ (steady)" if math.isinf(m) else f"M = {m:,.0f}"
         if across:
             runs = at_volume_fit(fits, m)
             label += ", fitted across volumes"
+        elif not lines.empty:
+            runs = at_volume_lines(cells, lines, m)
+            at = sorted({n for ns in lines["fitted_at"] for n in ns})
+            label += f", F fitted across volumes at N = {', '.join(map(str, at))}"
         else:
             runs = at_volume(cells, m)
             label += ", from each run's split"
         out.append(crossings(runs, direct, broker, condition=label, n_boot=n_boot, seed=seed))
     return out
+
+
+def volume_arm(runs: pd.DataFrame) -> pd.DataFrame:
+    """The successful runs of a series' volume arm (label ``volume``, :mod:`lab.study.series`)."""
+    if runs.empty or "label" not in runs:
+        return runs.iloc[0:0]
+    ok = runs["success"].fillna(False).astype(bool) if "success" in runs else True
+    return runs[(runs["label"].fillna("") == "volume") & ok]
+
+
+def sides(pipelines: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The given pipelines split into the two sides of the question, in registry order: those with
+    no broker (``cdc_sink`` None: the direct readers and every other broker-less design) and those
+    that put Debezium and a broker in between."""
+    from lab.pipelines import REGISTRY
+
+    present = set(pipelines)
+    named = [name for name in REGISTRY if name in present]
+    return ([n for n in named if REGISTRY[n].pipeline.cdc_sink is None],
+            [n for n in named if REGISTRY[n].pipeline.cdc_sink is not None])
+
+
+def answers_by_volume(measured: pd.DataFrame, arm: pd.DataFrame | None = None, *, n_boot: int = 500,
+                      seed: int = 0) -> tuple[list[Answer], list[str]]:
+    """:func:`by_volume` for every broker-less pipeline against every broker pipeline in ``measured``;
+    the second list says, a line per pair, why a pair has no answer (too few N, no cost split)."""
+    direct, brokers = sides(measured["pipeline"]) if not measured.empty else ([], [])
+    answers: list[Answer] = []
+    notes = []
+    for broker in brokers:
+        for d in direct:
+            try:
+                answers += by_volume(measured, d, broker, arm=arm, n_boot=n_boot, seed=seed)
+            except ValueError as exc:
+                notes.append(f"{d} vs {broker}: no crossover ({exc})")
+    return answers, notes
+
+
+def fixed_lines(measured: pd.DataFrame, arm: pd.DataFrame) -> pd.DataFrame:
+    """The fixed cost per start as a line in N, F(N) = F0 + F1·(N − 1), per pipeline: F from
+    :func:`volume_fit` at every N where ``arm`` (runs at another message count, warm-up marks
+    ignored) and ``measured`` both have runs, then a straight line through those N (a constant
+    with one N). Columns: pipeline, f0, f1, fitted_at (the N), fixed_at (F at each of them)."""
+    if arm.empty:
+        return pd.DataFrame(columns=["pipeline", "f0", "f1", "fitted_at", "fixed_at"])
+    both = pd.concat([measured, arm.assign(warmup=False)], ignore_index=True)
+    both = both[both["consumers"].isin(set(arm["consumers"]))]
+    fits = volume_fit(both)
+    rows = []
+    for pipeline, g in fits[fits["participant"] == "total"].groupby("pipeline"):
+        n = g["consumers"].to_numpy(float) - 1
+        f = g["fixed_cpu_s"].to_numpy(float)
+        f1, f0 = np.polyfit(n, f, 1) if len(n) > 1 else (0.0, float(f[0]))
+        rows.append({"pipeline": pipeline, "f0": float(f0), "f1": float(f1),
+                     "fitted_at": [int(x) for x in g["consumers"]], "fixed_at": [round(float(x), 3) for x in f]})
+    return pd.DataFrame(rows, columns=["pipeline", "f0", "f1", "fitted_at", "fixed_at"])
+
+
+def at_volume_lines(runs: pd.DataFrame, lines: pd.DataFrame, messages: float) -> pd.DataFrame:
+    """Each run's figure moved to ``messages`` per start with F(N) from :func:`fixed_lines`:
+    figure − 1000·F(N)/M_run + 1000·F(N)/messages (``inf``: the steady cost alone). A run keeps
+    its own scatter, so the crossings' bootstrap still sees the repeats."""
+    line = lines.set_index("pipeline")
+    ok = runs[runs["pipeline"].isin(line.index)]
+    n = ok["consumers"].to_numpy(float) - 1
+    f = line.loc[ok["pipeline"], "f0"].to_numpy(float) + line.loc[ok["pipeline"], "f1"].to_numpy(float) * n
+    steady = ok[METRIC].to_numpy(float) - 1000 * f / ok["messages"].to_numpy(float)
+    fixed = 0.0 if math.isinf(messages) else 1000 * f / messages
+    return ok.assign(**{METRIC: steady + fixed})
 
 
 def at_volume_fit(fits: pd.DataFrame, messages: float) -> pd.DataFrame:

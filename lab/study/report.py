@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -119,6 +120,25 @@ for _name in ("smoke", "quick", "full"):
     EXTRAS[_name]["faults"] = {"profile": _name}
 EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"},
                        "faults": {"profile": "quick"}}
+# Which of them a report runs unless told otherwise (`lab report --with faults,control` adds, `make
+# report WITH=...`). quick is the default study and must stay within half an hour on 2 cores: it answers
+# the question (the series with its volume arm, latency and the load staircases that give N* by rate, the
+# broker-native stand beside the article's) and leaves out the fault matrix (~20-25 more minutes) and the
+# control experiment (~3-4), which are studies of their own (`lab faults`, `lab report --with control`).
+PARTS = ("latency", "broker_native", "control", "faults")
+DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency", "broker_native"),
+                                             "full": PARTS, "reference": PARTS}
+
+
+def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
+    """The profile's default parts plus ``with_parts`` (comma-separated), in :data:`PARTS` order;
+    ValueError in one line for an unknown name."""
+    extra = [w.strip().replace("-", "_") for w in with_parts.split(",") if w.strip()]
+    for w in extra:
+        if w not in PARTS:
+            raise ValueError(f"unknown report part {w!r}: choose from {', '.join(p.replace('_', '-') for p in PARTS)}")
+    chosen = set(DEFAULT_PARTS[profile]) | set(extra)
+    return tuple(p for p in PARTS if p in chosen)
 # The maximum sustainable rate: one load staircase per pipeline x N, in the latency
 # notebook (lab.study.capacity). quick: 8 runs of at most 32 s of sending each, about 8 more
 # minutes on 2 cores; smoke: 4 runs of 2 x 2 s.
@@ -153,10 +173,12 @@ def combine(notebooks: list[Path], out: Path) -> Path:
 
 def build_report(profile: str, settings: Settings, *, series_id: str, repeats: int | None = None,
                  seed: int | None = None, pipelines: str = "", force: bool = False,
-                 idle_s: float | None = None, single_series_id: str = "", echo: IO[str] | None = None) -> Path:
+                 idle_s: float | None = None, single_series_id: str = "", echo: IO[str] | None = None,
+                 parts: Sequence[str] | None = None) -> Path:
     """Run (or resume) the series, analyse it, measure latency at a fixed rate, the broker-native
     stand, the control experiment and the fault matrix (:data:`EXTRAS`), export one
-    ``report.html``; returns the report folder. Under the ``ha`` topology the page ends with the
+    ``report.html``; returns the report folder. ``parts``: which of :data:`PARTS` run (None: the
+    profile's :data:`DEFAULT_PARTS`). Under the ``ha`` topology the page ends with the
     comparison against ``single_series_id``'s stored single runs (``topology.ipynb``; it says
     which command to run when there are none)."""
     report_id = new_report_id(profile)
@@ -170,22 +192,27 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     execute_notebook("analysis", out / "analysis.ipynb", {
         "series_id": series_id, "report_dir": str(out),
     }, settings=settings, echo=echo)
-    execute_notebook("latency", out / "latency.ipynb", {
-        **EXTRAS[profile]["latency"], "profile": profile, "pipelines": pipelines,
-        "series_id": ids["latency"], "report_dir": str(out),
-        **CAPACITY[profile], "steps_series_id": ids["capacity"],
-    }, settings=settings, echo=echo)
-    execute_notebook("broker_native", out / "broker_native.ipynb", {
-        **EXTRAS[profile]["broker_native"], "series_id": ids["broker_native"], "report_dir": str(out),
-    }, settings=settings, echo=echo)
-    control = EXTRAS[profile]["control"] | ({"pipelines": pipelines} if pipelines else {})
-    execute_notebook("control", out / "control.ipynb", {
-        **control, "series_id": ids["control"], "report_dir": str(out),
-    }, settings=settings, echo=echo)
-    execute_notebook("faults", out / "faults.ipynb", {
-        **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
-    }, settings=settings, echo=echo)
-    pages = list(REPORT_PAGE)
+    chosen = DEFAULT_PARTS[profile] if parts is None else tuple(parts)
+    if "latency" in chosen:
+        execute_notebook("latency", out / "latency.ipynb", {
+            **EXTRAS[profile]["latency"], "profile": profile, "pipelines": pipelines,
+            "series_id": ids["latency"], "report_dir": str(out),
+            **CAPACITY[profile], "steps_series_id": ids["capacity"],
+        }, settings=settings, echo=echo)
+    if "broker_native" in chosen:
+        execute_notebook("broker_native", out / "broker_native.ipynb", {
+            **EXTRAS[profile]["broker_native"], "series_id": ids["broker_native"], "report_dir": str(out),
+        }, settings=settings, echo=echo)
+    if "control" in chosen:
+        control = EXTRAS[profile]["control"] | ({"pipelines": pipelines} if pipelines else {})
+        execute_notebook("control", out / "control.ipynb", {
+            **control, "series_id": ids["control"], "report_dir": str(out),
+        }, settings=settings, echo=echo)
+    if "faults" in chosen:
+        execute_notebook("faults", out / "faults.ipynb", {
+            **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
+        }, settings=settings, echo=echo)
+    pages = [p for p in REPORT_PAGE if p == "analysis" or p in chosen]
     if settings.topology == "ha":  # the same study under single, stored beside it
         execute_notebook("topology", out / "topology.ipynb", {
             "ha_series_id": series_id, "single_series_id": single_series_id, "report_dir": str(out),

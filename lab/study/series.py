@@ -1,11 +1,16 @@
 """The study as a series of runs: profiles, the plan, and a resumable executor.
 
 A plan is a list of :class:`~lab.scenario.Scenario`: a warm-up run first (kafka c1, marked
-``warmup``), then every cell pipeline x N (x repeats, optionally shuffled with a recorded seed),
-then a drift probe (the first measured cell again, marked ``warmup`` with label ``drift``), as in
-the reference sweep. The warm-up is 20 % of M as in the reference, but
-outside ``smoke`` at least 5,000 messages: at M = 5,000 a 1,000-message warm-up left the JVMs
-cold, and the first kafka cell 29 % above the drift probe.
+``warmup``), then every cell pipeline x N, once per block (a repeat is a block: one whole pass over
+the cells, optionally shuffled with a recorded seed, so that a drift of the sitting shows between
+blocks instead of hiding inside one cell), then a drift probe (the first measured cell again, marked
+``warmup`` with label ``drift``), as in the reference sweep. A profile with a *volume arm* adds, to
+its first blocks, the same pipelines at a few N with another message count (label ``volume``,
+marked ``warmup`` so that no table pools them with the main cells): the runs from which the fixed
+cost per start F is fitted across volumes (:func:`lab.study.crossover.by_volume`).
+
+The warm-up is 20 % of M as in the reference, but outside ``smoke`` at least 5,000 messages: at
+M = 5,000 a 1,000-message warm-up left the JVMs cold, and the first kafka cell 29 % above the drift probe.
 
 Every run of a series is stored with ``series_id`` (and its position ``series_index``) in its
 run.json. Re-running a series skips each cell that already has a successful run with the same
@@ -65,6 +70,8 @@ class Profile:
     description: str
     idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
+    # the volume arm: (messages, N values, blocks it appears in); None: none
+    volume_arm: tuple[int, tuple[int, ...], int] | None = None
 
 
 PROFILES: dict[str, Profile] = {
@@ -72,12 +79,15 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile("smoke", 300, 20, (1, 2), 0.0, 1, 60,
                 "tests: tiny runs, numbers are noise (minutes)", idle_s=3.0),
-        Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 3, 5000,
-                "every pipeline at N = 1, 2, 4, 8, 16, 5,000 messages, 3 repeats in shuffled order, "
-                "so every cell has an interval (about 30 min on 2 cores)", seed=1),
+        Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 2, 5000,
+                "every pipeline at N = 1, 2, 4, 8, 16, 5,000 messages, in 2 shuffled blocks, so "
+                "every cell has an interval; and at 20,000 messages at N = 1 and 16 in both blocks, "
+                "so the fixed cost per start is fitted across volumes", seed=1,
+                volume_arm=(20_000, (1, 16), 2)),
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
-                "3 repeats in shuffled order (hours)", seed=1),
+                "3 shuffled blocks, and 20,000 messages at N = 1 and 16 in two of them (hours)", seed=1,
+                volume_arm=(20_000, (1, 16), 2)),
         Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
                 "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
                 "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)"),
@@ -115,13 +125,26 @@ def matrix(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
 
     ``seed`` None or 0 keeps the reference order, so a stored ``seed`` of 0 means "not shuffled".
     """
-    cells = [
-        base.replace(pipeline=p, consumers=n, seed=seed or 0)
-        for _ in range(repeats) for p in pipelines for n in consumers
-    ]
-    if seed:
-        random.Random(seed).shuffle(cells)
-    return cells
+    return [cell for block in blocks(base, pipelines=pipelines, consumers=consumers, repeats=repeats, seed=seed)
+            for cell in block]
+
+
+def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int], repeats: int = 1,
+           seed: int | None = None, extra: Sequence[Sequence[Scenario]] = ()) -> list[list[Scenario]]:
+    """``repeats`` blocks, each one pass over every pipeline x N (plus ``extra[b]``, the cells a
+    block adds, e.g. the volume arm), shuffled inside the block when ``seed`` is set: every cell's
+    repeats fall in different blocks, so a drift of the sitting separates the blocks instead of
+    piling up in one cell."""
+    pipelines, consumers = list(pipelines), list(consumers)
+    rng = random.Random(seed) if seed else None
+    out = []
+    for b in range(repeats):
+        block = [base.replace(pipeline=p, consumers=n, seed=seed or 0) for p in pipelines for n in consumers]
+        block += list(extra[b]) if b < len(extra) else []
+        if rng is not None:
+            rng.shuffle(block)
+        out.append(block)
+    return out
 
 
 def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = None,
@@ -147,12 +170,17 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     base = Scenario(messages=prof.messages, senders=prof.senders, cooldown_s=prof.cooldown_s)
     if rate < 0:
         raise ValueError(f"rate must not be negative, got {rate}")
-    cells = matrix(base.replace(rate=float(rate)), pipelines=pipes, consumers=prof.consumers,
-                   repeats=repeats or prof.repeats, seed=seed)
+    arm: list[list[Scenario]] = []
+    if prof.volume_arm is not None and not rate:
+        arm_m, arm_n, arm_blocks = prof.volume_arm
+        arm = [[base.replace(pipeline=p, consumers=n, messages=arm_m, seed=seed or 0, warmup=True, label="volume")
+                for p in pipes for n in arm_n] for _ in range(arm_blocks)]
+    cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=prof.consumers,
+                                   repeats=repeats or prof.repeats, seed=seed, extra=arm) for c in block]
     first = "kafka" if "kafka" in pipes else pipes[0]
     warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
                           messages=prof.warmup_messages)
-    drift = cells[0].replace(warmup=True, label="drift")
+    drift = next(c for c in cells if not c.warmup).replace(warmup=True, label="drift")
     return [warmup, *cells, drift]
 
 

@@ -138,3 +138,47 @@ def test_cells_run_at_several_volumes_answer_from_the_fit_across_them() -> None:
     straight = next(m for m in steady.models if m.model == crossover.MODELS[0])
     assert straight.n_star == pytest.approx(10.0, rel=0.01)
     assert next(m for m in five.models if m.model == crossover.MODELS[0]).n_star == pytest.approx(19.0, rel=0.01)
+
+
+def test_a_volume_arm_at_two_n_gives_f_as_a_line_in_n_and_each_runs_steady_cost() -> None:
+    """The series' design: every cell at 5,000 messages, a volume arm at 20,000 at N = 1 and 16 only.
+    wal: F = 0.5 + 0.1·(N − 1) CPU-s (a slot and a consumer each), kafka: F = 4.5 (a JVM); no split."""
+    rng = np.random.default_rng(3)
+    main, arm = [], []
+    for n in (1, 2, 4, 8, 16):
+        for m, into in ((5_000, main), (20_000, arm)):
+            if into is arm and n not in (1, 16):
+                continue
+            for _ in range(2):
+                for pipeline, c, f in (("wal", 0.6 + 0.1 * (n - 1), 0.5 + 0.1 * (n - 1)), ("kafka", 1.5, 4.5)):
+                    into.append({"pipeline": pipeline, "consumers": n, "messages": m, "success": True,
+                                 "warmup": into is arm, "label": "volume" if into is arm else "",
+                                 "cpu_ms_per_msg": c + 1000 * f / m + rng.normal(0, 0.005)})
+    lines = crossover.fixed_lines(pd.DataFrame(main), pd.DataFrame(arm)).set_index("pipeline")
+    assert lines.loc["kafka", "f0"] == pytest.approx(4.5, abs=0.15) and abs(lines.loc["kafka", "f1"]) < 0.02
+    assert lines.loc["wal", "f1"] == pytest.approx(0.1, abs=0.02) and lines.loc["wal", "fitted_at"] == [1, 16]
+    five, steady = crossover.by_volume(pd.DataFrame(main), "wal", "kafka", volumes=[5_000, math.inf],
+                                       arm=pd.DataFrame(arm), n_boot=100)
+    assert steady.condition == "M = ∞ (steady), F fitted across volumes at N = 1, 16"
+    straight = next(m for m in steady.models if m.model == crossover.MODELS[0])
+    assert straight.n_star == pytest.approx(10.0, rel=0.03)  # 1 + (1.5 − 0.6) / 0.1
+    # at 5,000 per start: wal 0.6 + 0.1x + (0.1 + 0.02x), kafka 1.5 + 0.9 -> x = 1.7 / 0.12
+    assert next(m for m in five.models if m.model == crossover.MODELS[0]).n_star == pytest.approx(
+        1 + 1.7 / 0.12, rel=0.03)
+    # without the arm the same runs fall back to each run's split, which these runs do not carry
+    with pytest.raises(ValueError, match="2 or more consumer counts"):
+        crossover.by_volume(pd.DataFrame(main), "wal", "kafka", volumes=[math.inf], n_boot=50)
+
+
+def test_sides_follow_the_pipelines_own_attributes_and_answers_cover_every_pair() -> None:
+    assert crossover.sides(["rabbitmq", "wal", "kafka", "wal-sharded"]) == (["wal", "wal-sharded"],
+                                                                            ["kafka", "rabbitmq"])
+    df = _runs()
+    answers, notes = crossover.answers_by_volume(df, None, n_boot=50)
+    assert {(a.direct, a.broker) for a in answers} == {("wal", "kafka")} and not notes
+    lonely = df[(df["pipeline"] == "kafka") | (df["consumers"] == 1)]  # wal at one N only: no slope
+    answers, notes = crossover.answers_by_volume(lonely, None, n_boot=50)
+    assert not answers and len(notes) == 1 and notes[0].startswith("wal vs kafka: no crossover")
+    vol = pd.DataFrame([{"label": "volume", "success": True}, {"label": "", "success": True},
+                        {"label": "volume", "success": False}])
+    assert len(crossover.volume_arm(vol)) == 1

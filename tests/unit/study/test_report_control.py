@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -58,7 +59,7 @@ def test_outputs_go_to_the_report_folder_only_when_one_is_given(tmp_path: Path) 
     report.save_table(pd.DataFrame({"a": [1]}), "", "nowhere")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.png", "f.svg", "t.csv"]
     rid = new_report_id("quick")
-    assert rid.endswith("Z-quick")
+    assert re.fullmatch(r"\d{8}T\d{6}Z-quick-[0-9a-f]{4}", rid) and rid != new_report_id("quick")
     assert report_dir(rid, Settings().replace(data_dir=tmp_path)) == tmp_path / "reports" / rid
 
 
@@ -109,7 +110,13 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     assert params["faults"] == {"profile": "smoke", "pipelines": "", "series_id": "faults-s1",
                                 "report_dir": params["control"]["report_dir"]}
     calls.clear()
+    page.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka")
+    assert [name for name, _ in calls] == ["series", "analysis", "latency", "broker_native"]  # the default study
+    assert page == ["analysis", "latency", "broker_native"]
+    calls.clear()
+    report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka",
+                        parts=report.report_parts("quick", "faults,control"))
     assert dict(calls)["control"]["pipelines"] == "wal,kafka"  # a restricted report restricts it too
     assert dict(calls)["control"]["consumers"] == "2,8"
     assert (dict(calls)["faults"]["profile"], dict(calls)["faults"]["pipelines"]) == ("quick", "wal,kafka")
@@ -130,3 +137,12 @@ def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> Non
     runs = len(sizes["quick"]["pipelines"].split(","))
     work_s = sum(sizes["quick"]["messages"] / (n * 1000 / 15) for n in map(int, sizes["quick"]["consumers"].split(",")))
     assert runs * work_s < 60
+
+
+def test_report_parts_default_per_profile_and_with_adds() -> None:
+    assert report.report_parts("quick") == ("latency", "broker_native")
+    assert report.report_parts("quick", "faults") == ("latency", "broker_native", "faults")
+    assert report.report_parts("quick", "control, broker-native") == ("latency", "broker_native", "control")
+    assert report.report_parts("smoke") == report.report_parts("full") == report.PARTS
+    with pytest.raises(ValueError, match="unknown report part 'fault'"):
+        report.report_parts("quick", "fault")

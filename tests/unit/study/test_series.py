@@ -35,16 +35,35 @@ def test_plan_is_warmup_then_every_cell_then_drift_probe() -> None:
 def test_profiles() -> None:
     quick, full = series.profile("quick"), series.profile("full")
     assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 2, 4, 8, 16))
-    assert quick.repeats == 3 and series.plan("quick")[1].seed == 1  # an interval per cell, shuffled
+    assert quick.repeats == 2 and series.plan("quick")[1].seed == 1  # an interval per cell, shuffled
+    assert quick.volume_arm == (20_000, (1, 16), 2)
     assert (full.messages, full.senders, full.cooldown_s, full.repeats) == (100_000, 200, 20.0, 3)
     assert set(quick.consumers) < set(full.consumers) and max(full.consumers) == 16  # measured, not extrapolated
     assert quick.idle_s == full.idle_s == 30.0
     full_plan = series.plan("full", pipelines=["wal", "kafka"])
-    assert len(full_plan) == 1 + 2 * 6 * 3 + 1
+    assert len(full_plan) == 1 + 2 * 6 * 3 + 2 * 2 * 2 + 1  # warm-up, 3 blocks, the volume arm in two, drift
     assert {s.seed for s in full_plan} == {1}  # repeats are shuffled, with the seed recorded
     with pytest.raises(ValueError, match="unknown profile"):
         series.plan("huge")
 
+
+def test_repeats_are_blocks_and_the_volume_arm_rides_in_them() -> None:
+    pipes = ["kafka", "wal"]
+    plan = series.plan("quick", pipelines=pipes)
+    body = plan[1:-1]
+    per_block = len(pipes) * len(series.QUICK_CONSUMERS) + len(pipes) * 2
+    assert len(body) == 2 * per_block
+    main = {(p, n) for p in pipes for n in series.QUICK_CONSUMERS}
+    arm = {(p, n) for p in pipes for n in (1, 16)}
+    for block in (body[:per_block], body[per_block:]):  # each block: every cell once, the arm once
+        assert sorted((s.pipeline, s.consumers) for s in block if not s.warmup) == sorted(main)
+        volume = [s for s in block if s.label == "volume"]
+        assert {(s.pipeline, s.consumers) for s in volume} == arm and len(volume) == len(arm)
+        assert all(s.warmup and s.messages == 20_000 for s in volume)  # no table pools them with M = 5,000
+    assert body[:per_block] != body[per_block:]  # shuffled within each block, differently
+    assert plan[-1].label == "drift" and plan[-1].messages == 5000
+    assert not any(s.label == "volume" for s in series.plan("quick", pipelines=pipes, rate=500.0))
+    assert not any(s.label == "volume" for s in series.plan("smoke", pipelines=pipes))
 
 def test_reference_profile_is_the_published_sweep() -> None:
     """the reference study: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8 in
@@ -75,8 +94,8 @@ def test_repeats_pipelines_and_series_ids() -> None:
     assert {s.seed for s in series.plan("smoke", pipelines=["wal"])} == {0}  # one repeat: reference order
     assert plan[0].pipeline == "wal"  # no kafka: the warm-up runs on the first pipeline
     assert series.default_series_id("quick") == "quick"
-    assert series.default_series_id("quick", repeats=2, seed=5, pipelines=["wal"]) == "quick-r2-s5-wal"
-    assert series.default_series_id("quick", repeats=3) == "quick"  # the profile's own repeats
+    assert series.default_series_id("quick", repeats=3, seed=5, pipelines=["wal"]) == "quick-r3-s5-wal"
+    assert series.default_series_id("quick", repeats=2) == "quick"  # the profile's own repeats
     assert series.default_series_id("quick", topology="ha") == "quick-ha"  # never resumes a single series
     assert series.default_series_id("quick", topology="single") == "quick"
     assert series.parse_pipelines(" wal, kafka ,") == ["wal", "kafka"] and series.parse_pipelines("") is None
