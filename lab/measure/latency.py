@@ -27,15 +27,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from lab.scenario import PIPELINE_NAMES
 
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 STATS = ("p50", "p95", "p99", "max")
 STAT_STYLE = {"p50": "-o", "p95": "--s", "p99": "-.^", "max": ":v"}
-_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}  # as lab.study.plots
 
 
 def first_arrivals(ids: Sequence[int], t: Sequence[float]) -> dict[int, float]:
@@ -163,35 +160,6 @@ def latency_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = table.sort_values(["pipeline", "consumers"],
                               key=lambda s: s.map(rank) if s.name == "pipeline" else s)
     return table.reset_index(drop=True)
-
-
-def latency_figure(runs: pd.DataFrame) -> Figure:
-    """p50, p95, p99 and max end-to-end latency (ms, log scale) against N, one panel per pipeline.
-
-    ``runs`` as for :func:`latency_table` (medians over repeats are plotted).
-    """
-    table = latency_table(runs)
-    pipes = list(dict.fromkeys(table["pipeline"])) or ["(no runs)"]
-    fig = Figure(figsize=(3.2 * len(pipes) + 0.6, 3.8), layout="constrained")
-    axes = fig.subplots(1, len(pipes), sharey=True, squeeze=False)[0]
-    for ax, pipeline in zip(axes, pipes, strict=True):
-        g = table[table["pipeline"] == pipeline]
-        for stat in STATS:
-            ax.plot(g["consumers"], g[stat], STAT_STYLE[stat], color=_COLORS.get(pipeline, "C7"),
-                    alpha=1.0 if stat == "p50" else 0.75, label=stat)
-        ns = sorted(set(g["consumers"])) or [1]
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(ns))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("consumers N")
-        rate = g["rate"].median() if not g.empty else float("nan")
-        ax.set_title(pipeline + (f" at {rate:g} msg/s" if rate > 0 else ""))
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[0].set_ylabel("created_at → work call (ms)")
-    axes[-1].legend(loc="best", fontsize="small")
-    return fig
 
 
 def schedule_table(results: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

@@ -24,13 +24,14 @@ class Registered:
 
     pipeline: PipelineFactory
     source: SourceFactory
+    colour: str  # its colour in every figure (a matplotlib colour)
 
 
 REGISTRY: dict[str, Registered] = {
-    "wal": Registered(WalPipeline, WalSource),
-    "kafka": Registered(KafkaPipeline, KafkaSource),
-    "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource),
-    "rabbitmq": Registered(RabbitPipeline, RabbitSource),
+    "wal": Registered(WalPipeline, WalSource, "C0"),
+    "kafka": Registered(KafkaPipeline, KafkaSource, "C3"),
+    "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource, "C2"),
+    "rabbitmq": Registered(RabbitPipeline, RabbitSource, "C1"),
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}

@@ -20,9 +20,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lab.scenario import PIPELINE_NAMES, Scenario, parse_rate_steps
+from lab.study.plots import pipeline_color
 from lab.study.series import matrix, profile
 
-_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}  # as lab.study.plots
 _MARKERS = ("o", "s", "^", "v", "D", "P")
 
 
@@ -120,7 +120,7 @@ def capacity_figure(results: Iterable[Mapping[str, Any]]) -> Figure:
         g = steps[steps["pipeline"] == pipeline]
         for m, (n, cell) in enumerate(g.groupby("consumers")):
             for run_id, run in cell.groupby("run_id"):
-                style = {"color": _COLORS.get(pipeline, "C7"), "marker": _MARKERS[m % len(_MARKERS)],
+                style = {"color": pipeline_color(pipeline), "marker": _MARKERS[m % len(_MARKERS)],
                          "alpha": 0.5 + 0.5 * (m + 1) / (g["consumers"].nunique() or 1)}
                 label = f"N = {n}" if run_id == cell["run_id"].iloc[0] else None
                 for ax, y in ((top, "delivered_per_s"), (bottom, "due_p99_ms"), (cost, "cpu_ms_per_msg")):

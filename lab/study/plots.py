@@ -17,12 +17,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
+from lab.measure import latency
+from lab.pipelines import REGISTRY
 from lab.scenario import PIPELINE_NAMES
 from lab.study.costmodel import METRIC, Crossover, FanoutFit, Level, drift, headline, measured
 from lab.study.ha_nodes import is_node
 from lab.study.intervals import coverage_label
 
-PIPELINE_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}
+PIPELINE_COLORS = {name: r.colour for name, r in REGISTRY.items()}  # each pipeline's own, in its registry line
 PARTICIPANT_COLORS = {
     "postgres": "C0",
     "postgres-standby": "C9",  # ha
@@ -40,6 +42,11 @@ PARTICIPANT_COLORS = {
 
 def _color(pipeline: str) -> str:
     return PIPELINE_COLORS.get(pipeline, "C7")
+
+
+def pipeline_color(pipeline: str) -> str:
+    """A pipeline's colour in every figure (its registry line's); grey for a name not registered."""
+    return _color(pipeline)
 
 
 def _order(df: pd.DataFrame) -> pd.DataFrame:
@@ -376,4 +383,33 @@ def n_star_figure(answers: Iterable[Any], *,
     ax.set_ylabel("N* (readers)")
     ax.set_title(title)
     ax.legend(fontsize="x-small", loc="upper left")
+    return fig
+
+
+def latency_figure(runs: pd.DataFrame) -> Figure:
+    """p50, p95, p99 and max end-to-end latency (ms, log scale) against N, one panel per pipeline.
+
+    ``runs`` as for :func:`lab.measure.latency.latency_table` (medians over repeats are plotted).
+    """
+    table = latency.latency_table(runs)
+    pipes = list(dict.fromkeys(table["pipeline"])) or ["(no runs)"]
+    fig = Figure(figsize=(3.2 * len(pipes) + 0.6, 3.8), layout="constrained")
+    axes = fig.subplots(1, len(pipes), sharey=True, squeeze=False)[0]
+    for ax, pipeline in zip(axes, pipes, strict=True):
+        g = table[table["pipeline"] == pipeline]
+        for stat in latency.STATS:
+            ax.plot(g["consumers"], g[stat], latency.STAT_STYLE[stat], color=_color(pipeline),
+                    alpha=1.0 if stat == "p50" else 0.75, label=stat)
+        ns = sorted(set(g["consumers"])) or [1]
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(ns))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("consumers N")
+        rate = g["rate"].median() if not g.empty else float("nan")
+        ax.set_title(pipeline + (f" at {rate:g} msg/s" if rate > 0 else ""))
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("created_at → work call (ms)")
+    axes[-1].legend(loc="best", fontsize="small")
     return fig

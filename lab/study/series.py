@@ -103,10 +103,10 @@ def profile(name: str) -> Profile:
 
 
 def available_pipelines() -> list[str]:
-    """The registered pipelines, in the reference order."""
+    """The registered pipelines: the reference's four in its order, then the others in registry order."""
     from lab.pipelines import PIPELINES
 
-    return [p for p in ORDER if p in PIPELINES]
+    return [p for p in ORDER if p in PIPELINES] + [p for p in PIPELINES if p not in ORDER]
 
 
 def parse_pipelines(text: str | Sequence[str] | None) -> list[str] | None:

@@ -247,12 +247,12 @@ def quietness(df: pd.DataFrame) -> pd.DataFrame:
 def figure(cells: pd.DataFrame) -> Figure:
     """Total ms CPU/msg against N per pipeline, ``single`` solid and ``ha`` dashed, each median
     with its interval (:func:`cell_table`'s columns)."""
-    from lab.study.plots import PIPELINE_COLORS
+    from lab.study.plots import pipeline_color
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     for pipeline, g in cells.groupby("pipeline", sort=False):
-        color = PIPELINE_COLORS.get(str(pipeline), "C7")
+        color = pipeline_color(str(pipeline))
         for t, style, dodge in (("single", "-o", 1 / 1.03), ("ha", "--s", 1.03)):  # bars side by side
             x = g["consumers"] * dodge
             ax.plot(x, g[t], style, color=color, label=f"{pipeline} {t}")

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from lab.settings import Settings
-from lab.study import faults, series
+from lab.study import crossover, faults, series
 from lab.study.report import build_report, execute_notebook
 
 pytestmark = pytest.mark.notebooks
@@ -109,10 +109,9 @@ def test_report_shows_the_idle_baseline_memory_and_decode_volume(smoke_report: t
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").read_text().startswith("<?xml")
     for name in TABLES:
         assert (out / f"{name}.csv").exists(), name
-    crossover = pd.read_csv(out / "crossover.csv")
-    direct = [p for p in ("wal", "wal-sharded") if p in series.available_pipelines()]
-    brokers = [p for p in ("kafka", "rabbitmq") if p in series.available_pipelines()]
-    assert len(crossover) == len(direct) * len(brokers)
+    table = pd.read_csv(out / "crossover.csv")
+    direct, brokers = crossover.sides(series.available_pipelines())
+    assert len(table) == len(direct) * len(brokers)
 
 
 def test_scenario_notebook_runs_one_scenario(stack: Any, settings: Settings, tmp_path: Path) -> None:

@@ -106,7 +106,9 @@ def test_latency_table_medians_per_cell_in_pipeline_order() -> None:
 
 
 def test_latency_figure_has_a_log_panel_per_pipeline_with_four_lines() -> None:
-    fig = latency.latency_figure(_runs())
+    from lab.study import plots
+
+    fig = plots.latency_figure(_runs())
     axes = fig.get_axes()
     assert [ax.get_title() for ax in axes] == ["wal at 500 msg/s", "kafka at 500 msg/s"]
     assert axes[0].get_yscale() == "log"

@@ -46,11 +46,9 @@ def test_source_builds_from_the_one_shape(name: str, tmp_path: Path) -> None:
 
 
 def test_names_and_colours_cover_the_registry() -> None:
-    from lab.measure.latency import _COLORS as latency_colours
     from lab.scenario import PIPELINE_NAMES
-    from lab.study.capacity import _COLORS as capacity_colours
-    from lab.study.plots import PIPELINE_COLORS
+    from lab.study.plots import pipeline_color
 
     assert set(PIPELINE_NAMES) == set(REGISTRY)
-    for colours in (PIPELINE_COLORS, capacity_colours, latency_colours):
-        assert set(colours) >= set(REGISTRY)
+    colours = [pipeline_color(name) for name in REGISTRY]
+    assert len(set(colours)) == len(colours) and "C7" not in colours  # each its own, none the unknown grey
