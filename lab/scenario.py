@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
+PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -197,7 +197,7 @@ def _megabytes(text: str, spec: str) -> int:
 class Scenario:
     """What load a run applies. Validated on construction; errors are one clear line."""
 
-    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq
+    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll
     consumers: int = 1  # N consumer processes
     messages: int = 100_000  # M messages sent, the divisor of the metric
     senders: int = 200  # closed-loop HTTP senders
