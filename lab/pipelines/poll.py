@@ -34,6 +34,11 @@ runs count it. There is no lease and no visibility timeout to tune (pgmq, graphi
 river hold a claim across transactions, so they need one); the price is an open transaction per
 busy consumer, which holds back the xmin horizon for about one batch's work.
 
+Connection loss (a PostgreSQL restart, a terminated backend): the open transaction is gone with
+its locks, inbox claims and deletes, so its rows return to the outbox; a batch whose claim or
+commit failed is dropped on this side (its work calls may have been made: at-least-once), and
+the next read connects again.
+
 Reads. An empty read is repeated every ``flush_wait`` (50 ms, the wait a WAL reader tops a batch up
 with) until ``first_wait`` (100 ms) has passed; there is no notification (the outbox insert is the
 one every pipeline shares). A read returns at once what it found: topping a batch up would hold
@@ -49,6 +54,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -61,6 +68,7 @@ from lab.settings import Settings
 from lab.stack.base import Stack
 from lab.workload.inbox import CLAIMS_APPLICATION
 
+log = logging.getLogger(__name__)
 OUTBOX = "messages"
 DONE = "messages_done"  # schema.sql: where finished rows go (no index)
 
@@ -75,6 +83,8 @@ FINISH = sql.SQL(
 BEGIN = sql.SQL("BEGIN")
 COMMIT = sql.SQL("COMMIT")
 ROLLBACK = sql.SQL("ROLLBACK")
+RECONNECT_TIMEOUT_S = 30.0  # a restarted server (postgres-restart) accepts connections again within this
+RECONNECT_PAUSE_S = 0.2
 
 
 def consumer_name(index: int) -> str:
@@ -138,39 +148,76 @@ class PollSource:
         self.db_ops = 0
         self.decoded_bytes = 0
         self.reads = 0  # read statements, empty ones included
+        self.reconnects = 0
+        self._broken = False
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._open_tx = False
         self._finished: list[int] = []
 
     async def open(self) -> None:
-        self._conn = await psycopg.AsyncConnection.connect(
+        self._conn = await self._connect()
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
             self.settings.pg_dsn, autocommit=True, application_name=CLAIMS_APPLICATION)
+
+    async def _reconnect(self) -> None:
+        """A new connection, retried while the server does not accept one yet."""
+        old, self._conn, self._open_tx, self._finished = self._conn, None, False, []
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.close()
+        deadline = time.monotonic() + RECONNECT_TIMEOUT_S
+        while True:
+            try:
+                self._conn = await self._connect()
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(RECONNECT_PAUSE_S)
+            else:
+                self.reconnects += 1
+                return
+
+    def _lost(self, exc: psycopg.Error) -> None:
+        """The connection broke: the transaction and its rows are PostgreSQL's again."""
+        log.warning("%s: connection lost (%s); the open batch returns to the outbox", self.me, exc)
+        self._broken, self._open_tx, self._finished = True, False, []
 
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
         """Up to ``max_items`` rows locked by this consumer's open transaction; [] (and no
-        transaction) when every read in ``first_wait`` found nothing."""
-        conn = self._conn
-        assert conn is not None
+        transaction) when every read in ``first_wait`` found nothing, or the connection broke."""
+        if self._broken:
+            await self._reconnect()
+            self._broken = False
         if self._open_tx:  # never two batches in one transaction
             await self.idle()
-        reads = read_plan(first_wait, flush_wait)
-        for attempt in range(reads):
-            if attempt:
-                await asyncio.sleep(flush_wait)
-            async with conn.pipeline():
-                await conn.execute(BEGIN)
-                cur = await conn.execute(READ, {"n": max_items})
-            rows = await cur.fetchall()
-            self.reads += 1
-            if rows:
-                self._open_tx = True
-                return [Item(i, content, created.isoformat(), None) for i, content, created in rows]
-            await conn.execute(ROLLBACK)
+        conn = self._conn
+        assert conn is not None
+        try:
+            for attempt in range(read_plan(first_wait, flush_wait)):
+                if attempt:
+                    await asyncio.sleep(flush_wait)
+                async with conn.pipeline():
+                    await conn.execute(BEGIN)
+                    cur = await conn.execute(READ, {"n": max_items})
+                rows = await cur.fetchall()
+                self.reads += 1
+                if rows:
+                    self._open_tx = True
+                    return [Item(i, content, created.isoformat(), None) for i, content, created in rows]
+                await conn.execute(ROLLBACK)
+        except psycopg.OperationalError as exc:
+            self._lost(exc)
         return []
 
     async def claim(self, batch: list[Item]) -> list[Item]:
         assert self._conn is not None
-        mine, statements = await claim_batch(self._conn, batch, self.me, self.done)  # lost: finished at once
+        try:
+            mine, statements = await claim_batch(self._conn, batch, self.me, self.done)  # lost: finished at once
+        except psycopg.OperationalError as exc:
+            self._lost(exc)
+            return []
         self.db_ops += statements
         self.skipped += len(batch) - len(mine)
         return mine
@@ -187,10 +234,14 @@ class PollSource:
         conn = self._conn
         assert conn is not None
         ids, self._finished = self._finished, []
-        async with conn.pipeline():
-            if ids:
-                await conn.execute(FINISH, {"ids": ids}, prepare=False)
-            await conn.execute(COMMIT)
+        try:
+            async with conn.pipeline():
+                if ids:
+                    await conn.execute(FINISH, {"ids": ids})
+                await conn.execute(COMMIT)
+        except psycopg.OperationalError as exc:
+            self._lost(exc)
+            return
         self._open_tx = False
 
     async def close(self) -> None:
