@@ -19,6 +19,12 @@ visible in run.json (``vacuum``):
   Native backend only (in a container the server's pids are not the host's). The launcher's CPU
   is kept apart. Everything here is also in PostgreSQL's total (``other`` in
   ``derived.postgres_backends``).
+* **debt** — with the default ``autovacuum_naptime`` (60 s) a run of a few tens of seconds mostly
+  ends before autovacuum comes, and the next run's reset truncates what it left. After the
+  consumers exited (outside the window), the runner therefore runs one ``VACUUM`` of the outbox's
+  tables (:data:`DEBT_TABLES`) on its own connection and reads that backend's CPU before and after
+  (native backend; ``wall_s`` everywhere): what cleaning up after the run costs, for every pipeline
+  (insert-only tables are vacuumed too, to set their visibility map).
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 import psycopg
+from psycopg import sql
 
 log = logging.getLogger(__name__)
 TABLES = ("messages", "messages_done", "inbox", "inbox_wal")
@@ -44,6 +52,7 @@ TABLES_QUERY = "SELECT relname, to_jsonb(s) FROM pg_stat_user_tables s WHERE rel
 WORKERS_QUERY = ("SELECT pid, backend_type FROM pg_stat_activity "
                  "WHERE backend_type IN ('autovacuum worker', 'autovacuum launcher')")
 LAUNCHER = "autovacuum launcher"
+DEBT_TABLES = ("messages", "messages_done")  # the outbox and where poll moves its finished rows
 
 
 async def read_tables(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, float]]:
@@ -64,6 +73,30 @@ def table_deltas(start: Mapping[str, Mapping[str, float]], end: Mapping[str, Map
         row.update({k: round(b[k] - a[k], 3) for k in CUMULATIVE if k in a and k in b})
         out[name] = row
     return out
+
+
+async def vacuum_cost(conn: psycopg.AsyncConnection[Any], native: bool) -> dict[str, Any]:
+    """One ``VACUUM`` of :data:`DEBT_TABLES` on ``conn`` (autocommit): its backend's CPU-seconds
+    (native backend only, else None), its wall time, and the dead tuples it found."""
+    row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+    assert row is not None
+    proc = psutil.Process(row[0]) if native else None
+    dead = await (await conn.execute(
+        "SELECT coalesce(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+        (list(DEBT_TABLES),))).fetchone()
+
+    def cpu() -> float | None:
+        if proc is None:
+            return None
+        t = proc.cpu_times()
+        return float(t.user + t.system)
+
+    before, t0 = cpu(), time.monotonic()
+    await conn.execute(sql.SQL("VACUUM {}").format(sql.SQL(", ").join(sql.Identifier(t) for t in DEBT_TABLES)))
+    wall, after = time.monotonic() - t0, cpu()
+    return {"tables": list(DEBT_TABLES), "dead_tup": dead[0] if dead else None,
+            "cpu_s": None if before is None or after is None else round(after - before, 4),
+            "wall_s": round(wall, 4)}
 
 
 @dataclass
@@ -97,6 +130,7 @@ class AutovacuumWatch:
     tables: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     dead_max: dict[str, float] = field(default_factory=dict)
     polls: int = 0
+    debt: dict[str, Any] | None = None
     _conn: psycopg.AsyncConnection[Any] | None = None
     _task: asyncio.Task[None] | None = None
 
@@ -156,12 +190,15 @@ class AutovacuumWatch:
         except Exception as exc:
             log.warning("autovacuum not read at %s: %s", edge, exc)
 
-    async def end(self) -> None:
-        """The tables once more after the consumers exited (``end``), and close; never raises."""
+    async def end(self, *, debt: bool = False) -> None:
+        """The tables once more after the consumers exited (``end``), with ``debt`` the cost of
+        vacuuming them (module docstring), and close; never raises."""
         if self._conn is None:
             return
         try:
             self.tables["end"] = await read_tables(self._conn)
+            if debt:
+                self.debt = await vacuum_cost(self._conn, self.native)
         except Exception as exc:
             log.warning("tables not read after the run: %s", exc)
         with contextlib.suppress(Exception):
@@ -176,6 +213,7 @@ class AutovacuumWatch:
             "tables": self.tables,
             "delta": table_deltas(self.tables["gate"], last) if "gate" in self.tables and last else None,
             "dead_max": self.dead_max,
+            "debt": self.debt,
             "autovacuum": {
                 "cpu_s": None if cpu is None else cpu["workers"],
                 "launcher_cpu_s": None if cpu is None else cpu["launcher"],

@@ -151,11 +151,12 @@ class RunPhases:
         self.run.vacuum_watch = watch
 
     async def vacuum_record(self) -> dict[str, Any] | None:
-        """run.json's ``vacuum``: the tables once more (the consumers have exited), then the block."""
+        """run.json's ``vacuum``: the tables once more (the consumers have exited) and what vacuuming
+        the outbox costs now (outside the window), then the block."""
         watch = self.run.vacuum_watch
         if watch is None:
             return None
-        await watch.end()
+        await watch.end(debt=True)
         return watch.record()
 
     async def _check_step(self, stair: _StopWatch, worked: int) -> None:

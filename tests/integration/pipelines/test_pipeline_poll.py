@@ -58,6 +58,9 @@ def test_a_run_delivers_every_message_once_and_leaves_nothing(
     assert v["delta"]["messages"]["n_tup_del"] == M  # read after the consumers' backends ended
     assert v["delta"]["messages_done"]["n_tup_ins"] == M
     assert v["autovacuum"]["cpu_s"] is not None and v["autovacuum"]["cpu_s"] >= 0
+    assert v["debt"]["tables"] == ["messages", "messages_done"] and v["debt"]["cpu_s"] >= 0  # whole ticks
+    # the deleted rows are dead tuples at the end, unless autovacuum came during the run
+    assert v["debt"]["dead_tup"] > 0 or v["delta"]["messages"]["autovacuum_count"] > 0
     assert result["pipeline_settings"]["consumers"] == [f"poll-{i}" for i in range(n)]
 
 
