@@ -11,7 +11,7 @@ visible in run.json (``vacuum``):
   counters, the end value for ``n_live_tup`` and ``n_dead_tup``; ``dead_max`` the most dead tuples
   seen during the window (read every :data:`TABLE_EVERY` polls).
 * **autovacuum** — the CPU of the autovacuum worker backends (``pg_stat_activity.backend_type``),
-  read from ``/proc`` like :mod:`lab.measure.pgbackends`, every :data:`POLL_S` during the window:
+  read from ``/proc`` (scheduler runtime, :func:`cpu_s`), every :data:`POLL_S` during the window:
   a worker alive at the gate is charged what it used after it, one that started inside the
   window all of its CPU up to its last reading. A worker that starts and ends between two polls
   is not seen, and the CPU a worker uses after its last poll is not counted: the figure is a lower
@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -75,27 +76,39 @@ def table_deltas(start: Mapping[str, Mapping[str, float]], end: Mapping[str, Map
     return out
 
 
+def cpu_s(pid: int) -> float | None:
+    """A server process's CPU-seconds: its scheduler runtime (``/proc/<pid>/schedstat``, in ns: a
+    vacuum of a few thousand rows takes less than one clock tick), else ``utime + stime``; None
+    when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return float(t.user + t.system)
+
+
 async def vacuum_cost(conn: psycopg.AsyncConnection[Any], native: bool) -> dict[str, Any]:
     """One ``VACUUM`` of :data:`DEBT_TABLES` on ``conn`` (autocommit): its backend's CPU-seconds
     (native backend only, else None), its wall time, and the dead tuples it found."""
     row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
     assert row is not None
-    proc = psutil.Process(row[0]) if native else None
+    pid = row[0]
     dead = await (await conn.execute(
         "SELECT coalesce(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables WHERE relname = ANY(%s)",
         (list(DEBT_TABLES),))).fetchone()
 
     def cpu() -> float | None:
-        if proc is None:
-            return None
-        t = proc.cpu_times()
-        return float(t.user + t.system)
+        return cpu_s(pid) if native else None
 
     before, t0 = cpu(), time.monotonic()
     await conn.execute(sql.SQL("VACUUM {}").format(sql.SQL(", ").join(sql.Identifier(t) for t in DEBT_TABLES)))
     wall, after = time.monotonic() - t0, cpu()
     return {"tables": list(DEBT_TABLES), "dead_tup": dead[0] if dead else None,
-            "cpu_s": None if before is None or after is None else round(after - before, 4),
+            "cpu_s": None if before is None or after is None else round(after - before, 6),
             "wall_s": round(wall, 4)}
 
 
@@ -158,11 +171,9 @@ class AutovacuumWatch:
         if not self.native:
             return
         for pid, kind in await (await self._conn.execute(WORKERS_QUERY)).fetchall():
-            try:
-                t = psutil.Process(pid).cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+            cpu = cpu_s(pid)
+            if cpu is None:
                 continue
-            cpu = float(t.user + t.system)
             seen = self.workers.get(pid)
             if seen is None:
                 self.workers[pid] = WorkerCpu(kind, cpu, cpu, at_start)

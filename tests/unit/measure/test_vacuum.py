@@ -41,3 +41,17 @@ def test_the_block_says_it_is_a_lower_bound_and_what_was_seen() -> None:
     assert block["autovacuum"]["cpu_s"] == 0.04 and block["autovacuum"]["workers_seen"] == 1
     assert block["autovacuum"]["lower_bound"] is True
     assert AutovacuumWatch("postgresql://unused", native=False).record()["autovacuum"]["cpu_s"] is None
+
+
+def test_a_process_cpu_is_read_to_the_nanosecond_and_none_once_gone() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from lab.measure.vacuum import cpu_s
+
+    mine = cpu_s(os.getpid())
+    assert mine is not None and mine > 0 and mine != round(mine, 2)  # not whole clock ticks
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert cpu_s(child.pid) is None
