@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
+PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -82,6 +82,7 @@ FAILOVER_MODES = ("immediate", "fast")  # postgres-failover=MODE: how the primar
 BROKER_NODES = 3  # the ha topology's nodes per broker (lab.settings.Settings.kafka_nodes)
 _TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION
 _MAY_LAST = ("broker-restart", "postgres-restart", "broker-node-kill")  # +DURATION optional (outage before the start)
+_NO_SLOT = ("poll",)  # pipelines without a replication slot or walsender: walsender-kill does not apply
 _DEBEZIUM_ONLY = ("debezium-kill", "broker-restart", "broker-node-kill")  # need Debezium and a broker
 BIG_TRANSACTION_ROWS = 100_000
 _TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow",
@@ -197,7 +198,7 @@ def _megabytes(text: str, spec: str) -> int:
 class Scenario:
     """What load a run applies. Validated on construction; errors are one clear line."""
 
-    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq
+    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll
     consumers: int = 1  # N consumer processes
     messages: int = 100_000  # M messages sent, the divisor of the metric
     senders: int = 200  # closed-loop HTTP senders
@@ -293,6 +294,8 @@ class Scenario:
         if f.kind == "walsender-kill" and f.target is not None and self.pipeline in ("kafka", "rabbitmq"):
             raise ValueError(f"fault {self.fault!r}: on {self.pipeline} the walsender is Debezium's; "
                              "write walsender-kill@T without a target")
+        if f.kind == "walsender-kill" and self.pipeline in _NO_SLOT:
+            raise ValueError(f"fault {self.fault!r}: {self.pipeline} reads no WAL (no slot, no walsender)")
         if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded"):
             raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
                              "(pipeline wal or wal-sharded)")

@@ -110,6 +110,7 @@ class Pipeline(Protocol):
     fan_out: ClassVar[bool]  # every consumer sees every row (skipped = (N-1)·M)
     inbox_table: ClassVar[str]  # "inbox" or "inbox_wal"
     cdc_sink: ClassVar[str | None]  # Debezium sink this pipeline needs, if any
+    consumes_outbox: ClassVar[bool]  # consumers delete finished rows from ``messages`` (poll)
 
     def describe(self) -> dict[str, Any]:
         """The pipeline's settings, echoed into run.json."""

@@ -34,6 +34,7 @@ from lab.measure.cgroups import choose_cpu_method
 from lab.measure.preflight import check_clean
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
+from lab.measure.vacuum import AutovacuumWatch
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
 from lab.runner.assembly import assemble
@@ -86,6 +87,8 @@ class Run(RunContext):
         self.stair_data: dict[str, Any] | None = None  # staircase: created_at and arrivals (measure_latency)
         self.stair_stop: dict[str, Any] | None = None  # staircase: why the runner stopped it early
         self.pg_edges: dict[str, dict[int, Any]] = {}
+        self.vacuum_watch: AutovacuumWatch | None = None
+        self.vacuum: dict[str, Any] | None = None
         self.decoders = decoders.DecodeOnly(settings.pg_dsn, scenario.decode_slots)
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
         self.interrupted: str | None = None  # the signal that ended the run early (SIGTERM, SIGINT)
@@ -146,6 +149,7 @@ class Run(RunContext):
             self.host_window.stop()
             sampler.stop()
             self.slot_stats = await phases.read_slot_stats()
+            self.vacuum = await phases.vacuum_record()
             checks = await phases.verify()
             await phases.measure_latency(sent)
         except Exception as exc:
@@ -160,6 +164,9 @@ class Run(RunContext):
         finally:
             if sampler is not None:
                 sampler.stop()
+            if self.vacuum_watch is not None:  # a failed run's polls end here
+                await self.vacuum_watch.stop()
+                await self.vacuum_watch.end()
             await proc.cleanup()
         if self.interrupted is None:
             await phases._checkpoint_and_cool()

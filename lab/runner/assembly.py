@@ -14,7 +14,7 @@ fixture) holds:
   send and the last work call, None when not measured), ``speed`` (the probe's summary),
   ``idle_baseline`` (the series' idle baseline's rates, None without one), ``latency_ms``,
   ``latency_from_due_ms``, ``staircase`` (``steps``, ``max_sustainable_rate``, ``staircase``; empty
-  without a staircase), ``slots``;
+  without a staircase), ``slots``, ``vacuum`` (:mod:`lab.measure.vacuum`; None when not read);
 * ``derived``: per-participant figures derived from the run's timelines (each a block of run.json
   under its own key, e.g. ``cost_split``); a new figure of that kind is one more key here;
 * ``provenance``: run.json's provenance and stack fields, ``harness``, ``lab_version``.
@@ -120,6 +120,8 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         "mem_mb": mem_mb,
         "mem_mb_max": mem_mb_max,
         "slots": record.get("slots") or {},
+        # the tables' counters and autovacuum's CPU (lab.measure.vacuum); records older than it have none
+        **({"vacuum": record["vacuum"]} if "vacuum" in record else {}),
         "idle": idle_block(record.get("idle_baseline"), cpu_s, span or 0.0, m),
         "latency_ms": record.get("latency_ms"),
         "latency_from_due_ms": record.get("latency_from_due_ms"),

@@ -13,6 +13,7 @@ import psutil
 from lab.measure.decoders import DecodeOnly
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
+from lab.measure.vacuum import AutovacuumWatch
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -53,6 +54,8 @@ class RunContext:
     stair_stop: dict[str, Any] | None  # staircase: why the runner stopped it early
     decoders: DecodeOnly  # the run's decode-only slots (lab.measure.decoders)
     pg_edges: dict[str, dict[int, Any]]  # PostgreSQL's processes at the window edges (lab.measure.pgbackends)
+    vacuum_watch: AutovacuumWatch | None  # autovacuum and the tables' counters over the window (lab.measure.vacuum)
+    vacuum: dict[str, Any] | None  # run.json's vacuum block
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
     service_cgroups: dict[str, Any]  # each service's cgroup: a restarted service moves back in (faults)
     _http: aiohttp.ClientSession | None

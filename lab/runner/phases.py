@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from lab.measure import decoders, pgbackends
+from lab.measure import decoders, pgbackends, vacuum
 from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
 from lab.measure.staircase import STOP_LEAD_S, lag_bound, staircase_due_latencies
@@ -58,7 +58,7 @@ class RunPhases:
         await asyncio.to_thread(drop_slots, dsn, "load_test_slot")
         await asyncio.to_thread(drop_slots, dsn, decoders.SLOT_PREFIX)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            for table in ("inbox", "inbox_wal", "messages"):
+            for table in ("inbox", "inbox_wal", "messages", "messages_done"):
                 await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
             # schema.sql has it; a server started before it did gets it here (takeover claims)
             await conn.execute(sql.SQL("CREATE SEQUENCE IF NOT EXISTS {} AS integer").format(
@@ -70,6 +70,7 @@ class RunPhases:
         s = self.run.scenario
         self.run.edges["gate"] = sampler.snapshot()
         await self._read_backends("gate")
+        await self._watch_vacuum()
         (self.run.scratch / "start").touch()
         if self.run.injector is not None:
             self.run.injector.start(time.monotonic())
@@ -123,6 +124,8 @@ class RunPhases:
             await self.run.injector.finish()
         self.run.edges["drained"] = sampler.snapshot()
         await self._read_backends("drained")
+        if self.run.vacuum_watch is not None:
+            await self.run.vacuum_watch.stop("drained")
         return sent_result
 
     async def _read_backends(self, edge: str) -> None:
@@ -135,13 +138,34 @@ class RunPhases:
         except Exception as exc:
             log.warning("run %s: PostgreSQL's backends not read at %s: %s", self.run.run_id, edge, exc)
 
+    async def _watch_vacuum(self) -> None:
+        """Start polling autovacuum and the tables' counters (:mod:`lab.measure.vacuum`); a failure
+        is a warning, never the run's."""
+        watch = vacuum.AutovacuumWatch(self.run.settings.pg_dsn, native=self.run.settings.backend == "native")
+        try:
+            await watch.start()
+        except Exception as exc:
+            log.warning("run %s: autovacuum not watched: %s", self.run.run_id, exc)
+            await watch.end()
+            return
+        self.run.vacuum_watch = watch
+
+    async def vacuum_record(self) -> dict[str, Any] | None:
+        """run.json's ``vacuum``: the tables once more (the consumers have exited) and what vacuuming
+        the outbox costs now (outside the window), then the block."""
+        watch = self.run.vacuum_watch
+        if watch is None:
+            return None
+        await watch.end(debt=True)
+        return watch.record()
+
     async def _check_step(self, stair: _StopWatch, worked: int) -> None:
         """The staircase's early stop (:mod:`lab.measure.staircase`): shortly before a step's end, its
         lag (rows of ``messages`` − distinct ids worked) against criterion 1's bound; above it, the
         senders start no further step."""
         rate = stair.plan[stair.step][0]
         async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
-            one = await (await conn.execute("SELECT count(*) FROM messages")).fetchone()
+            one = await (await conn.execute("SELECT count(*) FROM outbox_record")).fetchone()
         rows = one[0] if one else 0
         lag, bound = rows - worked, lag_bound(rate, self.run.scenario.consumers, self.run.scenario.batch_size)
         if lag > bound:
@@ -205,10 +229,10 @@ class RunPhases:
             ids = sorted(set(arrivals["ids"]))
             async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
                 if self.run.scenario.rate_steps:  # every row: the lag also counts rows never worked
-                    cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
+                    cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM outbox_record")
                 else:
                     cur = await conn.execute(
-                        "SELECT id, extract(epoch FROM created_at)::float8 FROM messages WHERE id = ANY(%s)",
+                        "SELECT id, extract(epoch FROM created_at)::float8 FROM outbox_record WHERE id = ANY(%s)",
                         (ids,))
                 created: dict[int, float] = dict(await cur.fetchall())
             self.run.flow = sorted(created.values()), sorted(arrivals["t"])  # the cost split's regressors
@@ -242,6 +266,10 @@ class RunPhases:
             claims = [r[0] for r in await cur.fetchall()]
             stats = await self.run._web("/load/stats")
             sets = await id_sets(conn, (await self.run._web("/load/arrivals"))["ids"], self.run.pipeline.inbox_table)
+            outbox_left = None  # a pipeline that deletes finished rows: any row left was never finished
+            if self.run.pipeline.consumes_outbox:
+                left = await (await conn.execute("SELECT count(*) FROM messages")).fetchone()
+                outbox_left = left[0] if left else None
         if self.run.scenario.producer != "web" and not sets["messages_rows"]:
             sets = {}  # the direct producers of a broker stand write no outbox row: counts only
         if self.run.injector is not None:
@@ -250,7 +278,7 @@ class RunPhases:
             "inbox_rows": rows, "distinct_ids": distinct,
             "claims_min": min(claims, default=0), "claims_max": max(claims, default=0),
             "work_calls": stats["calls"], "work_distinct": stats["distinct"],
-            **sets, "ids_match": sets_equal(sets) if sets else None,
+            **sets, "ids_match": sets_equal(sets) if sets else None, "outbox_left": outbox_left,
         }
 
     async def _account(self) -> dict[str, Any]:
@@ -261,7 +289,7 @@ class RunPhases:
         assert inj is not None  # only a fault run is accounted for
         arrivals = await self.run._web("/load/arrivals")
         async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
-            cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM messages")
+            cur = await conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM outbox_record")
             # the lag, phases and recovery (lab.measure.recovery)
             created: dict[int, float] = dict(await cur.fetchall())
             messages = list(created)

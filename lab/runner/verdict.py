@@ -3,7 +3,9 @@
 Without a fault, Success (the reference study's predicate) is: no error, no send failed, and
 sent = processed = distinct claimed ids = work calls = distinct work ids = messages, and the set of
 worked (for ``inbox``: claimed) ids equals the set of ids in ``messages`` (``ids_match``; None when
-not compared, e.g. a broker's direct producer writes no outbox row). ``skipped`` (claims lost to
+not compared, e.g. a broker's direct producer writes no outbox row), and for a pipeline whose
+consumers delete the rows they finished (``poll``) no row is left in ``messages`` (``outbox_left``
+0; None for the others, whose rows stay). ``skipped`` (claims lost to
 another consumer, acked at once: wal's fan-out, wal-sharded's early overlap, a broker's
 redelivery) is counted, never part of the predicate: every one of those rows was worked once by
 the consumer that won its claim.
@@ -96,6 +98,8 @@ def judge(counters: Mapping[str, Any], messages: int, *, error: str | None = Non
                     if counters.get(k) != messages]
         if counters.get("ids_match") is False:  # the id sets, not only their sizes
             reasons.append("ids_match=False")
+        if counters.get("outbox_left"):  # a pipeline that deletes finished rows left some
+            reasons.append(f"outbox_left={counters.get('outbox_left')}")
     else:
         reasons += _fault_reasons(counters, messages, fault, acc)
     success = not reasons
@@ -112,6 +116,8 @@ def judge(counters: Mapping[str, Any], messages: int, *, error: str | None = Non
                  f"{inv['wal_status']}), reader {inv['consumer']} ended; " + error)
     if error is None and not success:
         error = "counters do not match: " + ", ".join(f"{k}={counters.get(k)}" for k in SHOWN)
+        if counters.get("outbox_left"):
+            error += f", outbox_left={counters.get('outbox_left')}"
     return Verdict(success, error, tuple(reasons), acc)
 
 

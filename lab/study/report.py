@@ -125,9 +125,10 @@ EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers":
 # the question (the series with its volume arm, latency and the load staircases that give N* by rate, the
 # broker-native stand beside the article's) and leaves out the fault matrix (~20-25 more minutes) and the
 # control experiment (~3-4), which are studies of their own (`lab faults`, `lab report --with control`).
+EXTRAS["decision"] = {**EXTRAS["quick"], "latency": {"rate": 500.0, "consumers": "1,16"}}
 PARTS = ("latency", "broker_native", "control", "faults")
 DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency", "broker_native"),
-                                             "full": PARTS, "reference": PARTS}
+                                             "full": PARTS, "reference": PARTS, "decision": ("latency",)}
 
 
 def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
@@ -147,6 +148,7 @@ CAPACITY: dict[str, dict[str, Any]] = {
     "quick": {"rate_steps": "250,500,1000,2000", "step_s": 8.0, "steps_consumers": "1,4"},
     "full": {"rate_steps": "250,500,1000,1500,2000,3000", "step_s": 20.0, "steps_consumers": "1,4,16"},
     "reference": {"rate_steps": "250,500,1000,1500,2000,3000", "step_s": 20.0, "steps_consumers": "1,4,8"},
+    "decision": {"rate_steps": "250,500,1000,2000", "step_s": 8.0, "steps_consumers": "1,16"},
 }
 
 

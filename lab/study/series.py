@@ -43,14 +43,18 @@ from lab.stack.proc import exclusive
 
 log = logging.getLogger(__name__)
 
-ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order
+ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order; the others follow it
+REFERENCE_PIPELINES = ORDER  # the four the reference study ran
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
-# The default profile gives every cell an interval (3 runs: the median's [min, max], 75 % coverage)
-# in about 30 minutes here: 5 N x 4 pipelines x 3 = 60 runs at ~30 s. It keeps the
-# article's N (1, 2, 4, 8) for the side-by-side tables and 16 beyond its extrapolated crossover;
-# N = 12 is in `full`.
+# The default profile answers the article's question for its four pipelines within half an hour on 2
+# cores: 5 N x 4 pipelines x 2 blocks + a volume arm of 4 x 2 x 2 = 56 runs. Two runs per cell give the
+# median's [min, max] at 50 % coverage (labelled so). It keeps the article's N (1, 2, 4, 8) for the
+# side-by-side tables and 16 beyond its extrapolated crossover; N = 12 is in `full`. The options the
+# article never compared are in `decision` (every registered pipeline, fewer N), which a default
+# series of every pipeline at these N would more than double.
 QUICK_CONSUMERS = (1, 2, 4, 8, 16)
+DECISION_CONSUMERS = (1, 4, 16)
 # The reference's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
 REFERENCE_CONSUMERS = (1, 2, 4, 8)
@@ -72,6 +76,7 @@ class Profile:
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
     # the volume arm: (messages, N values, blocks it appears in); None: none
     volume_arm: tuple[int, tuple[int, ...], int] | None = None
+    pipelines: tuple[str, ...] = ()  # the pipelines it runs by default; empty: every registered one
 
 
 PROFILES: dict[str, Profile] = {
@@ -80,17 +85,22 @@ PROFILES: dict[str, Profile] = {
         Profile("smoke", 300, 20, (1, 2), 0.0, 1, 60,
                 "tests: tiny runs, numbers are noise (minutes)", idle_s=3.0),
         Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 2, 5000,
-                "every pipeline at N = 1, 2, 4, 8, 16, 5,000 messages, in 2 shuffled blocks, so "
-                "every cell has an interval; and at 20,000 messages at N = 1 and 16 in both blocks, "
-                "so the fixed cost per start is fitted across volumes", seed=1,
-                volume_arm=(20_000, (1, 16), 2)),
+                "the article's four pipelines at N = 1, 2, 4, 8, 16, 5,000 messages, in 2 shuffled "
+                "blocks, so every cell has an interval; and at 20,000 messages at N = 1 and 16 in both "
+                "blocks, so the fixed cost per start is fitted across volumes", seed=1,
+                volume_arm=(20_000, (1, 16), 2), pipelines=REFERENCE_PIPELINES),
+        Profile("decision", 5000, 200, DECISION_CONSUMERS, 5.0, 2, 5000,
+                "every registered pipeline, the article's four and the options it never compared, at "
+                "N = 1, 4, 16, 5,000 messages, in 2 shuffled blocks; 20,000 messages at N = 1 and 16 in "
+                "the first", seed=1, volume_arm=(20_000, (1, 16), 1)),
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
                 "3 shuffled blocks, and 20,000 messages at N = 1 and 16 in two of them (hours)", seed=1,
                 volume_arm=(20_000, (1, 16), 2)),
         Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
                 "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
-                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)"),
+                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)",
+                pipelines=REFERENCE_PIPELINES),
     )
 }
 
@@ -157,10 +167,10 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
     profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
-    ``pipelines`` defaults to every registered one, in the reference order.
+    ``pipelines`` defaults to the profile's, else every registered one, in the reference order.
     """
     prof = profile(name)
-    pipes = list(pipelines or available_pipelines())
+    pipes = list(pipelines or prof.pipelines or available_pipelines())
     if not pipes:
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
@@ -194,7 +204,7 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
         parts.append(f"r{repeats}")
     if seed:
         parts.append(f"s{seed}")
-    if pipelines and list(pipelines) != available_pipelines():
+    if pipelines and list(pipelines) != list(profile(name).pipelines or available_pipelines()):
         parts.append("+".join(pipelines))
     if rate:
         parts.append(f"rate{rate:g}")

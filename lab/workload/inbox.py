@@ -122,18 +122,20 @@ async def claim_lsns(conn: psycopg.AsyncConnection, lsns: Sequence[int], me: str
 
 ID_SETS = sql.SQL(
     "with worked as (select distinct unnest(%(ids)s::int8[]) as id) "
-    "select (select count(*) from messages), "
-    "(select count(*) from worked w where not exists (select 1 from messages m where m.id = w.id)), "
-    "(select count(*) from messages m where not exists (select 1 from worked w where w.id = m.id))"
+    "select (select count(*) from outbox_record), "
+    "(select count(*) from worked w where not exists (select 1 from outbox_record m where m.id = w.id)), "
+    "(select count(*) from outbox_record m where not exists (select 1 from worked w where w.id = m.id))"
 )
 CLAIMED_IDS = sql.SQL(
-    "select (select count(*) from inbox i where not exists (select 1 from messages m where m.id = i.id)), "
-    "(select count(*) from messages m where not exists (select 1 from inbox i where i.id = m.id))"
+    "select (select count(*) from inbox i where not exists (select 1 from outbox_record m where m.id = i.id)), "
+    "(select count(*) from outbox_record m where not exists (select 1 from inbox i where i.id = m.id))"
 )
 
 
 async def id_sets(conn: psycopg.AsyncConnection, worked: Sequence[int], inbox_table: str) -> dict[str, int | None]:
-    """Compare this run's id sets with the ids of ``messages`` (not only their counts).
+    """Compare this run's id sets with the ids of ``messages`` (not only their counts), read
+    through the view ``outbox_record`` (schema.sql), which adds the rows a pipeline moved to
+    ``messages_done`` when it finished them.
 
     ``worked_not_in_messages`` / ``messages_not_worked``: the ids the work endpoint was called
     with against the rows of ``messages``. For the id-keyed ``inbox`` also the claimed set

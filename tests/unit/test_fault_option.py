@@ -76,6 +76,11 @@ def test_scenario_validates_and_fills_the_default_target() -> None:
         Scenario(fault="nope@1s")
     with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
         Scenario(pipeline="kafka", fault="slot-invalidation@1s")
+    with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
+        Scenario(pipeline="poll", fault="slot-invalidation@1s")
+    with pytest.raises(ValueError, match="poll reads no WAL"):
+        Scenario(pipeline="poll", consumers=2, fault="walsender-kill:1@3s")
+    assert Scenario(pipeline="poll", consumers=2, fault="consumer-kill:1@3s").parsed_fault.target == 1
     assert Scenario(pipeline="wal-sharded", consumers=2, fault="slot-invalidation@1s").parsed_fault.target == 0
 
 

@@ -37,3 +37,17 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Where the poll pipeline moves the outbox rows it finished (lab/pipelines/poll.py): one heap
+-- insert per row inside its delete, so that a run can still account for every message.
+CREATE TABLE IF NOT EXISTS messages_done (
+    id         integer     NOT NULL,
+    content    text        NOT NULL,
+    created_at timestamptz NOT NULL
+);
+
+-- Every message of a run, wherever a pipeline left it: what the runner's accounting reads.
+CREATE OR REPLACE VIEW outbox_record AS
+    SELECT id, content, created_at FROM messages
+    UNION ALL
+    SELECT id, content, created_at FROM messages_done;

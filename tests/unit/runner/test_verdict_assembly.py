@@ -112,6 +112,24 @@ def test_another_id_set_of_the_same_size_fails_the_run() -> None:
     assert not v.success and v.reasons == ("ids_match=False",)
 
 
+@pytest.mark.parametrize(("left", "success"), [(None, True), (0, True), (3, False)])
+def test_rows_left_in_the_outbox_of_a_deleting_pipeline_fail_the_run(left: int | None, success: bool) -> None:
+    rec = load("kafka-clean")["record"]
+    rec["checks"]["outbox_left"] = left
+    v = verdict_of(rec)
+    assert v.success is success
+    if not success:
+        assert v.reasons == (f"outbox_left={left}",)
+        assert v.error is not None and v.error.endswith(f"outbox_left={left}")
+
+
+def test_the_vacuum_block_is_stored_when_the_run_read_it() -> None:
+    rec = load("kafka-clean")["record"]
+    assert "vacuum" not in assemble(rec)  # a record from before the block keeps its shape
+    rec["vacuum"] = {"autovacuum": {"cpu_s": 0.01}}
+    assert assemble(rec)["vacuum"] == {"autovacuum": {"cpu_s": 0.01}}
+
+
 def test_a_consumer_error_is_the_run_error_unless_a_fault_ended_it() -> None:
     rec = load("wal-clean")["record"]
     rec["consumers"][0]["error"] = "boom"

@@ -125,7 +125,7 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
 
 def test_every_profile_has_a_fault_matrix_and_reference_gets_quick() -> None:
     assert {p: report.EXTRAS[p]["faults"]["profile"] for p in report.EXTRAS} == {
-        "smoke": "smoke", "quick": "quick", "full": "full", "reference": "quick"}
+        "smoke": "smoke", "quick": "quick", "full": "full", "reference": "quick", "decision": "quick"}
     assert all(e["faults"]["profile"] in faults.PROFILES for e in report.EXTRAS.values())
 
 
