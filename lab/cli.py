@@ -385,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
-                     help="a fault run ends its fault and fails before any slot retains this much WAL "
-                          "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB)")
+                     help="the run (and its fault) ends, failed, before any slot retains this much WAL "
+                          "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB; free disk: LAB_MIN_FREE_DISK)")
     run.set_defaults(handler=_run, locks=True)
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")

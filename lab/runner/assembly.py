@@ -120,6 +120,7 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         "mem_mb": mem_mb,
         "mem_mb_max": mem_mb_max,
         "slots": record.get("slots") or {},
+        **({"disk_guard": record["disk_guard"]} if "disk_guard" in record else {}),
         "idle": idle_block(record.get("idle_baseline"), cpu_s, span or 0.0, m),
         "latency_ms": record.get("latency_ms"),
         "latency_from_due_ms": record.get("latency_from_due_ms"),

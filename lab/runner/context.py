@@ -11,6 +11,7 @@ import aiohttp
 import psutil
 
 from lab.measure.decoders import DecodeOnly
+from lab.measure.disk import DiskGuard
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.scenario import Scenario
@@ -54,6 +55,7 @@ class RunContext:
     decoders: DecodeOnly  # the run's decode-only slots (lab.measure.decoders)
     pg_edges: dict[str, dict[int, Any]]  # PostgreSQL's processes at the window edges (lab.measure.pgbackends)
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
+    disk_guard: DiskGuard  # retained WAL, spill and free disk, throughout the run (lab.measure.disk)
     service_cgroups: dict[str, Any]  # each service's cgroup: a restarted service moves back in (faults)
     _http: aiohttp.ClientSession | None
 

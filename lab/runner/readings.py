@@ -68,6 +68,7 @@ class RunReadings:
             "latency_ms": self.run.latency_ms, "latency_from_due_ms": self.run.latency_from_due_ms,
             "staircase": self._staircase(sampler, sent) if s.rate_steps else {},
             "slots": self.run.slot_stats,
+            "disk_guard": self.run.disk_guard.record(),
             "derived": derived,
             "provenance": {
                 **provenance(root=self.run.settings.root, cpu_method=self.run.cpu_method, services=self._versions(),
