@@ -22,7 +22,7 @@ from tqdm import tqdm
 from lab.results import runs_dir
 from lab.scenario import MAX_CONSUMERS, Scenario
 from lab.settings import Settings, get_settings, parse_size
-from lab.stack import get_stack
+from lab.stack import get_stack, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, StackError
 from lab.stack.proc import Interrupted, exclusive, raise_interrupted, run_interruptible
 from lab.study import presentation
@@ -515,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = settings.replace(topology=args.topology)
         if not getattr(args, "locks", False):
             return handler(args, settings)
+        if getattr(args, "purge", False) and settings.backend == "native":
+            # refused before the lock, whose file would otherwise be left in a directory not the lab's
+            stackdir.check_purgeable(settings.stack_dir)
         # every command that changes the stack or its data holds the stack's lock throughout:
         # one that would disturb a run (or another such command) is refused, naming it and its pid
         with exclusive(settings.run_lock, "the stack"):
