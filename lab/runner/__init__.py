@@ -32,7 +32,7 @@ import psutil
 
 from lab.measure import cgroups, decoders
 from lab.measure.cgroups import choose_cpu_method
-from lab.measure.disk import DiskGuard, Limits
+from lab.measure.disk import DiskGuard, DiskGuardTripped, Limits
 from lab.measure.preflight import check_clean
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
@@ -115,15 +115,17 @@ class Run(RunContext):
         self.processes.attach_consumer(i, proc)
 
     def _disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
-        """The disk guard tripped (:mod:`lab.measure.disk`): end the load now (it is what writes the
-        WAL) and the fault; the run fails at its next check, through the normal cleanup."""
+        """The disk guard tripped (:mod:`lab.measure.disk`): end the fault and the load now (the
+        load is what writes the WAL); the run fails at its next check, through the normal cleanup."""
+        if self.injector is not None:
+            self.injector.disk_guard_tripped(tripped)
         senders = self.procs.get("senders")
         if senders is not None and senders.poll() is None:
             with contextlib.suppress(psutil.Error):
                 senders.kill()
             log.warning("run %s: senders killed by the disk guard", self.run_id)
-        if self.injector is not None:
-            self.injector.disk_guard_tripped(tripped)
+            if self.injector is not None:
+                self.injector._event("senders killed by the disk guard", pid=senders.pid)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
@@ -171,6 +173,8 @@ class Run(RunContext):
         except Exception as exc:
             log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
+            if self.disk_guard.tripped is not None:  # whichever check saw it first: the guard's line
+                error = f"{DiskGuardTripped.__name__}: {self.disk_guard.tripped['error']}"
         except asyncio.CancelledError as exc:  # a signal (lab.stack.proc.run_interruptible): clean up, store
             task = asyncio.current_task()
             if task is not None:
