@@ -334,7 +334,7 @@ class DiskGuard:
 
     def _trip(self, hit: dict[str, Any]) -> None:
         self.tripped = hit
-        log.error("%s", hit["error"])
+        log.info("%s", hit["error"])  # the run's error says it
         if self.on_trip is None:
             return
         if self._loop is not None:

@@ -171,10 +171,11 @@ class Run(RunContext):
             await phases.measure_latency(sent)
             self.disk_guard.check()
         except Exception as exc:
-            log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
             if self.disk_guard.tripped is not None:  # whichever check saw it first: the guard's line
                 error = f"{DiskGuardTripped.__name__}: {self.disk_guard.tripped['error']}"
+            log.error("run %s failed: %s", self.run_id, " ".join(error.split()))  # one line; -v: the traceback
+            log.info("run %s failed", self.run_id, exc_info=True)
         except asyncio.CancelledError as exc:  # a signal (lab.stack.proc.run_interruptible): clean up, store
             task = asyncio.current_task()
             if task is not None:

@@ -43,7 +43,7 @@ def test_a_run_past_the_retained_wal_limit_fails_in_one_line_and_cleans_up(stack
     res = lab(settings, "run", "--pipeline", "wal", "--consumers", "1", "--messages", "3000", "--rate", "1000",
               "--cooldown-s", "0", "--max-retained-wal", "64kB")
     assert res.returncode == 1, res.stderr
-    assert "Traceback" not in res.stdout + res.stderr
+    assert "Traceback" not in res.stdout + res.stderr, res.stderr
     lines = [line for line in res.stdout.splitlines() if "disk guard" in line]
     assert len(lines) == 1 and "FAILED: DiskGuardTripped: disk guard: slot load_test_slot_0 retains" in lines[0]
     assert "too close to the limit of 65536 bytes" in lines[0]
@@ -63,8 +63,8 @@ def test_a_bench_command_whose_run_fails_ends_in_one_line(stack: object, setting
     says so in one line with its exit status, no traceback."""
     res = lab(settings, "bench", "run", "--pipeline", "wal", "--consumers", "1", "--messages", "200",
               "--cooldown-s", "0", "--repeats", "1", LAB_MIN_FREE_DISK="1000000GB")
-    assert res.returncode == 1
-    assert "Traceback" not in res.stdout + res.stderr
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stdout + res.stderr, res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("lab: error: RuntimeError: run ") and " failed: DiskGuardTripped: disk guard: " in last
     assert "too close to the minimum of 1073741824000000 bytes" in last and "LAB_MIN_FREE_DISK" in last
