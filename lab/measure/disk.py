@@ -345,7 +345,8 @@ class DiskGuard:
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                               application_name="lab-disk-guard")
+                               application_name="lab-disk-guard",
+                               options=f"-c statement_timeout={CONNECT_TIMEOUT_S * 1000}")
         if self.pg_local:
             row = conn.execute("SELECT pg_backend_pid(), current_setting('data_directory')").fetchone()
             if row is not None:
