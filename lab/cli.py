@@ -22,7 +22,7 @@ from tqdm import tqdm
 from lab.results import runs_dir
 from lab.scenario import MAX_CONSUMERS, Scenario
 from lab.settings import Settings, get_settings, parse_size
-from lab.stack import get_stack
+from lab.stack import get_stack, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, StackError
 from lab.stack.proc import Interrupted, exclusive, raise_interrupted, run_interruptible
 from lab.study import presentation
@@ -388,8 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
-                     help="a fault run ends its fault and fails before any slot retains this much WAL "
-                          "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB)")
+                     help="the run (and its fault) ends, failed, before any slot retains this much WAL "
+                          "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB; free disk: LAB_MIN_FREE_DISK)")
     run.set_defaults(handler=_run, locks=True)
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")
@@ -521,6 +521,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = settings.replace(topology=args.topology)
         if not getattr(args, "locks", False):
             return handler(args, settings)
+        if getattr(args, "purge", False) and settings.backend == "native":
+            # refused before the lock, whose file would otherwise be left in a directory not the lab's
+            stackdir.check_purgeable(settings.stack_dir)
         # every command that changes the stack or its data holds the stack's lock throughout:
         # one that would disturb a run (or another such command) is refused, naming it and its pid
         with exclusive(settings.run_lock, "the stack"):

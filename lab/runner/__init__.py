@@ -21,6 +21,7 @@ read at its end, as one record). The verdict (:mod:`lab.runner.verdict`) and run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ import psutil
 
 from lab.measure import cgroups, decoders
 from lab.measure.cgroups import choose_cpu_method
+from lab.measure.disk import DiskGuard, DiskGuardTripped, Limits
 from lab.measure.preflight import check_clean
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
@@ -93,6 +95,10 @@ class Run(RunContext):
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
         self.interrupted: str | None = None  # the signal that ended the run early (SIGTERM, SIGINT)
         self.service_cgroups: dict[str, Any] = {}
+        self.disk_guard = DiskGuard(
+            settings.pg_dsn, Limits(settings.max_retained_wal, settings.min_free_disk),
+            {"LAB_STACK_DIR": settings.stack_dir, "LAB_DATA_DIR": settings.data_dir},
+            pg_local=settings.backend == "native", on_trip=self._disk_guard_tripped)
         self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
         self.processes = RunProcesses(self)
         self.phases = RunPhases(self)
@@ -111,6 +117,19 @@ class Run(RunContext):
     def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
         self.processes.attach_consumer(i, proc)
 
+    def _disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
+        """The disk guard tripped (:mod:`lab.measure.disk`): end the fault and the load now (the
+        load is what writes the WAL); the run fails at its next check, through the normal cleanup."""
+        if self.injector is not None:
+            self.injector.disk_guard_tripped(tripped)
+        senders = self.procs.get("senders")
+        if senders is not None and senders.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                senders.kill()
+            log.warning("run %s: senders killed by the disk guard", self.run_id)
+            if self.injector is not None:
+                self.injector._event("senders killed by the disk guard", pid=senders.pid)
+
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
         proc, phases = self.processes, self.phases
@@ -121,6 +140,7 @@ class Run(RunContext):
         sent: dict[str, Any] = {}
         consumer_results: list[dict[str, Any]] = []
         checks: dict[str, Any] = {}
+        self.disk_guard.start(asyncio.get_running_loop())
         try:
             self.progress("setup", {})
             await proc.start_web()
@@ -135,6 +155,7 @@ class Run(RunContext):
             await self.decoders.start()  # decode-only slots (Scenario.decode_slots), streaming before the gate
             with tied():  # the run's Debezium dies with this runner, like its other processes
                 await self.pipeline.start_source()
+            self.disk_guard.check()  # tripped during the setup: no window
             walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
             sampler = Sampler(proc.participants(), cpu_method=walk)
             self.host_window.start()
@@ -152,9 +173,13 @@ class Run(RunContext):
             self.vacuum = await phases.vacuum_record()
             checks = await phases.verify()
             await phases.measure_latency(sent)
+            self.disk_guard.check()
         except Exception as exc:
-            log.exception("run %s failed", self.run_id)
             error = f"{type(exc).__name__}: {exc}"
+            if self.disk_guard.tripped is not None:  # whichever check saw it first: the guard's line
+                error = f"{DiskGuardTripped.__name__}: {self.disk_guard.tripped['error']}"
+            log.error("run %s failed: %s", self.run_id, " ".join(error.split()))  # one line; -v: the traceback
+            log.info("run %s failed", self.run_id, exc_info=True)
         except asyncio.CancelledError as exc:  # a signal (lab.stack.proc.run_interruptible): clean up, store
             task = asyncio.current_task()
             if task is not None:
@@ -167,6 +192,7 @@ class Run(RunContext):
             if self.vacuum_watch is not None:  # a failed run's polls end here
                 await self.vacuum_watch.stop()
                 await self.vacuum_watch.end()
+            self.disk_guard.stop()
             await proc.cleanup()
         if self.interrupted is None:
             await phases._checkpoint_and_cool()

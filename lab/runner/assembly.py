@@ -122,6 +122,7 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         "slots": record.get("slots") or {},
         # the tables' counters and autovacuum's CPU (lab.measure.vacuum); records older than it have none
         **({"vacuum": record["vacuum"]} if "vacuum" in record else {}),
+        **({"disk_guard": record["disk_guard"]} if "disk_guard" in record else {}),
         "idle": idle_block(record.get("idle_baseline"), cpu_s, span or 0.0, m),
         "latency_ms": record.get("latency_ms"),
         "latency_from_due_ms": record.get("latency_from_due_ms"),

@@ -11,6 +11,7 @@ import aiohttp
 import psutil
 
 from lab.measure.decoders import DecodeOnly
+from lab.measure.disk import DiskGuard
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.measure.vacuum import AutovacuumWatch
@@ -57,6 +58,7 @@ class RunContext:
     vacuum_watch: AutovacuumWatch | None  # autovacuum and the tables' counters over the window (lab.measure.vacuum)
     vacuum: dict[str, Any] | None  # run.json's vacuum block
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
+    disk_guard: DiskGuard  # retained WAL, spill and free disk, throughout the run (lab.measure.disk)
     service_cgroups: dict[str, Any]  # each service's cgroup: a restarted service moves back in (faults)
     _http: aiohttp.ClientSession | None
 

@@ -9,13 +9,11 @@ After the run, :meth:`FaultInjector.analysis` adds the per-consumer lag, the bef
 after phases (rate, CPU per message per participant, latency) and the recovery time
 (:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
-Retention guard (Safety): each sample also checks every slot against
-``Settings.max_retained_wal`` (``LAB_MAX_RETAINED_WAL``, ``lab run --max-retained-wal``, default
-2 GB). A slot whose retained WAL plus three times its growth over the last second reaches the
-limit trips it: the fault is ended at once (its task cancelled, every stopped process continued, a
-lowered keep size restored), the senders are killed (the load is what writes the WAL) and the run
-fails with one line naming the slot, the bytes and the limit; its cleanup drops the slots. The
-projection is what keeps the slots below the limit although sampling is once a second.
+Disk guard (Safety): every run, fault or not, is guarded by :mod:`lab.measure.disk` (retained WAL
+per slot, spill, free disk). When it trips during a fault run, :meth:`FaultSampling.disk_guard_tripped`
+ends the fault at once (its task cancelled, every stopped process continued; a lowered keep size is
+reset by the cleanup's :meth:`~lab.runner.faults.FaultInjector.restore`) and the run fails with the
+guard's line.
 
 A part of :class:`lab.runner.faults.FaultInjector`.
 """
@@ -29,15 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import psycopg
-
-from lab.runner.fault_slots import _reset_keep
 
 log = logging.getLogger(__name__)
 WAL_SAMPLE_S = 1.0
 BACKLOG_SAMPLE_S = 1.0  # the broker's backlog (lab.pipelines.backlog); 0 turns it off (cost measurement)
-GUARD_GROWTH_SAMPLES = 3.0  # trip when retained + this many seconds of growth reach the limit
 SLOT_SQL = (
     "SELECT r.slot_name, pg_current_wal_lsn() - r.restart_lsn, pg_current_wal_lsn() - r.confirmed_flush_lsn, "
     "r.wal_status, r.safe_wal_size, r.active_pid, s.spill_txns, s.spill_bytes "
@@ -47,7 +41,7 @@ SLOT_SQL = (
 
 
 class FaultSampling:
-    """The WAL and backlog samplers and the retention guard: a part of
+    """The WAL and backlog samplers and the disk guard's end of the fault: a part of
     :class:`lab.runner.faults.FaultInjector`."""
 
     run: Any
@@ -60,9 +54,7 @@ class FaultSampling:
     backlog: list[dict[str, Any]]
     backlog_gaps: list[dict[str, Any]]
     _backlog_reader: Any
-    _last_retained: dict[str, int]
     _tasks: list[asyncio.Task[None]]
-    _keep_set: bool
     _t0: float
 
     async def watch_wal(self) -> None:
@@ -78,8 +70,6 @@ class FaultSampling:
                                              "unconfirmed_bytes": _int(unconfirmed), "wal_status": status,
                                              "safe_wal_size": _int(safe), "active": holder is not None,
                                              "spill_txns": _int(spill_txns), "spill_bytes": _int(spill)})
-                        if self.guard is None:
-                            await self._guard(conn, [(r[0], _int(r[1])) for r in rows])
                         await asyncio.sleep(WAL_SAMPLE_S)
             except psycopg.Error as exc:  # informative: never fails the run
                 if self.fault.kind not in ("postgres-restart", "postgres-failover"):
@@ -111,39 +101,16 @@ class FaultSampling:
             with contextlib.suppress(Exception):
                 await reader.aclose()
 
-    async def _guard(self, conn: psycopg.AsyncConnection[Any], retained: list[tuple[str, int | None]]) -> None:
-        """The retention guard (module docstring): trip on the first slot whose retained WAL plus
-        :data:`GUARD_GROWTH_SAMPLES` samples of its growth reach ``Settings.max_retained_wal``."""
-        limit = self.run.settings.max_retained_wal
-        for name, now in retained:
-            if now is None:  # invalidated: it retains nothing any more
-                continue
-            growth = max(0, now - self._last_retained.get(name, now))
-            self._last_retained[name] = now
-            if now + GUARD_GROWTH_SAMPLES * growth < limit:
-                continue
-            self.guard = {
-                "slot": name, "retained_bytes": now, "growth_bytes_per_sample": growth, "limit_bytes": limit,
-                "error": (f"WAL retention guard: slot {name} retains {now} bytes ({now / 2**20:.1f} MB, "
-                          f"+{growth} bytes in the last second), too close to the limit of {limit} "
-                          f"bytes ({limit / 2**20:.1f} MB; LAB_MAX_RETAINED_WAL, --max-retained-wal): "
-                          f"fault {self.run.scenario.fault} ended, run failed"),
-            }
-            log.error("%s", self.guard["error"])
-            self._event("retention guard", slot=name, retained_bytes=now, limit_bytes=limit)
-            if self._tasks:  # the injection: its own finally continues what it stopped
-                self._tasks[0].cancel()
-            self._continue_stopped("continued by the retention guard")
-            senders = getattr(self.run, "procs", {}).get("senders")
-            if senders is not None and senders.poll() is None:  # the load writes the WAL: end it too
-                with contextlib.suppress(psutil.Error):
-                    senders.kill()
-                self._event("senders killed by the retention guard", pid=senders.pid)
-            if self._keep_set:
-                await _reset_keep(conn)
-                self._keep_set = False
-                self._event("keep size reset by the retention guard")
+    def disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
+        """The run's disk guard tripped (:mod:`lab.measure.disk`): end the fault now; the run fails
+        with the guard's line (:meth:`~lab.runner.faults.FaultInjector.check`)."""
+        if self.guard is not None:
             return
+        self.guard = tripped
+        self._event("disk guard", **{k: v for k, v in tripped.items() if k not in ("error", "t_s")})
+        if self._tasks:  # the injection: its own finally continues what it stopped
+            self._tasks[0].cancel()
+        self._continue_stopped("continued by the disk guard")
 
 
 def _int(value: Any) -> int | None:

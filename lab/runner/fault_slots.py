@@ -77,7 +77,7 @@ class SlotFaults:
             if keep_mb * 2**20 + 3 * segment >= run.settings.max_retained_wal:
                 raise RunError(f"slot-invalidation={keep_mb}MB makes slot {slot} retain about "
                                f"{keep_mb * 2**20 + 3 * segment} "
-                               f"bytes, past the retention guard's limit of {run.settings.max_retained_wal}: "
+                               f"bytes, past the disk guard's limit of {run.settings.max_retained_wal}: "
                                "lower KEEP or raise --max-retained-wal")
             self.stopped.append(proc)
             proc.send_signal(signal.SIGSTOP)

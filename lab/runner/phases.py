@@ -83,6 +83,7 @@ class RunPhases:
         while True:
             await asyncio.sleep(DRAIN_POLL_S)
             self.run._check_consumers_alive()
+            self.run.disk_guard.check()
             if self.run.injector is not None:
                 self.run.injector.check()
             if sent_result is None and senders_out.exists():

@@ -69,6 +69,7 @@ class RunReadings:
             "staircase": self._staircase(sampler, sent) if s.rate_steps else {},
             "slots": self.run.slot_stats,
             "vacuum": self.run.vacuum,
+            "disk_guard": self.run.disk_guard.record(),
             "derived": derived,
             "provenance": {
                 **provenance(root=self.run.settings.root, cpu_method=self.run.cpu_method, services=self._versions(),

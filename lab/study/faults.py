@@ -283,7 +283,7 @@ def fault_window(run: dict[str, Any]) -> tuple[float, float] | None:
     if isinstance(during, dict) and not math.isnan(_num(during.get("t0_s")) + _num(during.get("t1_s"))):
         return float(during["t0_s"]), float(during["t1_s"])
     times = [e["t_s"] for e in f.get("events") or [] if isinstance(e, dict) and isinstance(e.get("t_s"), int | float)
-             and "cleanup" not in str(e.get("what")) and "retention guard" not in str(e.get("what"))]
+             and "cleanup" not in str(e.get("what")) and "guard" not in str(e.get("what"))]
     if times:
         return min(times), max(times)
     start = _num(f.get("start_s"))

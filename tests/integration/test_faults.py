@@ -245,7 +245,7 @@ def test_a_failed_fault_run_continues_the_stopped_consumer(stack: object, settin
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-# --- Safety: the retention guard, slot invalidation -----------------------------------
+# --- Safety: the disk guard, slot invalidation -----------------------------------
 
 def _keep_size(settings: Settings) -> tuple[str, str]:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
@@ -253,7 +253,7 @@ def _keep_size(settings: Settings) -> tuple[str, str]:
                             "WHERE name = 'max_slot_wal_keep_size'").fetchone()
 
 
-def test_the_retention_guard_ends_a_long_stop_before_the_limit(stack: object, settings: Settings) -> None:
+def test_the_disk_guard_ends_a_long_stop_before_the_retained_wal_limit(stack: object, settings: Settings) -> None:
     """Consumer 1 stopped for 2 min while 6,000 messages arrive at 200/s: the WAL its slot holds
     grows until the guard (a 1 MB limit) ends the stop and fails the run, every slot below the limit.
     The guard watches every slot: the healthy reader's may trip it first (its restart_lsn only moves
@@ -265,17 +265,17 @@ def test_the_retention_guard_ends_a_long_stop_before_the_limit(stack: object, se
     g = f["guard"]
     print(f"\nGUARD {f['spec']}: {json.dumps({k: v for k, v in g.items() if k != 'error'})} error={r['error']}")
     assert g["slot"] in ("load_test_slot_0", "load_test_slot_1") and g["limit_bytes"] == f["max_retained_wal"] == limit
-    assert not r["success"] and r["error"] == "RunError: " + g["error"] and "\n" not in r["error"]
-    assert r["error"].startswith(f"RunError: WAL retention guard: slot {g['slot']} retains {g['retained_bytes']} bytes")
+    assert not r["success"] and r["error"] == "DiskGuardTripped: " + g["error"] and "\n" not in r["error"]
+    assert r["error"].startswith(f"DiskGuardTripped: disk guard: slot {g['slot']} retains {g['retained_bytes']} bytes")
+    assert r["disk_guard"]["tripped"] == g
     assert f"limit of {limit} bytes" in r["error"]
     whats = [e["what"] for e in f["events"]]
-    assert whats[:4] == ["stop", "retention guard", "continued by the retention guard",
-                         "senders killed by the retention guard"]
+    assert whats[:4] == ["stop", "disk guard", "continued by the disk guard", "senders killed by the disk guard"]
     stop = next(e for e in f["events"] if e["what"] == "stop")
-    assert next(e for e in f["events"] if e["what"] == "continued by the retention guard")["pids"] == stop["pids"]
+    assert next(e for e in f["events"] if e["what"] == "continued by the disk guard")["pids"] == stop["pids"]
     for pid in stop["pids"]:  # continued, then stopped with the run
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    trip = next(e for e in f["events"] if e["what"] == "retention guard")["t_s"]
+    trip = next(e for e in f["events"] if e["what"] == "disk guard")["t_s"]
     assert trip < 120, "the guard, not the end of the stop, ended the fault"
     assert max(s["retained_bytes"] or 0 for s in f["wal"] if s["t_s"] <= trip) < limit, "tripped before the limit"
     after = [s["retained_bytes"] or 0 for s in f["wal"] if s["t_s"] > trip]  # until the run's cleanup

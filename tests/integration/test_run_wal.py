@@ -49,6 +49,11 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int, layout: str) -> 
     total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
     assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / M, rel=1e-3)
     assert len(r["consumers"]) == n
+    # the disk guard read every slot throughout, tripped nothing, and its cost is recorded
+    g = r["disk_guard"]
+    assert g["tripped"] is None and g["db_errors"]["count"] == 0 and g["samples"] >= 1
+    assert {f"load_test_slot_{i}" for i in range(n)} <= set(g["slots"])
+    assert all(v > 2**20 for v in g["free_bytes_min"].values()) and g["cost"]["runner_cpu_s"] > 0
     # the default layout is tasks: one process, its CPU on the first consumer's row; processes: one each
     assert r["consumer_layout"] == ("tasks" if layout == "auto" else layout)
     pids = {x["pid"] for x in r["consumers"]}

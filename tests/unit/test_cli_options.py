@@ -98,6 +98,10 @@ def test_a_port_out_of_range_and_a_corrupt_run_json_end_in_one_line(tmp_path: ob
                           capture_output=True, text=True, timeout=60, check=False)
     assert port.returncode == 2 and port.stderr.strip().splitlines() == [
         "lab: error: LAB_PG_PORT=70000: a TCP port is between 1 and 65535"]
+    size = subprocess.run([sys.executable, "-m", "lab", "stack", "status"], env={**env, "LAB_MIN_FREE_DISK": "lots"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert size.returncode == 2 and size.stderr.strip().splitlines() == [
+        "lab: error: LAB_MIN_FREE_DISK='lots' is not a size like 2GB, 512MB or 1048576"]
     run_dir = base / "data" / "runs" / "x"
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text('{"run_id": "x", "scen')  # cut off mid-write

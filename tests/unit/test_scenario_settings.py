@@ -57,6 +57,16 @@ def test_the_retained_wal_limit_reads_sizes() -> None:
     assert Settings.from_env(settings_env(s)).max_retained_wal == 12345
 
 
+def test_the_free_disk_minimum_reads_sizes() -> None:
+    assert Settings.from_env({}).min_free_disk == 1024**3
+    assert Settings.from_env({"LAB_MIN_FREE_DISK": "10GB"}).min_free_disk == 10 * 1024**3
+    for bad in ("lots", "0"):
+        with pytest.raises(ValueError, match=r"LAB_MIN_FREE_DISK=.* is not a size like 2GB"):
+            Settings.from_env({"LAB_MIN_FREE_DISK": bad})
+    s = Settings.from_env({}).replace(min_free_disk=54321)
+    assert Settings.from_env(settings_env(s)).min_free_disk == 54321
+
+
 def test_settings_reject_a_bad_port() -> None:
     with pytest.raises(ValueError, match="LAB_PG_PORT='abc' is not an integer"):
         Settings.from_env({"LAB_PG_PORT": "abc"})

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from lab.measure.disk import Limits, Reading, SlotReading, trip
 from lab.runner.faults import FaultInjector
 from lab.scenario import Scenario
 
@@ -86,36 +87,32 @@ def test_restore_continues_what_is_still_stopped(procs: list[psutil.Popen]) -> N
     assert inj.events[-1]["pids"] == [p.pid for p in procs]
 
 
-def test_the_retention_guard_trips_before_the_limit_and_continues_the_stopped(procs: list[psutil.Popen]) -> None:
-    """Retained WAL plus three seconds of its growth reaching the limit trips the guard: the stopped
-    consumer is continued and the run's next check fails with one line naming slot, bytes, limit."""
+def test_the_disk_guard_ends_the_fault_and_continues_the_stopped(procs: list[psutil.Popen]) -> None:
+    """A disk guard trip during a fault (lab.measure.disk decides it) cancels the injection, continues
+    the stopped consumer, and the run's next check fails with the guard's line."""
     inj = _injector(procs, "consumer-dead:1@0s+600s")
-    inj.run.settings = SimpleNamespace(max_retained_wal=1000)
+    hit = trip(Reading(4.0, (SlotReading("s1", "logical", 940),)), Reading(3.0, (SlotReading("s1", "logical", 900),)),
+               Limits(max_retained_wal=1000, min_free_disk=1))
+    assert hit is not None
 
     async def go() -> None:
         task = asyncio.create_task(inj._stop([1], 600))
         inj._tasks = [task]
         await asyncio.sleep(0.05)
         assert procs[1].status() == psutil.STATUS_STOPPED
-        await inj._guard(None, [("s0", 10), ("s1", 900)])  # no growth known yet: 900 < 1000
-        assert inj.guard is None
-        inj.check()
-        await inj._guard(None, [("s0", 10), ("s1", None)])  # an invalidated slot retains nothing
-        await inj._guard(None, [("s0", 10), ("s1", 940)])  # 940 + 3 x 40 >= 1000
-        assert inj.guard is not None
+        inj.check()  # nothing tripped yet
+        inj.disk_guard_tripped(hit)
+        inj.disk_guard_tripped({**hit, "error": "a second trip is ignored"})
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(go())
     assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.stopped
-    g = inj.guard
-    assert (g["slot"], g["retained_bytes"], g["growth_bytes_per_sample"], g["limit_bytes"]) == ("s1", 940, 40, 1000)
-    assert g["error"].startswith("WAL retention guard: slot s1 retains 940 bytes")
-    assert "limit of 1000 bytes" in g["error"]
-    assert "\n" not in g["error"]
-    with pytest.raises(Exception, match="WAL retention guard: slot s1"):
+    assert inj.guard is hit
+    with pytest.raises(Exception, match="disk guard: slot s1 retains 940 bytes"):
         inj.check()
-    assert [e["what"] for e in inj.events][:2] == ["stop", "retention guard"]
+    events = [e["what"] for e in inj.events]
+    assert events[:2] == ["stop", "disk guard"] and inj.events[1]["slot"] == "s1"
 
 
 def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object) -> None:

@@ -82,3 +82,23 @@ def test_a_stack_dir_holding_only_the_lock_of_this_command_is_purged(tmp_path: P
     (fresh / "notes.txt").write_text("mine")
     with pytest.raises(StackError, match="not purged"):
         stackdir.check_purgeable(fresh)
+
+
+def test_a_refused_purge_leaves_no_lock_file_behind(tmp_path: Path) -> None:
+    """Through the console entry point: a directory without the marker is refused in one line
+    (exit status 2) and keeps exactly what it held; no ``run.lock`` is created in it."""
+    import os
+    import subprocess
+    import sys
+
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    env = {**os.environ, "LAB_STACK_DIR": str(foreign), "LAB_DATA_DIR": str(tmp_path / "data"), "LAB_BACKEND": "native"}
+    res = subprocess.run([sys.executable, "-m", "lab", "stack", "down", "--purge"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"lab: error: not purged: {foreign} carries no .fanout-lab-stack marker, so the lab did not create it "
+        "as a stack dir; check LAB_STACK_DIR, and delete it yourself if it is one"]
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
