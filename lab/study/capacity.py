@@ -22,7 +22,8 @@ from matplotlib.figure import Figure
 from lab.scenario import PIPELINE_NAMES, Scenario, parse_rate_steps
 from lab.study.series import matrix, profile
 
-_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}  # as lab.study.plots
+# as lab.study.plots
+_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1", "wal-filtered": "C4"}
 _MARKERS = ("o", "s", "^", "v", "D", "P")
 
 

@@ -38,17 +38,18 @@ from lab.stack.proc import exclusive
 
 log = logging.getLogger(__name__)
 
-ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order
+ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded", "wal-filtered")  # the reference sweep's order, then ours
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile gives every cell an interval (3 runs: the median's [min, max], 75 % coverage)
-# in about 30 minutes here: 5 N x 4 pipelines x 3 = 60 runs at ~30 s. It keeps the
+# in about 40 minutes here: 5 N x 5 pipelines x 3 = 75 runs at ~30 s. It keeps the
 # article's N (1, 2, 4, 8) for the side-by-side tables and 16 beyond its extrapolated crossover;
 # N = 12 is in `full`.
 QUICK_CONSUMERS = (1, 2, 4, 8, 16)
 # The reference's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
 REFERENCE_CONSUMERS = (1, 2, 4, 8)
+REFERENCE_PIPELINES = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the article's four, in its order
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Profile:
     description: str
     idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
+    pipelines: tuple[str, ...] = ()  # empty: every registered pipeline
 
 
 PROFILES: dict[str, Profile] = {
@@ -74,13 +76,14 @@ PROFILES: dict[str, Profile] = {
                 "tests: tiny runs, numbers are noise (minutes)", idle_s=3.0),
         Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 3, 5000,
                 "every pipeline at N = 1, 2, 4, 8, 16, 5,000 messages, 3 repeats in shuffled order, "
-                "so every cell has an interval (about 30 min on 2 cores)", seed=1),
+                "so every cell has an interval (about 40 min on 2 cores)", seed=1),
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
                 "3 repeats in shuffled order (hours)", seed=1),
         Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
                 "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
-                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)"),
+                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)",
+                pipelines=REFERENCE_PIPELINES),
     )
 }
 
@@ -134,10 +137,11 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
     profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
-    ``pipelines`` defaults to every registered one, in the reference order.
+    ``pipelines`` defaults to the profile's (``reference``: the article's four), else every
+    registered one, in the reference order.
     """
     prof = profile(name)
-    pipes = list(pipelines or available_pipelines())
+    pipes = list(pipelines or prof.pipelines or available_pipelines())
     if not pipes:
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
