@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from lab.settings import Settings
-from lab.study import faults, series
+from lab.study import compare, faults, series
 from lab.study.report import build_report, execute_notebook
 
 pytestmark = pytest.mark.notebooks
@@ -110,8 +110,8 @@ def test_report_shows_the_idle_baseline_memory_and_decode_volume(smoke_report: t
     for name in TABLES:
         assert (out / f"{name}.csv").exists(), name
     crossover = pd.read_csv(out / "crossover.csv")
-    direct = [p for p in ("wal", "wal-sharded") if p in series.available_pipelines()]
-    brokers = [p for p in ("kafka", "rabbitmq") if p in series.available_pipelines()]
+    direct = [p for p in compare.DIRECT if p in series.available_pipelines()]
+    brokers = [p for p in compare.BROKERS if p in series.available_pipelines()]
     assert len(crossover) == len(direct) * len(brokers)
 
 
