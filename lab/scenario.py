@@ -19,9 +19,9 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 * ``consumer-dead[:I]@T+D``: SIGSTOP consumer I for D, then SIGCONT;
 * ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
 * ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
-  ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
+  ``wal-sharded``, ``wal-filtered``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
 * ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D;
-* ``slot-invalidation[=KEEP][:I]@T`` (``wal``, ``wal-sharded``): SIGSTOP reader I, lower
+* ``slot-invalidation[=KEEP][:I]@T`` (``wal``, ``wal-sharded``, ``wal-filtered``): SIGSTOP reader I, lower
   ``max_slot_wal_keep_size`` to KEEP (default 32MB) for the run, push the WAL past it until the
   server invalidates slot I, then let the reader find its slot lost (:mod:`lab.runner.faults`).
 * ``debezium-kill@T`` (``kafka``, ``rabbitmq``): SIGKILL Debezium Server, start it again from its
@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll")
+PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -198,7 +198,7 @@ def _megabytes(text: str, spec: str) -> int:
 class Scenario:
     """What load a run applies. Validated on construction; errors are one clear line."""
 
-    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll
+    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll | wal-filtered
     consumers: int = 1  # N consumer processes
     messages: int = 100_000  # M messages sent, the divisor of the metric
     senders: int = 200  # closed-loop HTTP senders
@@ -296,9 +296,9 @@ class Scenario:
                              "write walsender-kill@T without a target")
         if f.kind == "walsender-kill" and self.pipeline in _NO_SLOT:
             raise ValueError(f"fault {self.fault!r}: {self.pipeline} reads no WAL (no slot, no walsender)")
-        if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded"):
+        if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded", "wal-filtered"):
             raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
-                             "(pipeline wal or wal-sharded)")
+                             "(pipeline wal, wal-sharded or wal-filtered)")
 
     @property
     def layout(self) -> str:

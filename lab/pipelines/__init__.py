@@ -14,6 +14,7 @@ from lab.pipelines.kafka import KafkaPipeline, KafkaSource
 from lab.pipelines.poll import PollPipeline, PollSource
 from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 from lab.pipelines.wal import WalPipeline, WalSource
+from lab.pipelines.wal_filtered import FilteredWalPipeline, FilteredWalSource
 from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -34,6 +35,7 @@ REGISTRY: dict[str, Registered] = {
     "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource, "C2"),
     "rabbitmq": Registered(RabbitPipeline, RabbitSource, "C1"),
     "poll": Registered(PollPipeline, PollSource, "C5"),
+    "wal-filtered": Registered(FilteredWalPipeline, FilteredWalSource, "C4"),
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}

@@ -111,6 +111,7 @@ class WalSource:
     ) -> None:
         self.settings = settings
         self.slot = slot_name(index)
+        self.publication = PUBLICATION  # what the slot streams (wal-filtered: this reader's share)
         self.skipped = 0
         self.db_ops = 0
         self.decoded_bytes = 0
@@ -140,7 +141,7 @@ class WalSource:
                 if create:
                     await stream.create_slot(self.slot, failover=self.settings.ha)
                     create = False
-                await stream.start(self.slot, PUBLICATION, protocol_version(stream.server_version_num),
+                await stream.start(self.slot, self.publication, protocol_version(stream.server_version_num),
                                    binary=True)
                 stream.settled = self._marks.settled  # a shutdown's last WAL is confirmed when idle
                 if self._stream is not None:  # carry the reported position over

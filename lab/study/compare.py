@@ -32,7 +32,7 @@ from lab.study.costmodel import METRIC, measured
 # standby a participant of its own
 PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "kafka", "rabbitmq", "web", "senders", "consumers",
                 "runner")
-DIRECT = ("wal", "wal-sharded")
+DIRECT = ("wal", "wal-sharded", "wal-filtered")
 BROKERS = ("kafka", "rabbitmq")
 
 

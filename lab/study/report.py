@@ -113,7 +113,7 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
                          "cooldown_s": 20.0}},
 }
 # The insulation matrix (lab.study.faults) at the profile's size: smoke's 4 runs (wal and
-# kafka x a dead and a killed consumer, ~2-3 min), quick's publishable 38 runs (~20-25 min on 2
+# kafka x a dead and a killed consumer, ~2-3 min), quick's publishable 47 runs (~25-30 min on 2
 # cores), full's 60 s faults. The reference profile is the article's sweep, which had no faults: it
 # gets the quick matrix (full's would more than double its time).
 for _name in ("smoke", "quick", "full"):

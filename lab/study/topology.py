@@ -104,7 +104,7 @@ def _ordered(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=columns)
     if out.empty:
         return out
-    order = {p: i for i, p in enumerate(("wal", "wal-sharded", "kafka", "rabbitmq"))}
+    order = {p: i for i, p in enumerate(("wal", "wal-sharded", "wal-filtered", "kafka", "rabbitmq"))}
     out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
     return out.sort_values(["_o", "pipeline", "consumers"]).drop(columns="_o").reset_index(drop=True)
 

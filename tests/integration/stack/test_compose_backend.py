@@ -82,8 +82,8 @@ def test_up_and_status(compose: object) -> None:
 
 
 # every pipeline once in the default tier, with one or two consumers; the other half is the matrix's
-CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll") for n in (1, 2)]
-DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1), ("poll", 2)}
+CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered") for n in (1, 2)]
+DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1), ("poll", 2), ("wal-filtered", 2)}
 
 
 @pytest.mark.parametrize(("pipeline", "consumers"), [

@@ -21,10 +21,11 @@ from lab.settings import Settings
 from lab.study import faults
 from lab.study.series import Step
 
-PAIRS_LEFT_OUT = {("wal", "debezium-kill"), ("wal-sharded", "debezium-kill"), ("wal", "broker-restart"),
-                  ("wal-sharded", "broker-restart"), ("kafka", "slot-invalidation"), ("rabbitmq", "slot-invalidation"),
-                  ("poll", "debezium-kill"), ("poll", "broker-restart"), ("poll", "walsender-kill"),
-                  ("poll", "slot-invalidation")}
+DIRECT = ("wal", "wal-sharded", "wal-filtered")
+PAIRS_LEFT_OUT = {(p, k) for p in DIRECT for k in ("debezium-kill", "broker-restart")} | {
+    ("kafka", "slot-invalidation"), ("rabbitmq", "slot-invalidation")} | {
+    ("poll", k) for k in ("debezium-kill", "broker-restart", "walsender-kill", "slot-invalidation")}
+PIPES = ["kafka", "rabbitmq", "wal", "wal-sharded", "poll", "wal-filtered"]
 
 
 # --- the plan -------------------------------------------------------------------------------------
@@ -33,10 +34,10 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
     plan = faults.plan("quick")
     assert sorted(faults.KIND_ORDER + faults.HA_KINDS) == sorted(FAULT_KINDS)  # every kind the runner knows, once
     clean = [s for s in plan if not s.fault]
-    assert [s.pipeline for s in clean] == ["kafka", "rabbitmq", "wal", "wal-sharded", "poll"] and plan[-5:] == clean
+    assert [s.pipeline for s in clean] == PIPES and plan[-len(PIPES):] == clean
     cells = {(s.pipeline, s.parsed_fault.kind) for s in plan if s.fault}  # type: ignore[union-attr]
-    every = {(p, k) for p in ("kafka", "rabbitmq", "wal", "wal-sharded", "poll") for k in faults.KIND_ORDER}
-    assert cells == every - PAIRS_LEFT_OUT and len(plan) == 5 + len(every) - len(PAIRS_LEFT_OUT) == 45
+    every = {(p, k) for p in PIPES for k in faults.KIND_ORDER}
+    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + len(every) - len(PAIRS_LEFT_OUT) == 54
     left = faults.inapplicable("quick")
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT
     assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why or "reads no WAL" in why
