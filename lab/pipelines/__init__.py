@@ -1,4 +1,4 @@
-"""The four pipelines, registered by name; the name is the CLI value, result field and label.
+"""The pipelines, registered by name; the name is the CLI value, result field and label.
 
 A pipeline is two classes with one constructor shape each (:class:`PipelineFactory`,
 :class:`SourceFactory`) and one line in :data:`REGISTRY`.
@@ -13,6 +13,7 @@ from lab.pipelines.base import Pipeline, PipelineFactory, SharedResources, Sourc
 from lab.pipelines.kafka import KafkaPipeline, KafkaSource
 from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 from lab.pipelines.wal import WalPipeline, WalSource
+from lab.pipelines.wal_relay import RelayPipeline, RelaySource
 from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -31,6 +32,7 @@ REGISTRY: dict[str, Registered] = {
     "kafka": Registered(KafkaPipeline, KafkaSource),
     "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource),
     "rabbitmq": Registered(RabbitPipeline, RabbitSource),
+    "wal-relay": Registered(RelayPipeline, RelaySource),
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}

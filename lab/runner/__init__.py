@@ -90,6 +90,7 @@ class Run(RunContext):
         self.flow: tuple[list[float], list[float]] | None = None  # inserts and work calls (measure_latency)
         self.interrupted: str | None = None  # the signal that ended the run early (SIGTERM, SIGINT)
         self.service_cgroups: dict[str, Any] = {}
+        self.helper_results: dict[str, Any] = {}  # each pipeline helper's result file (the relay's)
         self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
         self.processes = RunProcesses(self)
         self.phases = RunPhases(self)
@@ -127,6 +128,7 @@ class Run(RunContext):
                 self.injector.prepare()
             proc.start_senders()
             await proc.start_consumers()
+            await proc.start_helpers()
             self.progress("ready", {})
             await self.pipeline.wait_ready()
             await self.decoders.start()  # decode-only slots (Scenario.decode_slots), streaming before the gate
@@ -138,6 +140,8 @@ class Run(RunContext):
             sampler.start()
             sent = await phases.drain(sampler)
             consumer_results = await proc.stop_consumers()
+            if self.pipeline.helpers:
+                self.helper_results = await proc.stop_helpers()
             # The drain is seen when the web service has counted every call, but a consumer's
             # last work completes when the reply reaches it (later still with a work delay or
             # a loaded machine): read once more after the consumers exited, so the window's

@@ -54,6 +54,7 @@ class RunContext:
     decoders: DecodeOnly  # the run's decode-only slots (lab.measure.decoders)
     pg_edges: dict[str, dict[int, Any]]  # PostgreSQL's processes at the window edges (lab.measure.pgbackends)
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
+    helper_results: dict[str, Any]  # the pipeline's helpers' result files, read when they stopped
     service_cgroups: dict[str, Any]  # each service's cgroup: a restarted service moves back in (faults)
     _http: aiohttp.ClientSession | None
 

@@ -38,7 +38,7 @@ from lab.stack.proc import exclusive
 
 log = logging.getLogger(__name__)
 
-ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order
+ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded", "wal-relay")  # the reference sweep's order, then the new ones
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile gives every cell an interval (3 runs: the median's [min, max], 75 % coverage)
@@ -49,6 +49,7 @@ QUICK_CONSUMERS = (1, 2, 4, 8, 16)
 # The reference's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
 REFERENCE_CONSUMERS = (1, 2, 4, 8)
+REFERENCE_PIPELINES = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the pipelines it measured
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Profile:
     description: str
     idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
+    pipelines: tuple[str, ...] = ()  # the default pipelines; empty: every registered one
 
 
 PROFILES: dict[str, Profile] = {
@@ -80,7 +82,8 @@ PROFILES: dict[str, Profile] = {
                 "3 repeats in shuffled order (hours)", seed=1),
         Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
                 "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
-                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)"),
+                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)",
+                pipelines=REFERENCE_PIPELINES),
     )
 }
 
@@ -134,10 +137,11 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
     profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
-    ``pipelines`` defaults to every registered one, in the reference order.
+    ``pipelines`` defaults to the profile's (``reference``: the four it measured), else every
+    registered one, in the reference order.
     """
     prof = profile(name)
-    pipes = list(pipelines or available_pipelines())
+    pipes = list(pipelines or prof.pipelines or available_pipelines())
     if not pipes:
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
