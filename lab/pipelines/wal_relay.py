@@ -11,14 +11,14 @@ dies loses nothing; its replacement streams from the confirmed position and inse
 already handed over (``ON CONFLICT DO NOTHING`` while the row is still queued, a second copy once a
 consumer took the first, which the inbox claim then catches).
 
-Each consumer (:class:`RelaySource`) listens on ``relay_queue`` and, when woken (or while its last
-take came back full), takes a batch in one statement: ``DELETE … WHERE id IN (SELECT … ORDER BY id
-LIMIT n FOR UPDATE SKIP LOCKED) RETURNING …`` and, in the same statement, the ``inbox`` claim of the
-taken ids (:data:`TAKE`). The transaction stays open while the batch is worked and commits in
-:meth:`RelaySource.idle`, after the last work call: a consumer that dies mid-batch rolls its take and
-its claims back, the rows return to the queue and another consumer works them (the ones already
-worked, again: at-least-once). A row whose id the inbox holds already is a relay's duplicate: taken,
-deleted, not worked (``skipped``).
+Each consumer (:class:`RelaySource`) listens on ``relay_queue`` and, when woken (while its last take
+came back full, and at least every :data:`RECHECK_S` without a notice), takes a batch in one
+statement: ``DELETE … WHERE id IN (SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING …``
+and, in the same statement, the ``inbox`` claim of the taken ids (:data:`TAKE`). The transaction
+stays open while the batch is worked and commits in :meth:`RelaySource.idle`, after the last work
+call: a consumer that dies mid-batch rolls its take and its claims back, the rows return to the
+queue and another consumer works them (the ones already worked, again: at-least-once). A row whose
+id the inbox holds already is a relay's duplicate: taken, deleted, not worked (``skipped``).
 
 What replaces ``wal``'s per-reader decode: the relay's CPU, the queue's insert and delete (heap,
 index, WAL, one ``NOTIFY`` per batch) and its vacuum. :meth:`RelayPipeline.teardown` reads the
@@ -55,6 +55,9 @@ QUEUE = "relay_queue"
 CHANNEL = "relay_queue"
 HAND_OVER_TIMEOUT_S = 30.0  # the relay retries a lost hand-over connection this long before giving up
 HAND_OVER_PAUSE_S = 0.2
+# a consumer not woken by the relay takes anyway after this long: rows a dead consumer's take gave
+# back arrive with no notice
+RECHECK_S = 1.0
 
 # as schema.sql; also run by prepare(), for a server whose data directory predates the table
 CREATE_QUEUE = sql.SQL(
@@ -270,6 +273,7 @@ class RelaySource:
         self.decoded_bytes = 0  # the relay decodes, the consumers never do
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._more = True  # the last take came back full: take again without waiting
+        self._last_take = 0.0  # monotonic
 
     async def open(self) -> None:
         self._conn = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=False,
@@ -279,16 +283,18 @@ class RelaySource:
 
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
         """Up to ``max_items`` rows taken and claimed, in a transaction left open until :meth:`idle`;
-        waits up to ``first_wait`` for the relay's notice unless the last take was full. Returns
-        at once with what the queue had: the relay batched already."""
+        waits up to ``first_wait`` for the relay's notice unless the last take was full, and takes
+        without one every :data:`RECHECK_S` (rows a dead consumer gave back). Returns at once with
+        what the queue had: the relay batched already."""
         conn = self._conn
         assert conn is not None
         if not self._more:
             woken = False
             async for _ in conn.notifies(timeout=first_wait, stop_after=1):
                 woken = True
-            if not woken:
+            if not woken and time.monotonic() - self._last_take < RECHECK_S:
                 return []
+        self._last_take = time.monotonic()
         cur = await conn.execute(TAKE, {"n": max_items, "me": self.me})
         rows = await cur.fetchall()
         self.db_ops += 1
