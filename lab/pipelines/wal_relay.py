@@ -87,10 +87,11 @@ TAKE = sql.SQL(
 LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL))
 
 QUEUE_STATS = sql.SQL(
-    "select n_tup_ins, n_tup_del, n_live_tup, n_dead_tup, vacuum_count, autovacuum_count, "
-    "pg_total_relation_size(relid) from pg_stat_user_tables where relname = {}"
-).format(sql.Literal(QUEUE))
-STAT_FIELDS = ("inserted", "deleted", "live_tuples", "dead_tuples", "vacuums", "autovacuums", "bytes")
+    "select n_tup_ins, n_tup_del, (select count(*) from {q}), n_dead_tup, vacuum_count, autovacuum_count, "
+    "pg_total_relation_size(relid) from pg_stat_user_tables where relname = {name}"
+).format(q=sql.Identifier(QUEUE), name=sql.Literal(QUEUE))
+# rows_left is counted (n_live_tup is an estimate); the rest are the statistics system's counters
+STAT_FIELDS = ("inserted", "deleted", "rows_left", "dead_tuples", "vacuums", "autovacuums", "bytes")
 WAL_BYTES = "select wal_bytes from pg_stat_wal"
 
 

@@ -43,7 +43,7 @@ def test_a_run_delivers_every_message_once_and_leaves_nothing(settings: Settings
     assert relay["error"] is None and relay["rows"] == relay["queued"] == M
     assert 0 < relay["statements"] <= M
     queue = result["pipeline_settings"]["queue"]
-    assert queue["inserted"] == queue["deleted"] == M and queue["live_tuples"] == 0
+    assert queue["inserted"] == queue["deleted"] == M and queue["rows_left"] == 0
     assert result["slots"][RELAY_SLOT]["total_txns"] >= M  # one slot, decoded once
     assert list(result["slots"]) == [RELAY_SLOT]
     assert result["postgres_backends"]["processes"]["relay"] == 1

@@ -44,7 +44,7 @@ def test_a_take_keeps_the_lost_claims_apart() -> None:
 def test_queue_stats_are_the_runs_differences_and_the_end_state() -> None:
     before = (100, 90, 10, 50, 1, 2, 8192)
     end = (1100, 1090, 10, 700, 1, 5, 65536)
-    assert queue_stats(end, before) == {"inserted": 1000, "deleted": 1000, "live_tuples": 10, "dead_tuples": 700,
+    assert queue_stats(end, before) == {"inserted": 1000, "deleted": 1000, "rows_left": 10, "dead_tuples": 700,
                                         "vacuums": 0, "autovacuums": 3, "bytes": 65536}
     assert queue_stats(None, before) is None and queue_stats(end, None) is None
 
