@@ -42,7 +42,8 @@ ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded", "wal-relay")  # the referenc
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile gives every cell an interval (3 runs: the median's [min, max], 75 % coverage)
-# in about 30 minutes here: 5 N x 4 pipelines x 3 = 60 runs at ~30 s. It keeps the
+# in about 30 minutes here with the four reference pipelines: 5 N x 4 pipelines x 3 = 60 runs at ~30 s
+# (wal-relay adds 15 runs, about 8 min). It keeps the
 # article's N (1, 2, 4, 8) for the side-by-side tables and 16 beyond its extrapolated crossover;
 # N = 12 is in `full`.
 QUICK_CONSUMERS = (1, 2, 4, 8, 16)
