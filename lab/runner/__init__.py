@@ -1,9 +1,9 @@
 """One measured run, phase by phase.
 
-reset → web service → consumers → readiness gates → CDC source → senders (gate) → window →
+reset → web service → consumers → the pipeline's helpers → readiness gates → CDC source → senders (gate) → window →
 drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
 work is a participant of the CPU metric: the stack's services, ``web``, ``senders``, each
-consumer, and this runner process itself (its own CPU only, never its children's).
+consumer, the pipeline's helpers (``relay``), and this runner process itself (its own CPU only, never its children's).
 
 The run is a failure, stored with its error, when anything in the Success predicate of
 the reference study does not hold: no send failed, sent = processed = distinct claimed ids =

@@ -1,4 +1,5 @@
-"""The run's own processes: the web service, the speed probe, the senders and the consumers.
+"""The run's own processes: the web service, the speed probe, the senders, the consumers and the
+pipeline's helpers (:attr:`lab.pipelines.base.Pipeline.helpers`, e.g. wal-relay's relay).
 
 Each is spawned through :mod:`lab.stack.children` (recorded under the stack dir, dying with the
 runner), measured as a participant of its own, and stopped by pid in :meth:`RunProcesses.cleanup`.
