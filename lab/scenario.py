@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered")
+PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -198,7 +198,7 @@ def _megabytes(text: str, spec: str) -> int:
 class Scenario:
     """What load a run applies. Validated on construction; errors are one clear line."""
 
-    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll | wal-filtered
+    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll | wal-filtered | wal-relay
     consumers: int = 1  # N consumer processes
     messages: int = 100_000  # M messages sent, the divisor of the metric
     senders: int = 200  # closed-loop HTTP senders
@@ -296,6 +296,9 @@ class Scenario:
                              "write walsender-kill@T without a target")
         if f.kind == "walsender-kill" and self.pipeline in _NO_SLOT:
             raise ValueError(f"fault {self.fault!r}: {self.pipeline} reads no WAL (no slot, no walsender)")
+        if f.kind == "walsender-kill" and self.pipeline == "wal-relay":
+            raise ValueError(f"fault {self.fault!r}: on wal-relay the one walsender is the relay's, "
+                             "which no fault targets yet")
         if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded", "wal-filtered"):
             raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
                              "(pipeline wal, wal-sharded or wal-filtered)")

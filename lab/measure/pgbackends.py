@@ -11,6 +11,7 @@ walsender the slot it streams from ``pg_replication_slots``), and charges each g
 * ``claims`` — client backends named :data:`lab.workload.inbox.CLAIMS_APPLICATION`;
 * ``inserts`` — the web service's backends (:data:`lab.workload.web.APPLICATION_NAME`);
 * ``shards`` — wal-sharded's ownership connections (:data:`lab.pg.shards.SHARDS_APPLICATION`);
+* ``relay`` — wal-relay's hand-over connection, its work-table inserts (:data:`lab.workload.inbox.RELAY_APPLICATION`);
 * ``other`` — the rest of the participant: the checkpointer, WAL writer, autovacuum, the runner's own
   short connections, and any process that exited inside the window (its CPU is in the participant's
   total but in no pid read at the edges).
@@ -32,14 +33,14 @@ import psycopg
 
 from lab.measure.decoders import SLOT_PREFIX as DECODE_PREFIX
 from lab.pg.shards import SHARDS_APPLICATION
-from lab.workload.inbox import CLAIMS_APPLICATION
+from lab.workload.inbox import CLAIMS_APPLICATION, RELAY_APPLICATION
 from lab.workload.web import APPLICATION_NAME as WEB_APPLICATION
 
 QUERY = """
 SELECT a.pid, a.backend_type, coalesce(a.application_name, ''), coalesce(s.slot_name, '')
 FROM pg_stat_activity a LEFT JOIN pg_replication_slots s ON s.active_pid = a.pid
 """
-GROUPS = ("walsenders", "claims", "inserts", "shards")
+GROUPS = ("walsenders", "claims", "inserts", "shards", "relay")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ def group_of(backend_type: str, application: str) -> str:
     if backend_type == "walsender":
         return "walsenders"
     if backend_type == "client backend":
-        return {CLAIMS_APPLICATION: "claims", WEB_APPLICATION: "inserts", SHARDS_APPLICATION: "shards"}.get(
+        return {CLAIMS_APPLICATION: "claims", WEB_APPLICATION: "inserts", SHARDS_APPLICATION: "shards",
+                RELAY_APPLICATION: "relay"}.get(
             application, "")
     return ""
 

@@ -15,6 +15,7 @@ from lab.pipelines.poll import PollPipeline, PollSource
 from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 from lab.pipelines.wal import WalPipeline, WalSource
 from lab.pipelines.wal_filtered import FilteredWalPipeline, FilteredWalSource
+from lab.pipelines.wal_relay import RelayPipeline, RelaySource
 from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -36,6 +37,7 @@ REGISTRY: dict[str, Registered] = {
     "rabbitmq": Registered(RabbitPipeline, RabbitSource, "C1"),
     "poll": Registered(PollPipeline, PollSource, "C5"),
     "wal-filtered": Registered(FilteredWalPipeline, FilteredWalSource, "C4"),
+    "wal-relay": Registered(RelayPipeline, RelaySource, "C9"),
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}

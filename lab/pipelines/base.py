@@ -111,6 +111,10 @@ class Pipeline(Protocol):
     inbox_table: ClassVar[str]  # "inbox" or "inbox_wal"
     cdc_sink: ClassVar[str | None]  # Debezium sink this pipeline needs, if any
     consumes_outbox: ClassVar[bool]  # consumers delete finished rows from ``messages`` (poll)
+    # processes of the pipeline's own that the runner starts for each run, each measured as a
+    # participant of its own: participant name -> module run as ``python -m <module> --run-dir DIR
+    # --scenario JSON`` (it writes ``<name>.ready`` once it serves, ``<name>.json`` at its end)
+    helpers: ClassVar[dict[str, str]]
 
     def describe(self) -> dict[str, Any]:
         """The pipeline's settings, echoed into run.json."""

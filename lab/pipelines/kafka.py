@@ -165,6 +165,7 @@ class KafkaPipeline:
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = "kafka"
     consumes_outbox: ClassVar[bool] = False
+    helpers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

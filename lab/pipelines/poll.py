@@ -108,6 +108,7 @@ class PollPipeline:
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = None
     consumes_outbox: ClassVar[bool] = True
+    helpers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

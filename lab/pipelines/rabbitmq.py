@@ -119,6 +119,7 @@ class RabbitPipeline:
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = SINK
     consumes_outbox: ClassVar[bool] = False
+    helpers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

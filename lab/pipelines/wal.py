@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -71,6 +72,7 @@ class WalPipeline:
     inbox_table: ClassVar[str] = "inbox_wal"
     cdc_sink: ClassVar[str | None] = None
     consumes_outbox: ClassVar[bool] = False
+    helpers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
@@ -110,7 +112,7 @@ class WalSource:
         run_dir: Path | None = None, shared: SharedResources | None = None,
     ) -> None:
         self.settings = settings
-        self.slot = slot_name(index)
+        self.slot = self.slot_for(index)
         self.publication = PUBLICATION  # what the slot streams (wal-filtered: this reader's share)
         self.skipped = 0
         self.db_ops = 0
@@ -123,6 +125,11 @@ class WalSource:
         self.reconnects = 0  # streams restarted after the server ended one (a fault run)
         self.resumed = False  # open() found the slot: this reader replaces one that died
         self._broken: psycopg.Error | None = None  # a status update found the stream gone
+
+    @staticmethod
+    def slot_for(index: int) -> str:
+        """The slot this reader streams: ``load_test_slot_<index>``."""
+        return slot_name(index)
 
     async def open(self) -> None:
         self._claims = await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True,
@@ -215,11 +222,16 @@ class WalSource:
 
     def _decode_row(self, item: Item) -> None:
         """Fill ``item``'s columns, by name, from the Insert message kept in its position."""
+        item.id, item.content, created_at = self.decode_row(item)
+        item.created_at = created_at.isoformat()
+
+    def decode_row(self, item: Item) -> tuple[int, str, datetime]:
+        """The row (id, content, created_at) of the Insert message kept in ``item``'s position,
+        its columns found by name in the relation the stream sent before it."""
         msg = self._decoder.decode(item.pos[2])
         assert type(msg) is Insert
         row, idx = msg.new, msg.relation.index
-        item.id, item.content = row[idx["id"]], row[idx["content"]]  # type: ignore[assignment]
-        item.created_at = row[idx["created_at"]].isoformat()  # type: ignore[attr-defined]
+        return row[idx["id"]], row[idx["content"]], row[idx["created_at"]]  # type: ignore[return-value]
 
     def done(self, item: Item) -> None:
         self._report(self._marks.resolve(item.pos[1]))

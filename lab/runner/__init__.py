@@ -1,9 +1,9 @@
 """One measured run, phase by phase.
 
-reset → web service → consumers → readiness gates → CDC source → senders (gate) → window →
+reset → web service → consumers → the pipeline's helpers → readiness gates → CDC source → senders (gate) → window →
 drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
 work is a participant of the CPU metric: the stack's services, ``web``, ``senders``, each
-consumer, and this runner process itself (its own CPU only, never its children's).
+consumer, the pipeline's helpers (``relay``), and this runner process itself (its own CPU only, never its children's).
 
 The run is a failure, stored with its error, when anything in the Success predicate of
 the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
@@ -99,6 +99,7 @@ class Run(RunContext):
             settings.pg_dsn, Limits(settings.max_retained_wal, settings.min_free_disk),
             {"LAB_STACK_DIR": settings.stack_dir, "LAB_DATA_DIR": settings.data_dir},
             pg_local=settings.backend == "native", on_trip=self._disk_guard_tripped)
+        self.helper_results: dict[str, Any] = {}  # each pipeline helper's result file (the relay's)
         self.record: dict[str, Any] | None = None  # what run.json is assembled from (lab.runner.assembly)
         self.processes = RunProcesses(self)
         self.phases = RunPhases(self)
@@ -150,6 +151,7 @@ class Run(RunContext):
                 self.injector.prepare()
             proc.start_senders()
             await proc.start_consumers()
+            await proc.start_helpers()
             self.progress("ready", {})
             await self.pipeline.wait_ready()
             await self.decoders.start()  # decode-only slots (Scenario.decode_slots), streaming before the gate
@@ -162,6 +164,8 @@ class Run(RunContext):
             sampler.start()
             sent = await phases.drain(sampler)
             consumer_results = await proc.stop_consumers()
+            if self.pipeline.helpers:
+                self.helper_results = await proc.stop_helpers()
             # The drain is seen when the web service has counted every call, but a consumer's
             # last work completes when the reply reaches it (later still with a work delay or
             # a loaded machine): read once more after the consumers exited, so the window's

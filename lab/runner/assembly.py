@@ -132,6 +132,8 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         **({"fault": {**fault_block, "accounting": verdict.accounting}} if fault_block is not None else {}),
         "senders": sent,
         "consumers": consumers,
+        # the results of the pipeline's own processes (wal-relay's relay), where it has any
+        **({"helpers": record["helpers"]} if record.get("helpers") else {}),
         "sampler": {k: window.get(k) for k in ("samples", "host_busy_cpu_s", "sampler_cpu_s", "sampler_core_pct")},
         **record["provenance"],
     }

@@ -59,6 +59,7 @@ class RunContext:
     vacuum: dict[str, Any] | None  # run.json's vacuum block
     flow: tuple[list[float], list[float]] | None  # sorted wall times of every insert and every work call
     disk_guard: DiskGuard  # retained WAL, spill and free disk, throughout the run (lab.measure.disk)
+    helper_results: dict[str, Any]  # the pipeline's helpers' result files, read when they stopped
     service_cgroups: dict[str, Any]  # each service's cgroup: a restarted service moves back in (faults)
     _http: aiohttp.ClientSession | None
 

@@ -1,4 +1,5 @@
-"""The run's own processes: the web service, the speed probe, the senders and the consumers.
+"""The run's own processes: the web service, the speed probe, the senders, the consumers and the
+pipeline's helpers (:attr:`lab.pipelines.base.Pipeline.helpers`, e.g. wal-relay's relay).
 
 Each is spawned through :mod:`lab.stack.children` (recorded under the stack dir, dying with the
 runner), measured as a participant of its own, and stopped by pid in :meth:`RunProcesses.cleanup`.
@@ -95,7 +96,8 @@ class RunProcesses:
 
         parts = service_participants(self.run.stack, (*service_names(self.run.stack), "debezium"), group)
         self.run.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
-        for name in ("web", "senders", "probe"):  # the speed probe: measured, outside the totals
+        # the speed probe: measured, outside the totals; a pipeline's helpers (wal-relay's relay)
+        for name in ("web", "senders", "probe", *self.run.pipeline.helpers):
             parts.append(Participant(name, [self.run.procs[name]], cgroup=group(name, [self.run.procs[name]])))
         self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.run.consumers)]
         parts += [  # roots asked at every walk: a replaced consumer (consumer-kill) is the same participant
@@ -162,7 +164,37 @@ class RunProcesses:
                 raise RunError(f"consumers not ready after {s.ready_timeout_s:.0f} s")
             await asyncio.sleep(0.05)
 
+    async def start_helpers(self) -> None:
+        """The pipeline's own processes (:attr:`lab.pipelines.base.Pipeline.helpers`), each
+        waited for until it wrote ``<name>.ready``."""
+        s = self.run.scenario
+        for name, module in self.run.pipeline.helpers.items():
+            self.run.procs[name] = self._spawn(name, [
+                "-m", module, "--run-dir", str(self.run.scratch), "--scenario", json.dumps(s.as_parameters())])
+        deadline = time.monotonic() + s.ready_timeout_s
+        while not all((self.run.scratch / f"{name}.ready").exists() for name in self.run.pipeline.helpers):
+            self._check_consumers_alive()
+            if time.monotonic() > deadline:
+                raise RunError(f"{', '.join(self.run.pipeline.helpers)} not ready after {s.ready_timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
+    async def stop_helpers(self) -> dict[str, Any]:
+        """Stop the pipeline's helpers (SIGTERM, bounded) and read each one's ``<name>.json``."""
+        procs = [self.run.procs[n] for n in self.run.pipeline.helpers if n in self.run.procs]
+        with contextlib.suppress(psutil.Error):
+            await asyncio.to_thread(children.stop, [p for p in procs if p.poll() is None], timeout=10)
+        out: dict[str, Any] = {}
+        for name in self.run.pipeline.helpers:
+            path = self.run.scratch / f"{name}.json"
+            with contextlib.suppress(OSError, ValueError):
+                out[name] = json.loads(path.read_text())
+        return out
+
     def _check_consumers_alive(self) -> None:
+        for name in self.run.pipeline.helpers:  # a dead helper (the relay) stalls every consumer
+            p = self.run.procs.get(name)
+            if p is not None and p.poll() is not None:
+                raise RunError(f"{name} exited with {p.returncode}; see {self.run.scratch / f'{name}.log'}")
         for i, c in enumerate(self.run.consumers):
             if i not in self.run.respawning and i not in self.run.ended and c.poll() is not None and not (
                     self.run.injector is not None and self.run.injector.supervises(i)):
@@ -190,6 +222,8 @@ class RunProcesses:
             self.run.injector.restore()  # (and a service the fault stopped starts outside our groups)
         with contextlib.suppress(psutil.Error):
             await asyncio.to_thread(children.stop, [c for c in self.run.consumers if c.poll() is None], timeout=0)
+        if self.run.pipeline.helpers and not self.run.helper_results:  # stopped before the teardown
+            self.run.helper_results = await self.stop_helpers()
         with contextlib.suppress(Exception):
             await self.run.pipeline.teardown()
         ours = [*self.run.consumers, *self.run.procs.values()]

@@ -60,6 +60,7 @@ class RunReadings:
             "run_id": self.run.run_id, "started_at": started_at, "scenario": s.as_parameters(),
             "consumer_layout": s.layout, "pipeline_settings": self.run.pipeline.describe(),
             "error": error, "sent": sent, "consumers": consumers, "checks": checks,
+            "helpers": self.run.helper_results,
             "ended": sorted(self.run.ended), "accounting": self.run.accounting,
             "fault_facts": facts, "fault_block": None,
             "window": window or None,

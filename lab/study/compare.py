@@ -30,9 +30,9 @@ from lab.study.costmodel import METRIC, measured
 
 # ha runs: `kafka`/`rabbitmq` are the sums of their nodes (lab.study.ha_nodes), the
 # standby a participant of its own
-PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "kafka", "rabbitmq", "web", "senders", "consumers",
-                "runner")
-DIRECT = ("wal", "wal-sharded", "wal-filtered")
+PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "relay", "kafka", "rabbitmq", "web", "senders",
+                "consumers", "runner")
+DIRECT = ("wal", "wal-sharded", "wal-filtered", "wal-relay")
 BROKERS = ("kafka", "rabbitmq")
 
 

@@ -354,8 +354,9 @@ def answer_table(answers: Iterable[Answer]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["condition", "model", "n_star", "lo", "hi", "inside"])
 
 
-PARTS = ("pg.walsenders", "pg.claims", "pg.inserts", "pg.shards", "pg.other", "cpu_s.consumers", "cpu_s.web",
-         "cpu_s.senders", "cpu_s.runner", "cpu_s.kafka", "cpu_s.rabbitmq", "cpu_s.debezium")
+PARTS = ("pg.walsenders", "pg.claims", "pg.inserts", "pg.shards", "pg.relay", "pg.other", "cpu_s.consumers",
+         "cpu_s.web", "cpu_s.senders", "cpu_s.runner", "cpu_s.kafka", "cpu_s.rabbitmq", "cpu_s.debezium",
+         "cpu_s.relay")
 
 
 def slope_parts(df: pd.DataFrame, pipeline: str, *, parts: Sequence[str] = PARTS) -> pd.DataFrame:

@@ -29,6 +29,7 @@ PARTICIPANT_COLORS = {
     "postgres": "C0",
     "postgres-standby": "C9",  # ha
     "debezium": "C4",
+    "relay": "C7",
     "kafka": "C3",
     "rabbitmq": "C1",
     "web": "C2",

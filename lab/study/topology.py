@@ -37,7 +37,7 @@ TOPOLOGIES = ("single", "ha")
 ARTICLE_FACTOR = 3.0  # "production runs three brokers: multiply by three", never measured there
 # participants whose ha cost differs by construction: the brokers (three nodes each) and the
 # source (a physical walsender for the standby, and the standby itself)
-SHOWN = ("postgres", STANDBY, "debezium", "kafka", "rabbitmq", "consumers", "web", "senders")
+SHOWN = ("postgres", STANDBY, "debezium", "relay", "kafka", "rabbitmq", "consumers", "web", "senders")
 
 
 def topology_of(runs: pd.DataFrame) -> pd.Series:
@@ -104,7 +104,7 @@ def _ordered(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=columns)
     if out.empty:
         return out
-    order = {p: i for i, p in enumerate(("wal", "wal-sharded", "wal-filtered", "kafka", "rabbitmq"))}
+    order = {p: i for i, p in enumerate(("wal", "wal-sharded", "wal-filtered", "wal-relay", "kafka", "rabbitmq"))}
     out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
     return out.sort_values(["_o", "pipeline", "consumers"]).drop(columns="_o").reset_index(drop=True)
 

@@ -57,6 +57,7 @@ LEASE_SPACE = 0x7763  # pg_locks.classid of the inbox leases (wal-sharded's spac
 LEASE_SEQUENCE = "inbox_lease"  # schema.sql
 LEASE_MARK = "#"  # claimant = <consumer name>#<lease number>
 CLAIMS_APPLICATION = "lab-claims"  # how the consumers' claim connections show in pg_stat_activity
+RELAY_APPLICATION = "lab-relay"  # the wal-relay's hand-over connection (its work-table inserts)
 
 CLAIM_IDS_TAKEOVER = sql.SQL(
     "with claimed as ("

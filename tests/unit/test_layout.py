@@ -17,7 +17,7 @@ LAB = Path(__file__).resolve().parents[2] / "lab"
 LAYER = {
     "cli": 0, "__main__": 0,
     "study": 1,
-    "runner": 2, "consumer": 2,
+    "runner": 2, "consumer": 2, "relay": 2,
     "pipelines": 3, "measure": 3,
     "stack": 4, "workload": 4, "pg": 4,
     "scenario": 5, "settings": 5, "results": 5, "__init__": 6,

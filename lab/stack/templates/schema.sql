@@ -28,6 +28,16 @@ CREATE TABLE IF NOT EXISTS inbox_wal (
     CONSTRAINT pk_inbox_wal PRIMARY KEY (wal)
 ) WITH (autovacuum_enabled = false);
 
+-- wal-relay's work table: the relay inserts each decoded row once, the consumers take batches
+-- (DELETE ... FOR UPDATE SKIP LOCKED) and claim them in inbox. Not in the publication. Autovacuum
+-- on: a queue's dead tuples are part of what this hand-over costs.
+CREATE TABLE IF NOT EXISTS relay_queue (
+    id         integer     NOT NULL,
+    content    text        NOT NULL,
+    created_at timestamptz NOT NULL,
+    CONSTRAINT pk_relay_queue PRIMARY KEY (id)
+);
+
 -- The one publication every reader streams: both Debezium servers and all direct readers.
 -- Default publish (insert, update, delete, truncate), hence Debezium's skipped.operations=t,u,d.
 DO $$

@@ -82,8 +82,10 @@ def test_up_and_status(compose: object) -> None:
 
 
 # every pipeline once in the default tier, with one or two consumers; the other half is the matrix's
-CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered") for n in (1, 2)]
-DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1), ("poll", 2), ("wal-filtered", 2)}
+CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay")
+         for n in (1, 2)]
+DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1), ("poll", 2), ("wal-filtered", 2),
+           ("wal-relay", 2)}
 
 
 @pytest.mark.parametrize(("pipeline", "consumers"), [
@@ -104,6 +106,8 @@ def test_pipeline_run_succeeds(compose: object, pipeline: str, consumers: int) -
     assert cpu["postgres"] > 0 and cpu["consumers"] > 0 and cpu["web"] > 0
     if pipeline in ("kafka", "rabbitmq"):
         assert cpu["debezium"] > 0 and cpu[pipeline] > 0
+    if pipeline == "wal-relay":  # the relay is a local process beside the containers
+        assert cpu["relay"] > 0 and result["helpers"]["relay"]["rows"] >= 1000
     assert result["mem_mb"]["postgres"] > 10
 
 

@@ -193,6 +193,7 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
 
 @pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix),
                                       pytest.param("wal-sharded", marks=pytest.mark.matrix),
+                                      pytest.param("wal-relay", marks=pytest.mark.matrix),
                                       "kafka", "rabbitmq"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
@@ -204,7 +205,8 @@ def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipel
     assert c["sent"] == c["processed"] == c["work_calls"] == c["work_distinct"] == M
     assert c["distinct_ids"] == M and c.get("ids_match") is not False  # nothing lost, nothing twice
     assert r["topology"] == "ha" and r["backend"] == "native"
-    busy = {"wal": (), "wal-sharded": (), "kafka": KAFKA_NODES, "rabbitmq": RABBITMQ_NODES}[pipeline]
+    busy = {"wal": (), "wal-sharded": (), "wal-relay": ("relay",), "kafka": KAFKA_NODES,
+            "rabbitmq": RABBITMQ_NODES}[pipeline]
     for name in ("postgres", "postgres-standby", *KAFKA_NODES, *busy, "consumers"):
         assert r["cpu_s"][name] > 0, name  # each node its own participant, and it did work
     assert set(NODES) <= set(r["cpu_s"]) and "rabbitmq" not in r["cpu_s"] and "kafka" not in r["cpu_s"]

@@ -24,8 +24,9 @@ from lab.study.series import Step
 DIRECT = ("wal", "wal-sharded", "wal-filtered")
 PAIRS_LEFT_OUT = {(p, k) for p in DIRECT for k in ("debezium-kill", "broker-restart")} | {
     ("kafka", "slot-invalidation"), ("rabbitmq", "slot-invalidation")} | {
-    ("poll", k) for k in ("debezium-kill", "broker-restart", "walsender-kill", "slot-invalidation")}
-PIPES = ["kafka", "rabbitmq", "wal", "wal-sharded", "poll", "wal-filtered"]
+    (p, k) for p in ("poll", "wal-relay")
+    for k in ("debezium-kill", "broker-restart", "walsender-kill", "slot-invalidation")}
+PIPES = ["kafka", "rabbitmq", "wal", "wal-sharded", "poll", "wal-filtered", "wal-relay"]
 
 
 # --- the plan -------------------------------------------------------------------------------------
@@ -37,11 +38,11 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
     assert [s.pipeline for s in clean] == PIPES and plan[-len(PIPES):] == clean
     cells = {(s.pipeline, s.parsed_fault.kind) for s in plan if s.fault}  # type: ignore[union-attr]
     every = {(p, k) for p in PIPES for k in faults.KIND_ORDER}
-    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + len(every) - len(PAIRS_LEFT_OUT) == 54
+    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + len(every) - len(PAIRS_LEFT_OUT) == 61
     left = faults.inapplicable("quick")
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT
     assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why or "reads no WAL" in why
-               for _, _, why in left)
+               or "relay" in why for _, _, why in left)
     # fault kinds outer, pipelines inner: an interrupted matrix has compared the pipelines on what it reached
     kinds = [s.parsed_fault.kind for s in plan if s.fault]  # type: ignore[union-attr]
     assert kinds == sorted(kinds, key=faults.KIND_ORDER.index)
