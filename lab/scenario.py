@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq")
+PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "kafka-share")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -244,6 +244,9 @@ class Scenario:
             )
         if self.claim not in CLAIMS:
             raise ValueError(f"unknown claim {self.claim!r}: choose one of {', '.join(CLAIMS)}")
+        if self.producer == "direct" and self.pipeline == "kafka-share":
+            raise ValueError("kafka-share has no broker-native stand: producer='direct' writes the kafka "
+                             "pipeline's topic (run it with --pipeline kafka)")
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):

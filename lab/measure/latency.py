@@ -35,7 +35,7 @@ from lab.scenario import PIPELINE_NAMES
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 STATS = ("p50", "p95", "p99", "max")
 STAT_STYLE = {"p50": "-o", "p95": "--s", "p99": "-.^", "max": ":v"}
-_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}  # as lab.study.plots
+_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1", "kafka-share": "C9"}  # as lab.study.plots
 
 
 def first_arrivals(ids: Sequence[int], t: Sequence[float]) -> dict[int, float]:

@@ -1,4 +1,4 @@
-"""The four pipelines, registered by name; the name is the CLI value, result field and label.
+"""The pipelines, registered by name; the name is the CLI value, result field and label.
 
 A pipeline is two classes with one constructor shape each (:class:`PipelineFactory`,
 :class:`SourceFactory`) and one line in :data:`REGISTRY`.
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lab.pipelines.base import Pipeline, PipelineFactory, SharedResources, Source, SourceFactory
 from lab.pipelines.kafka import KafkaPipeline, KafkaSource
+from lab.pipelines.kafka_share import KafkaSharePipeline, KafkaShareSource
 from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 from lab.pipelines.wal import WalPipeline, WalSource
 from lab.pipelines.wal_sharded import ShardedWalPipeline, ShardedWalSource
@@ -31,6 +32,7 @@ REGISTRY: dict[str, Registered] = {
     "kafka": Registered(KafkaPipeline, KafkaSource),
     "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource),
     "rabbitmq": Registered(RabbitPipeline, RabbitSource),
+    "kafka-share": Registered(KafkaSharePipeline, KafkaShareSource),
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from lab.scenario import PIPELINE_NAMES, Scenario, parse_rate_steps
 from lab.study.series import matrix, profile
 
-_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}  # as lab.study.plots
+_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1", "kafka-share": "C9"}  # as lab.study.plots
 _MARKERS = ("o", "s", "^", "v", "D", "P")
 
 

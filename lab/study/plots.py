@@ -22,7 +22,7 @@ from lab.study.costmodel import METRIC, Crossover, FanoutFit, Level, drift, head
 from lab.study.ha_nodes import is_node
 from lab.study.intervals import coverage_label
 
-PIPELINE_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1"}
+PIPELINE_COLORS = {"wal": "C0", "wal-sharded": "C2", "kafka": "C3", "rabbitmq": "C1", "kafka-share": "C9"}
 PARTICIPANT_COLORS = {
     "postgres": "C0",
     "postgres-standby": "C9",  # ha

@@ -20,8 +20,8 @@ def members(proto: type) -> set[str]:
     return names | {n for n in getattr(proto, "__annotations__", {}) if not n.startswith("_")}
 
 
-def test_the_registry_is_the_four_cli_names() -> None:
-    assert list(REGISTRY) == ["wal", "kafka", "wal-sharded", "rabbitmq"]
+def test_the_registry_is_the_cli_names() -> None:
+    assert list(REGISTRY) == ["wal", "kafka", "wal-sharded", "rabbitmq", "kafka-share"]
     assert set(PIPELINES) == set(SOURCES) == set(REGISTRY)
 
 
