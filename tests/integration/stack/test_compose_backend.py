@@ -82,8 +82,9 @@ def test_up_and_status(compose: object) -> None:
 
 
 # every pipeline once in the default tier, with one or two consumers; the other half is the matrix's
-CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq") for n in (1, 2)]
-DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1)}
+CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "kafka-share") for n in (1, 2)]
+DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1), ("kafka-share", 2)}
+BROKER = {"kafka": "kafka", "rabbitmq": "rabbitmq", "kafka-share": "kafka"}  # the pipeline's broker participant
 
 
 @pytest.mark.parametrize(("pipeline", "consumers"), [
@@ -102,8 +103,8 @@ def test_pipeline_run_succeeds(compose: object, pipeline: str, consumers: int) -
     assert result["container_cpu"]["postgres"] in ("cgroup", "engine api")
     cpu = result["cpu_s"]
     assert cpu["postgres"] > 0 and cpu["consumers"] > 0 and cpu["web"] > 0
-    if pipeline in ("kafka", "rabbitmq"):
-        assert cpu["debezium"] > 0 and cpu[pipeline] > 0
+    if pipeline in BROKER:
+        assert cpu["debezium"] > 0 and cpu[BROKER[pipeline]] > 0
     assert result["mem_mb"]["postgres"] > 10
 
 
