@@ -281,6 +281,9 @@ class Scenario:
         object.__setattr__(self, "messages", sum(n for _, _, n in step_plan(rates, self.step_s)))
 
     def _check_fault(self, f: Fault) -> None:
+        if self.pipeline == "kafka-share":
+            raise ValueError(f"fault {self.fault!r}: kafka-share has no fault runs (a dead member's records "
+                             "come back only when their acquisition locks expire, 30 s by default)")
         if self.producer != "web" or self.layout != "processes":
             raise ValueError("a fault needs producer='web' and consumer_layout='processes' or 'auto' "
                              "(one OS process per consumer)")

@@ -65,6 +65,7 @@ class Profile:
     description: str
     idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
+    pipelines: tuple[str, ...] = ()  # empty: every registered pipeline
 
 
 PROFILES: dict[str, Profile] = {
@@ -80,7 +81,8 @@ PROFILES: dict[str, Profile] = {
                 "3 repeats in shuffled order (hours)", seed=1),
         Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
                 "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
-                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)"),
+                "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)",
+                pipelines=("kafka", "rabbitmq", "wal", "wal-sharded")),
     )
 }
 
@@ -137,7 +139,7 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     ``pipelines`` defaults to every registered one, in the reference order.
     """
     prof = profile(name)
-    pipes = list(pipelines or available_pipelines())
+    pipes = list(pipelines or prof.pipelines or available_pipelines())
     if not pipes:
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
