@@ -38,7 +38,7 @@ from lab.stack.proc import exclusive
 
 log = logging.getLogger(__name__)
 
-ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded", "kafka-share")  # the reference sweep's order, then those it did not have
+ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded", "kafka-share")  # the reference's order, then the rest
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile gives every cell an interval (3 runs: the median's [min, max], 75 % coverage)
