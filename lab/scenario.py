@@ -69,7 +69,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay")
+PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay", "kafka-share")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -245,6 +245,9 @@ class Scenario:
             )
         if self.claim not in CLAIMS:
             raise ValueError(f"unknown claim {self.claim!r}: choose one of {', '.join(CLAIMS)}")
+        if self.producer == "direct" and self.pipeline == "kafka-share":
+            raise ValueError("kafka-share has no broker-native stand: producer='direct' writes the kafka "
+                             "pipeline's topic (run it with --pipeline kafka)")
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):
@@ -279,6 +282,9 @@ class Scenario:
         object.__setattr__(self, "messages", sum(n for _, _, n in step_plan(rates, self.step_s)))
 
     def _check_fault(self, f: Fault) -> None:
+        if self.pipeline == "kafka-share":
+            raise ValueError(f"fault {self.fault!r}: kafka-share has no fault runs (a dead member's records "
+                             "come back only when their acquisition locks expire, 30 s by default)")
         if self.producer != "web" or self.layout != "processes":
             raise ValueError("a fault needs producer='web' and consumer_layout='processes' or 'auto' "
                              "(one OS process per consumer)")

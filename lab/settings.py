@@ -73,7 +73,7 @@ class Settings:
 
     kafka_port: int = 29092
     kafka_controller_port: int = 29093
-    kafka_version: str = "4.1.1"
+    kafka_version: str = "4.2.2"
 
     amqp_port: int = 25673
     rabbitmq_dist_port: int = 25674

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lab.pipelines.base import Pipeline, PipelineFactory, SharedResources, Source, SourceFactory
 from lab.pipelines.kafka import KafkaPipeline, KafkaSource
+from lab.pipelines.kafka_share import KafkaSharePipeline, KafkaShareSource
 from lab.pipelines.poll import PollPipeline, PollSource
 from lab.pipelines.rabbitmq import RabbitPipeline, RabbitSource
 from lab.pipelines.wal import WalPipeline, WalSource
@@ -38,6 +39,7 @@ REGISTRY: dict[str, Registered] = {
     "poll": Registered(PollPipeline, PollSource, "C5"),
     "wal-filtered": Registered(FilteredWalPipeline, FilteredWalSource, "C4"),
     "wal-relay": Registered(RelayPipeline, RelaySource, "C9"),
+    "kafka-share": Registered(KafkaSharePipeline, KafkaShareSource, "C8"),
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}

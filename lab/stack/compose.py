@@ -109,7 +109,7 @@ class ComposeStack:
             raise StackError("the compose backend runs the single topology only; the ha topology "
                              " needs the native backend: LAB_BACKEND=native")
         if self.settings.compose_images == "local":
-            missing = missing_images(self.client)
+            missing = missing_images(self.client, self.settings)
             if missing:
                 raise StackError(f"local images missing ({', '.join(missing)}): run `lab stack images build`")
         self._compose("up", "--no-start", *SERVICES)

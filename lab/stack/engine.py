@@ -73,7 +73,8 @@ def compose_env(settings: Settings) -> dict[str, str]:
     s = settings
     extra = {
         "LAB_PG_PORT": str(s.pg_port), "LAB_PG_USER": s.pg_user, "LAB_PG_PASSWORD": s.secret("pg"),
-        "LAB_KAFKA_PORT": str(s.kafka_port), "LAB_AMQP_PORT": str(s.amqp_port),
+        "LAB_KAFKA_PORT": str(s.kafka_port), "LAB_KAFKA_VERSION": s.kafka_version,
+        "LAB_AMQP_PORT": str(s.amqp_port),
         "LAB_RABBITMQ_USER": s.rabbitmq_user, "LAB_RABBITMQ_PASSWORD": s.secret("rabbitmq"),
         "LAB_SERVICES_HOST": s.service_host,
         "LAB_COMPOSE_BIND": "127.0.0.1" if _loopback(s.service_host) else "0.0.0.0",

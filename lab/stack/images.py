@@ -36,13 +36,20 @@ SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("rabbitmq-server",)
 BASE = f"fanout-lab/base:{SUITE}"
-LOCAL_IMAGES = {  # compose service -> image tag (docker-compose.local.yml)
+# compose service -> image tag, as docker-compose.local.yml writes it: Kafka's carries its version, so
+# stacks on one engine that run different Kafka versions never rebuild each other's image
+LOCAL_IMAGES = {
     "postgres": "fanout-lab/postgres:local",
-    "kafka": "fanout-lab/kafka:local",
+    "kafka": "fanout-lab/kafka:${LAB_KAFKA_VERSION}-local",
     "rabbitmq": "fanout-lab/rabbitmq:local",
     "debezium": "fanout-lab/debezium-server:local",
 }
 LABEL = "org.fanout-lab.inputs"
+
+
+def local_tag(settings: Settings, name: str) -> str:
+    """The tag of compose service ``name``'s local image under ``settings``."""
+    return string.Template(LOCAL_IMAGES[name]).substitute(LAB_KAFKA_VERSION=settings.kafka_version)
 
 
 def images_dir(settings: Settings) -> Path:
@@ -166,7 +173,7 @@ def build_images(settings: Settings, *, say: Say = lambda _: None) -> dict[str, 
     base = _base_image(settings, client, say)
     out = {BASE: base.id}
     for name, spec in _inputs(settings).items():
-        tag = LOCAL_IMAGES[name]
+        tag = local_tag(settings, name)
         values = {"base": BASE, **spec["values"]}
         dockerfile = string.Template(_template(f"{name}.Dockerfile")).substitute(values)
         entry = _template(f"{name}.sh")
@@ -202,12 +209,12 @@ def build_images(settings: Settings, *, say: Say = lambda _: None) -> dict[str, 
     return out
 
 
-def missing_images(client: Any) -> list[str]:
+def missing_images(client: Any, settings: Settings) -> list[str]:
     """The local image tags the engine does not have."""
     import docker.errors
 
     missing = []
-    for tag in LOCAL_IMAGES.values():
+    for tag in (local_tag(settings, name) for name in LOCAL_IMAGES):
         try:
             client.images.get(tag)
         except docker.errors.ImageNotFound:

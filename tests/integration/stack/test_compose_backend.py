@@ -82,10 +82,11 @@ def test_up_and_status(compose: object) -> None:
 
 
 # every pipeline once in the default tier, with one or two consumers; the other half is the matrix's
-CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay")
-         for n in (1, 2)]
+CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay",
+                          "kafka-share") for n in (1, 2)]
 DEFAULT = {("wal", 2), ("wal-sharded", 1), ("kafka", 2), ("rabbitmq", 1), ("poll", 2), ("wal-filtered", 2),
-           ("wal-relay", 2)}
+           ("wal-relay", 2), ("kafka-share", 2)}
+BROKER = {"kafka": "kafka", "rabbitmq": "rabbitmq", "kafka-share": "kafka"}  # the pipeline's broker participant
 
 
 @pytest.mark.parametrize(("pipeline", "consumers"), [
@@ -104,8 +105,8 @@ def test_pipeline_run_succeeds(compose: object, pipeline: str, consumers: int) -
     assert result["container_cpu"]["postgres"] in ("cgroup", "engine api")
     cpu = result["cpu_s"]
     assert cpu["postgres"] > 0 and cpu["consumers"] > 0 and cpu["web"] > 0
-    if pipeline in ("kafka", "rabbitmq"):
-        assert cpu["debezium"] > 0 and cpu[pipeline] > 0
+    if pipeline in BROKER:
+        assert cpu["debezium"] > 0 and cpu[BROKER[pipeline]] > 0
     if pipeline == "wal-relay":  # the relay is a local process beside the containers
         assert cpu["relay"] > 0 and result["helpers"]["relay"]["rows"] >= 1000
     assert result["mem_mb"]["postgres"] > 10

@@ -21,7 +21,8 @@ def members(proto: type) -> set[str]:
 
 
 def test_the_registry_is_the_cli_names() -> None:
-    assert list(REGISTRY) == ["wal", "kafka", "wal-sharded", "rabbitmq", "poll", "wal-filtered", "wal-relay"]
+    assert list(REGISTRY) == ["wal", "kafka", "wal-sharded", "rabbitmq", "poll", "wal-filtered", "wal-relay",
+                            "kafka-share"]
     assert set(PIPELINES) == set(SOURCES) == set(REGISTRY)
 
 

@@ -14,7 +14,7 @@ from lab.stack import debezium, kafka
 from lab.stack.compose import ComposeStack
 from lab.stack.containers import container_usage
 from lab.stack.engine import compose_command, compose_env
-from lab.stack.images import LOCAL_IMAGES
+from lab.stack.images import LOCAL_IMAGES, local_tag
 from lab.stack.postgres import SERVER_FLAGS
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -83,6 +83,12 @@ def test_local_override_only_swaps_images() -> None:
     for name, service in local.items():
         assert set(service) == {"image"}
         assert service["image"] == LOCAL_IMAGES["debezium" if name.startswith("debezium") else name]
+
+
+def test_the_local_kafka_image_is_tagged_with_its_version() -> None:
+    assert local_tag(Settings(kafka_version="4.2.2"), "kafka") == "fanout-lab/kafka:4.2.2-local"
+    assert local_tag(Settings(), "postgres") == "fanout-lab/postgres:local"
+    assert compose_env(Settings(kafka_version="4.3.1"))["LAB_KAFKA_VERSION"] == "4.3.1"
 
 
 def test_image_templates_substitute_cleanly() -> None:

@@ -35,14 +35,15 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
     plan = faults.plan("quick")
     assert sorted(faults.KIND_ORDER + faults.HA_KINDS) == sorted(FAULT_KINDS)  # every kind the runner knows, once
     clean = [s for s in plan if not s.fault]
-    assert [s.pipeline for s in clean] == PIPES and plan[-len(PIPES):] == clean
+    assert [s.pipeline for s in clean] == [*PIPES, "kafka-share"] and plan[-len(PIPES) - 1:] == clean
     cells = {(s.pipeline, s.parsed_fault.kind) for s in plan if s.fault}  # type: ignore[union-attr]
     every = {(p, k) for p in PIPES for k in faults.KIND_ORDER}
-    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + len(every) - len(PAIRS_LEFT_OUT) == 61
+    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + 1 + len(every) - len(PAIRS_LEFT_OUT) == 62
     left = faults.inapplicable("quick")
-    assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT
+    no_faults = {("kafka-share", k) for k in faults.KIND_ORDER}
+    assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT | no_faults
     assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why or "reads no WAL" in why
-               or "relay" in why for _, _, why in left)
+               or "relay" in why or "kafka-share has no fault runs" in why for _, _, why in left)
     # fault kinds outer, pipelines inner: an interrupted matrix has compared the pipelines on what it reached
     kinds = [s.parsed_fault.kind for s in plan if s.fault]  # type: ignore[union-attr]
     assert kinds == sorted(kinds, key=faults.KIND_ORDER.index)
