@@ -84,7 +84,8 @@ PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         Profile("smoke", 300, 20, (1, 2), 0.0, 1, 60,
-                "tests: tiny runs, numbers are noise (minutes)", idle_s=3.0),
+                "tests: the article's four pipelines in tiny runs, numbers are noise (minutes)", idle_s=3.0,
+                pipelines=REFERENCE_PIPELINES),
         Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 2, 5000,
                 "the article's four pipelines at N = 1, 2, 4, 8, 16, 5,000 messages, in 2 shuffled "
                 "blocks, so every cell has an interval; and at 20,000 messages at N = 1 and 16 in both "
@@ -118,6 +119,14 @@ def available_pipelines() -> list[str]:
     from lab.pipelines import PIPELINES
 
     return [p for p in ORDER if p in PIPELINES] + [p for p in PIPELINES if p not in ORDER]
+
+
+def pipelines_of(name: str) -> list[str]:
+    """The pipelines profile ``name`` runs by default: its own list (the article's four for smoke,
+    quick and reference) among the registered ones, else every registered one."""
+    prof = profile(name)
+    available = available_pipelines()
+    return [p for p in prof.pipelines if p in available] if prof.pipelines else available
 
 
 def parse_pipelines(text: str | Sequence[str] | None) -> list[str] | None:
@@ -171,7 +180,7 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     ``pipelines`` defaults to the profile's, else every registered one, in the reference order.
     """
     prof = profile(name)
-    pipes = list(pipelines or prof.pipelines or available_pipelines())
+    pipes = list(pipelines or pipelines_of(name))
     if not pipes:
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
@@ -205,7 +214,7 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
         parts.append(f"r{repeats}")
     if seed:
         parts.append(f"s{seed}")
-    if pipelines and list(pipelines) != list(profile(name).pipelines or available_pipelines()):
+    if pipelines and list(pipelines) != pipelines_of(name):
         parts.append("+".join(pipelines))
     if rate:
         parts.append(f"rate{rate:g}")

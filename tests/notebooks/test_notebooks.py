@@ -71,10 +71,10 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     assert "The headline: ms CPU per message" in html
     headline = pd.read_csv(out / "headline.csv")
     cells = set(zip(headline["pipeline"], headline["consumers"], strict=True))
-    assert cells == {(p, n) for p in series.available_pipelines() for n in (1, 2)}
+    assert cells == {(p, n) for p in series.pipelines_of("smoke") for n in (1, 2)}
     # the pivoted headline table is in the page: a row per pipeline, a column per N, medians inside
     tables = re.findall(r"<table.*?</table>", html, re.S)
-    pivot = [t for t in tables if all(f"<th>{p}</th>" in t for p in series.available_pipelines())
+    pivot = [t for t in tables if all(f"<th>{p}</th>" in t for p in series.pipelines_of("smoke"))
              and "<th>1</th>" in t and "<th>2</th>" in t]
     assert pivot, "no headline table in report.html"
     first = headline.iloc[0]
@@ -110,7 +110,7 @@ def test_report_shows_the_idle_baseline_memory_and_decode_volume(smoke_report: t
     for name in TABLES:
         assert (out / f"{name}.csv").exists(), name
     table = pd.read_csv(out / "crossover.csv")
-    direct, brokers = crossover.sides(series.available_pipelines())
+    direct, brokers = crossover.sides(series.pipelines_of("smoke"))
     assert len(table) == len(direct) * len(brokers)
 
 
@@ -210,7 +210,7 @@ def test_report_measures_latency_and_the_broker_native_stand(smoke_report: tuple
     size = EXTRAS["smoke"]
     t = pd.read_csv(out / "latency.csv")
     assert set(zip(t["pipeline"], t["consumers"], strict=True)) == {
-        (p, int(n)) for p in series.available_pipelines() for n in size["latency"]["consumers"].split(",")}
+        (p, int(n)) for p in series.pipelines_of("smoke") for n in size["latency"]["consumers"].split(",")}
     assert ((t["p50"] > 0) & (t["p50"] <= t["p95"]) & (t["p95"] <= t["p99"]) & (t["p99"] <= t["max"])).all()
     assert (t["rate"] == size["latency"]["rate"]).all() and (t["cpu_ms_per_msg"] > 0).all()
     assert t["achieved_rate"].between(0.8 * size["latency"]["rate"], 1.1 * size["latency"]["rate"]).all()
@@ -226,7 +226,7 @@ def test_report_finds_the_maximum_sustainable_rate_per_pipeline(smoke_report: tu
     out, sid = smoke_report
     size = CAPACITY["smoke"]
     cap = pd.read_csv(out / "capacity.csv")
-    cells = {(p, int(n)) for p in series.available_pipelines() for n in size["steps_consumers"].split(",")}
+    cells = {(p, int(n)) for p in series.pipelines_of("smoke") for n in size["steps_consumers"].split(",")}
     assert set(zip(cap["pipeline"], cap["consumers"], strict=True)) == cells and (cap["runs"] == 1).all()
     steps = pd.read_csv(out / "capacity_steps.csv")
     assert steps["run_ok"].all()  # every staircase run worked every message it sent
