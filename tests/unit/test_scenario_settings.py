@@ -37,7 +37,7 @@ def test_parameters_round_trip() -> None:
     assert Scenario(**s.as_parameters()) == s
     assert set(s.as_parameters()) == set(Scenario.field_names())
     assert all(isinstance(v, str | int | float | bool) for v in s.as_parameters().values())
-    assert set(PIPELINE_NAMES) == {"wal", "wal-sharded", "kafka", "rabbitmq"}
+    assert set(PIPELINE_NAMES) == {"wal", "wal-sharded", "kafka", "rabbitmq", "wal-filtered"}
 
 
 def test_settings_pass_to_children_through_the_environment() -> None:
