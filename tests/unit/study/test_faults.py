@@ -24,7 +24,7 @@ from lab.study.series import Step
 PAIRS_LEFT_OUT = {("wal", "debezium-kill"), ("wal-sharded", "debezium-kill"), ("wal", "broker-restart"),
                   ("wal-sharded", "broker-restart"), ("kafka", "slot-invalidation"), ("rabbitmq", "slot-invalidation"),
                   ("wal-relay", "debezium-kill"), ("wal-relay", "broker-restart"), ("wal-relay", "slot-invalidation"),
-                  ("wal-relay", "walsender-kill")}
+                  ("wal-relay", "walsender-kill"), ("wal-relay", "postgres-restart")}
 PIPES = ("kafka", "rabbitmq", "wal", "wal-sharded", "wal-relay")
 
 
@@ -37,7 +37,7 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
     assert [s.pipeline for s in clean] == list(PIPES) and plan[-len(PIPES):] == clean
     cells = {(s.pipeline, s.parsed_fault.kind) for s in plan if s.fault}  # type: ignore[union-attr]
     every = {(p, k) for p in PIPES for k in faults.KIND_ORDER}
-    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + len(every) - len(PAIRS_LEFT_OUT) == 45
+    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + len(every) - len(PAIRS_LEFT_OUT) == 44
     left = faults.inapplicable("quick")
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT
     assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why
