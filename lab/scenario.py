@@ -305,6 +305,9 @@ class Scenario:
         if f.kind == "walsender-kill" and self.pipeline == "wal-relay":
             raise ValueError(f"fault {self.fault!r}: on wal-relay the one walsender is the relay's, "
                              "which no fault targets yet")
+        if f.kind in ("postgres-restart", "postgres-failover") and self.pipeline == "wal-relay":
+            raise ValueError(f"fault {self.fault!r}: on wal-relay the relay's stream does not outlive "
+                             "PostgreSQL going away yet (the relay exits and fails the run)")
         if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded", "wal-filtered"):
             raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
                              "(pipeline wal, wal-sharded or wal-filtered)")

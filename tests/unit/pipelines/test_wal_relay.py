@@ -72,7 +72,7 @@ def test_the_runner_starts_the_relay_as_its_own_participant() -> None:
 
 
 @pytest.mark.parametrize("spec", ["walsender-kill:1@3s", "walsender-kill@3s", "slot-invalidation:1@3s",
-                                  "debezium-kill@3s"])
+                                  "debezium-kill@3s", "postgres-restart@3s+2s"])
 def test_faults_without_a_target_on_wal_relay_are_refused(spec: str) -> None:
     with pytest.raises(ValueError, match=r"wal-relay|Debezium|direct reader"):
         Scenario(pipeline="wal-relay", consumers=2, fault=spec, consumer_layout="processes")
