@@ -29,7 +29,7 @@ cost.
 Why one transaction per batch. The claim (the row locks), the inbox write and the delete commit
 together: if a consumer dies (process killed, connection lost) PostgreSQL rolls its transaction
 back, the rows' locks go, and the next read of any consumer gets them again, inbox claim included.
-A work call made before the death is made again by that consumer: at-least-once, as the fault
+A work call made before the death is made again by whoever reads the row next: at-least-once, as the fault
 runs count it. There is no lease and no visibility timeout to tune (pgmq, graphile-worker and
 river hold a claim across transactions, so they need one); the price is an open transaction per
 busy consumer, which holds back the xmin horizon for about one batch's work.
