@@ -12,8 +12,8 @@ the run's group id comes from the new topic's id (``dbz-kafka-share-<uuid>``), a
 ``share.auto.offset.reset`` is set to ``earliest`` before any member exists: a share group
 starts at the log's *end* by default, so every record Debezium wrote before a member's first
 fetch would otherwise be skipped. Share groups need Kafka 4.2 or later
-(:func:`share_groups_supported`): 4.1 ships them as a preview that the client cannot use
-reliably (docs/method.md, ``kafka-share``).
+(:func:`share_groups_supported`): 4.1 ships them as a preview whose broker rejects every share
+fetch of a member whose generated id holds a ``+`` (it decodes the id as URL-safe base64).
 
 Consumer side (:class:`KafkaShareSource`): ``confluent_kafka.ShareConsumer`` in explicit
 acknowledgement mode, the full Debezium envelope parsed with orjson, one ``inbox`` claim per
