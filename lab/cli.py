@@ -359,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up = ssub.add_parser("up", help="start PostgreSQL, Kafka and RabbitMQ (idempotent)")
     _topology_option(up)
+    _hosts_option(up)
     up.set_defaults(handler=_stack_up, locks=True)
     down = ssub.add_parser("down", help="stop everything the lab started (the nodes of either topology)")
     down.add_argument("--purge", action="store_true",
@@ -369,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _topology_option(status)
+    _hosts_option(status)
     status.set_defaults(handler=_stack_status)
     ssub.add_parser(
         "env", help="shell exports to connect (PG* with PGPASSFILE, Kafka, AMQP); no secret printed"
@@ -383,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one measured run of a pipeline")
     _scenario_options(run)
     _topology_option(run)
+    _hosts_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
                      help="a fault run ends its fault and fails before any slot retains this much WAL "
@@ -449,6 +452,15 @@ def _topology_option(parser: argparse.ArgumentParser) -> None:
                              "default: LAB_TOPOLOGY, else single)")
 
 
+def _hosts_option(parser: argparse.ArgumentParser) -> None:
+    from lab.settings import HOST_LAYOUTS
+
+    parser.add_argument("--hosts", choices=HOST_LAYOUTS, default=None,
+                        help="loopback: every participant on 127.0.0.1; netns: each participant group on a "
+                             "host of its own, a network namespace on a private bridge (root; the native "
+                             "single topology; default: LAB_HOSTS, else loopback)")
+
+
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:
     from lab.study.series import PROFILES
 
@@ -513,6 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = get_settings()
         if getattr(args, "topology", None):
             settings = settings.replace(topology=args.topology)
+        if getattr(args, "hosts", None):
+            settings = settings.replace(hosts=args.hosts)
         if not getattr(args, "locks", False):
             return handler(args, settings)
         # every command that changes the stack or its data holds the stack's lock throughout:

@@ -1,0 +1,65 @@
+"""The netns host layout for real: created, used, removed, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+
+import pytest
+
+from lab.settings import Settings
+from lab.stack import hosts
+from tests.conftest import test_settings as moved_settings
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
+
+
+@pytest.fixture
+def netns_settings() -> Settings:
+    return moved_settings(name="hosts-layout", hosts="netns")
+
+
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_layout_is_created_idempotently_connects_its_hosts_and_is_removed_without_trace(
+        netns_settings: Settings) -> None:
+    s = netns_settings
+    lay = hosts.layout(s)
+    try:
+        hosts.create(s)
+        hosts.create(s)  # a second call keeps it
+        assert hosts.complete(s)
+        assert (s.stack_dir / hosts.RECORD).exists()
+        assert set(lay.namespaces.values()) | {lay.switch} <= set(_ip("netns", "list").split())
+        with hosts.entered(lay.namespaces["postgres"]):
+            server = socket.create_server((s.address("postgres"), 0))
+        port = server.getsockname()[1]
+        before = hosts.link_bytes(s)
+        with hosts.entered(lay.namespaces["consumers"]):  # host to host through the bridge
+            with socket.create_connection((s.address("postgres"), port), timeout=5) as c:
+                conn, _ = server.accept()
+                c.sendall(b"x" * 100_000)
+                got = 0
+                while got < 100_000:
+                    got += len(conn.recv(65536))
+                conn.close()
+            with pytest.raises(OSError):  # no route beyond the lab's /24
+                socket.create_connection(("192.0.2.1", 9), timeout=2)
+        server.close()
+        after = hosts.link_bytes(s)
+        assert after["consumers"]["sent"] - before["consumers"]["sent"] >= 100_000
+        assert after["postgres"]["received"] - before["postgres"]["received"] >= 100_000
+        # a crash half-way: one more namespace by this stack's names, and the record gone
+        (s.stack_dir / hosts.RECORD).unlink()
+        _ip("netns", "add", lay.prefix_ns + "stray")
+        assert not hosts.create(s) or hosts.complete(s)  # the partial layout is made whole again
+    finally:
+        hosts.remove(s)
+    assert not hosts.leftovers(s)
+    netns, links = _ip("netns", "list"), _ip("link")
+    assert lay.prefix_ns not in netns and lay.prefix_link not in links
+    assert not (s.stack_dir / hosts.RECORD).exists()
