@@ -11,6 +11,7 @@ import aiohttp
 import psutil
 
 from lab.measure.decoders import DecodeOnly
+from lab.measure.network import NetWindow
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.scenario import Scenario
@@ -45,6 +46,7 @@ class RunContext:
     home_cgroup: Path | None
     cpu_method: str
     host_window: HostWindow
+    net_window: NetWindow | None  # LAB_HOSTS=netns: bytes per hop
     respawning: set[int]  # consumers being replaced (consumer-kill)
     ended: set[int]  # consumers a fault ended for good (slot-invalidation)
     injector: FaultInjector | None

@@ -68,6 +68,7 @@ class RunReadings:
             "latency_ms": self.run.latency_ms, "latency_from_due_ms": self.run.latency_from_due_ms,
             "staircase": self._staircase(sampler, sent) if s.rate_steps else {},
             "slots": self.run.slot_stats,
+            "network": self.run.net_window.record() if self.run.net_window is not None else None,
             "derived": derived,
             "provenance": {
                 **provenance(root=self.run.settings.root, cpu_method=self.run.cpu_method, services=self._versions(),

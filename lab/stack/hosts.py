@@ -44,6 +44,7 @@ SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "cons
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 RECORD = "hosts.json"
+NFT_TABLE = "fanoutlab"
 IFNAMSIZ = 15
 
 
@@ -234,6 +235,40 @@ def _build(lay: Layout) -> None:
     _ip("link", "set", lay.runner_link, "up")
     _ip("-n", sw, "link", "set", lay.links["runner"], "master", lay.bridge)
     _ip("-n", sw, "link", "set", lay.links["runner"], "up")
+    for host, ns in lay.namespaces.items():
+        _nft(ns, counter_rules(lay, host))
+
+
+def counter_rules(lay: Layout, host: str) -> str:
+    """An nftables script for ``host``'s namespace: one counter per other host (and the runner) on
+    the packets it sends, so that each pair's bytes are known (IP packets, headers included)."""
+    peers = [h for h in lay.addresses if h != host]
+    rules = "".join(f"  add rule inet {NFT_TABLE} out ip daddr {lay.addresses[p]} counter comment \"{p}\"\n"
+                    for p in peers)
+    return (f"add table inet {NFT_TABLE}\n"
+            f"add chain inet {NFT_TABLE} out {{ type filter hook output priority 0; policy accept; }}\n" + rules)
+
+
+def _nft(ns: str, script: str) -> str:
+    with entered(ns):
+        done = subprocess.run(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
+                              input=script or None, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StackError(f"nft in {ns} failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def parse_counters(listing: str) -> dict[str, int]:
+    """Peer -> bytes from ``nft -j list table`` of :func:`counter_rules`' table."""
+    out: dict[str, int] = {}
+    for item in json.loads(listing).get("nftables", []):
+        rule = item.get("rule")
+        if not rule:
+            continue
+        counter = next((e["counter"] for e in rule.get("expr", []) if "counter" in e), None)
+        if counter is not None and rule.get("comment"):
+            out[rule["comment"]] = int(counter["bytes"])
+    return out
 
 
 def _sysctl(ns: str) -> None:
@@ -319,6 +354,14 @@ def entered(netns: str | None) -> Iterator[None]:
 
 
 # Counters -----------------------------------------------------------------------------------------
+def pair_bytes(settings: Settings) -> dict[str, int]:
+    """``"<from>><to>"`` -> bytes sent so far from one host to another (or to the runner), as
+    counted in the sending host's namespace."""
+    lay = layout(settings)
+    return {f"{host}>{peer}": n for host, ns in lay.namespaces.items()
+            for peer, n in parse_counters(_nft(ns, "")).items()}
+
+
 def link_bytes(settings: Settings) -> dict[str, dict[str, int]]:
     """Per host (and the runner): ``sent`` and ``received`` bytes so far, read on the switch side of
     its veth pair (what the switch receives from the host is what the host sent)."""

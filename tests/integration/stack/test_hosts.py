@@ -38,7 +38,7 @@ def test_a_layout_is_created_idempotently_connects_its_hosts_and_is_removed_with
         with hosts.entered(lay.namespaces["postgres"]):
             server = socket.create_server((s.address("postgres"), 0))
         port = server.getsockname()[1]
-        before = hosts.link_bytes(s)
+        before, pairs = hosts.link_bytes(s), hosts.pair_bytes(s)
         with hosts.entered(lay.namespaces["consumers"]):  # host to host through the bridge
             with socket.create_connection((s.address("postgres"), port), timeout=5) as c:
                 conn, _ = server.accept()
@@ -53,6 +53,9 @@ def test_a_layout_is_created_idempotently_connects_its_hosts_and_is_removed_with
         after = hosts.link_bytes(s)
         assert after["consumers"]["sent"] - before["consumers"]["sent"] >= 100_000
         assert after["postgres"]["received"] - before["postgres"]["received"] >= 100_000
+        moved = {p: n - pairs[p] for p, n in hosts.pair_bytes(s).items()}
+        assert moved["consumers>postgres"] >= 100_000 and moved["consumers>web"] == 0
+        assert 0 < moved["postgres>consumers"] < 100_000  # the acknowledgements
         # a crash half-way: one more namespace by this stack's names, and the record gone
         (s.stack_dir / hosts.RECORD).unlink()
         _ip("netns", "add", lay.prefix_ns + "stray")

@@ -66,3 +66,14 @@ def test_cleanup_selects_exactly_this_stacks_names() -> None:
     assert hosts.ours(names, lay.prefix_ns) == sorted([lay.switch, *lay.namespaces.values()])
     links = [lay.runner_link, other.runner_link, "eth0", "fl" + lay.stack_id]
     assert hosts.ours(links, lay.prefix_link) == [lay.runner_link]
+
+
+def test_each_host_counts_what_it_sends_to_every_other_host_and_the_runner() -> None:
+    lay = hosts.layout(Settings(stack_dir=Path("/w/a"), hosts="netns"))
+    script = hosts.counter_rules(lay, "postgres")
+    assert "hook output" in script and lay.addresses["postgres"] not in script
+    for peer in ("broker", "debezium", "web", "consumers", "runner"):
+        assert f"ip daddr {lay.addresses[peer]} counter comment \"{peer}\"" in script
+    listing = ('{"nftables": [{"metainfo": {}}, {"rule": {"chain": "out", "comment": "consumers", "expr": ['
+               '{"match": {}}, {"counter": {"packets": 3, "bytes": 4200}}]}}, {"chain": {"name": "out"}}]}')
+    assert hosts.parse_counters(listing) == {"consumers": 4200}
