@@ -335,6 +335,16 @@ def rate_steps(text: str) -> str:
     return text
 
 
+def link_delay(text: str) -> float:
+    """``--link-delay``: milliseconds from ``1ms``, ``250us`` or a number of ms, in one line otherwise."""
+    from lab.settings import parse_delay
+
+    try:
+        return parse_delay(text, "--link-delay")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 #: bounds of every numeric Scenario field on the command line (Scenario checks the finer rules)
 SCENARIO_NUMBERS: dict[str, Callable[[str], Any]] = {
     "consumers": number(int, 1, MAX_CONSUMERS), "messages": number(int, 1, 10**9), "senders": number(int, 1, 100_000),
@@ -459,6 +469,9 @@ def _hosts_option(parser: argparse.ArgumentParser) -> None:
                         help="loopback: every participant on 127.0.0.1; netns: each participant group on a "
                              "host of its own, a network namespace on a private bridge (root; the native "
                              "single topology; default: LAB_HOSTS, else loopback)")
+    parser.add_argument("--link-delay", type=link_delay, default=None, metavar="DELAY",
+                        help="with --hosts netns: delay every host's outgoing packets this long (netem), "
+                             "e.g. 1ms or 250us; 0 removes it (default: LAB_LINK_DELAY, else 0)")
 
 
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:
@@ -527,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = settings.replace(topology=args.topology)
         if getattr(args, "hosts", None):
             settings = settings.replace(hosts=args.hosts)
+        if getattr(args, "link_delay", None) is not None:
+            settings = settings.replace(link_delay_ms=args.link_delay)
         if not getattr(args, "locks", False):
             return handler(args, settings)
         # every command that changes the stack or its data holds the stack's lock throughout:

@@ -51,6 +51,24 @@ def parse_size(text: str, what: str = "size") -> int:
     return int(digits) * _UNITS[unit]
 
 
+MAX_LINK_DELAY_MS = 1000.0
+
+
+def parse_delay(text: str, what: str = "delay") -> float:
+    """Milliseconds from ``1ms``, ``250us`` or a bare number of milliseconds (``0``: none);
+    ValueError in one line otherwise (at most :data:`MAX_LINK_DELAY_MS`)."""
+    raw = text.strip().lower()
+    scale = 0.001 if raw.endswith("us") else 1.0
+    number = raw.removesuffix("us").removesuffix("ms").strip()
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_LINK_DELAY_MS:  # nan fails too
+        raise ValueError(f"{what}={text!r} is not a delay like 1ms or 250us (0 to {MAX_LINK_DELAY_MS:g}ms)")
+    return value
+
+
 def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
     raw = env.get(name)
     return Path(raw).expanduser().resolve() if raw else default
@@ -101,6 +119,7 @@ class Settings:
     # loopback: every participant on 127.0.0.1 | netns: each participant group a host of its own,
     # a network namespace on a private bridge (lab.stack.hosts; the native single topology, root)
     hosts: str = "loopback"
+    link_delay_ms: float = 0.0  # netem delay on every host's link (LAB_HOSTS=netns only); 0: none
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
     docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
@@ -144,6 +163,8 @@ class Settings:
                               if env.get("LAB_MAX_RETAINED_WAL") else d.max_retained_wal),
             topology=env.get("LAB_TOPOLOGY", d.topology) or d.topology,
             hosts=env.get("LAB_HOSTS", d.hosts) or d.hosts,
+            link_delay_ms=(parse_delay(env["LAB_LINK_DELAY"], "LAB_LINK_DELAY")
+                           if env.get("LAB_LINK_DELAY") else d.link_delay_ms),
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
@@ -155,6 +176,9 @@ class Settings:
             raise ValueError(f"LAB_TOPOLOGY={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
         if self.hosts not in HOST_LAYOUTS:
             raise ValueError(f"LAB_HOSTS={self.hosts!r}: choose one of {', '.join(HOST_LAYOUTS)}")
+        if self.link_delay_ms and not self.netns:
+            raise ValueError("a link delay (LAB_LINK_DELAY, --link-delay) needs hosts of their own "
+                             "(LAB_HOSTS=netns, --hosts netns)")
         if self.netns and (self.ha or self.backend != "native"):
             raise ValueError("LAB_HOSTS=netns runs the native backend's single topology only "
                              f"(not backend {self.backend}, topology {self.topology})")
@@ -420,7 +444,7 @@ _ENV_NAMES = {
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
     "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL", "topology": "LAB_TOPOLOGY",
-    "hosts": "LAB_HOSTS",
+    "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

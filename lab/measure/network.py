@@ -47,7 +47,7 @@ class NetWindow:
         """The counters' differences over the window (None: not both edges read)."""
         if len(self.edges) != 2:
             return None
-        return delta(self.edges[0], self.edges[1])
+        return {**delta(self.edges[0], self.edges[1]), "link_delay_ms": self.settings.link_delay_ms}
 
 
 def delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,4 +71,5 @@ def network_block(counted: Mapping[str, Any] | None, messages: int) -> dict[str,
     pairs = {p: per(n) for p, n in sorted(counted["pairs"].items()) if n > 0}
     hops = {label: per(counted["pairs"].get(f"{a}>{b}", 0)) for (a, b), label in HOPS.items()}
     links = {h: {d: per(n) for d, n in c.items()} for h, c in sorted(counted["links"].items())}
-    return {"messages": messages, "hops": hops, "pairs": pairs, "links": links}
+    return {"messages": messages, "link_delay_ms": counted.get("link_delay_ms", 0.0),
+            "hops": hops, "pairs": pairs, "links": links}

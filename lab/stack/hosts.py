@@ -189,6 +189,7 @@ def create(settings: Settings) -> Layout:
     require_root()
     lay = layout(settings)
     if complete(settings):
+        delay(settings, lay)
         return lay
     if leftovers(settings):
         log.warning("removing an incomplete host layout of this stack: %s", ", ".join(leftovers(settings)))
@@ -200,6 +201,7 @@ def create(settings: Settings) -> Layout:
     record(settings, lay)
     try:
         _build(lay)
+        delay(settings, lay)
     except BaseException:
         with contextlib.suppress(Exception):
             remove(settings)
@@ -237,6 +239,23 @@ def _build(lay: Layout) -> None:
     _ip("-n", sw, "link", "set", lay.links["runner"], "up")
     for host, ns in lay.namespaces.items():
         _nft(ns, counter_rules(lay, host))
+
+
+def delay(settings: Settings, lay: Layout) -> None:
+    """``settings.link_delay_ms`` on the way out of every host (netem on its ``eth0``): a packet
+    from one host to another is delayed once, a round trip twice; 0 removes the delay."""
+    for ns in lay.namespaces.values():
+        with entered(ns):
+            if settings.link_delay_ms <= 0:
+                subprocess.run(["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True)
+                continue
+            done = subprocess.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay",
+                                   f"{round(settings.link_delay_ms * 1000)}us"], capture_output=True, text=True)
+        if done.returncode != 0:
+            why = done.stderr.strip()
+            if "unknown" in why:
+                why = "this kernel has no netem queueing discipline (CONFIG_NET_SCH_NETEM)"
+            raise StackError(f"cannot delay the links by {settings.link_delay_ms:g} ms: {why}")
 
 
 def counter_rules(lay: Layout, host: str) -> str:

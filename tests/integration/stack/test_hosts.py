@@ -10,6 +10,7 @@ import pytest
 
 from lab.settings import Settings
 from lab.stack import hosts
+from lab.stack.base import StackError
 from tests.conftest import test_settings as moved_settings
 
 pytestmark = [pytest.mark.integration,
@@ -66,3 +67,46 @@ def test_a_layout_is_created_idempotently_connects_its_hosts_and_is_removed_with
     netns, links = _ip("netns", "list"), _ip("link")
     assert lay.prefix_ns not in netns and lay.prefix_link not in links
     assert not (s.stack_dir / hosts.RECORD).exists()
+
+
+def _netem() -> bool:
+    probe = "fl-netem-probe"
+    subprocess.run(["ip", "netns", "add", probe], check=True)
+    try:
+        done = subprocess.run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                               "delay", "1ms"], capture_output=True)
+        return done.returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], check=True)
+
+
+def test_a_link_delay_slows_every_round_trip_or_is_refused_in_one_line(netns_settings: Settings) -> None:
+    """With netem (CONFIG_NET_SCH_NETEM) a round trip between two hosts takes two delays; a kernel
+    without it refuses the delay in one line and leaves no host behind."""
+    import time
+
+    s = netns_settings.replace(link_delay_ms=5.0)
+    lay = hosts.layout(s)
+    try:
+        if not _netem():
+            with pytest.raises(StackError, match="no netem") as info:
+                hosts.create(s)
+            assert "\n" not in str(info.value) and not hosts.leftovers(s)
+            return
+        hosts.create(s)
+        with hosts.entered(lay.namespaces["postgres"]):
+            server = socket.create_server((s.address("postgres"), 0))
+        with hosts.entered(lay.namespaces["consumers"]):
+            c = socket.create_connection((s.address("postgres"), server.getsockname()[1]), timeout=5)
+        conn, _ = server.accept()
+        t0 = time.monotonic()
+        for _ in range(5):
+            c.sendall(b"x")
+            conn.recv(1)
+            conn.sendall(b"y")
+            c.recv(1)
+        assert (time.monotonic() - t0) / 5 >= 0.010  # 5 ms each way
+        c.close(), conn.close(), server.close()
+    finally:
+        hosts.remove(s)
+    assert not hosts.leftovers(s)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.settings import NETNS_HOSTS, Settings, settings_env
+from lab.settings import NETNS_HOSTS, Settings, parse_delay, settings_env
 from lab.stack import hosts
+from lab.stack.base import StackError
 
 
 def test_hosts_come_from_the_environment_and_bad_values_are_refused_in_one_line() -> None:
@@ -77,3 +78,23 @@ def test_each_host_counts_what_it_sends_to_every_other_host_and_the_runner() -> 
     listing = ('{"nftables": [{"metainfo": {}}, {"rule": {"chain": "out", "comment": "consumers", "expr": ['
                '{"match": {}}, {"counter": {"packets": 3, "bytes": 4200}}]}}, {"chain": {"name": "out"}}]}')
     assert hosts.parse_counters(listing) == {"consumers": 4200}
+
+
+def test_a_link_delay_is_read_in_ms_or_us_and_needs_hosts_of_their_own() -> None:
+    assert parse_delay("1ms") == 1.0 and parse_delay("250us") == 0.25 and parse_delay("2") == 2.0
+    assert parse_delay("0") == 0.0
+    for bad in ("x", "-1ms", "nan", "inf", "1001ms", "1 s"):
+        with pytest.raises(ValueError, match="is not a delay like 1ms"):
+            parse_delay(bad)
+    netns = Settings.from_env({"LAB_HOSTS": "netns", "LAB_LINK_DELAY": "1ms"})
+    assert netns.link_delay_ms == 1.0
+    assert Settings.from_env(settings_env(netns)).link_delay_ms == 1.0  # a run's children see it
+    with pytest.raises(ValueError, match="needs hosts of their own"):
+        Settings(link_delay_ms=1.0)
+
+
+def test_netns_without_root_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 1000)
+    with pytest.raises(StackError, match="needs root") as info:
+        hosts.create(Settings(stack_dir=Path("/nonexistent/stack"), hosts="netns"))
+    assert "\n" not in str(info.value)
