@@ -71,7 +71,7 @@ class NativeStack:
 
     def _other_topology(self) -> list[NativeService]:
         """The services of the topology not chosen (they share this stack dir)."""
-        s = self.settings.replace(topology="single" if self.settings.ha else "ha")
+        s = self.settings.replace(topology="single" if self.settings.ha else "ha", hosts="loopback", link_delay_ms=0.0)
         if s.ha:
             return [PostgresStandby(s), KafkaCluster(s), RabbitMQCluster(s)]
         return [KafkaService(s), RabbitMQService(s)]
@@ -147,6 +147,9 @@ class NativeStack:
         (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
         ``purge`` also deletes all state: only a stack dir carrying the lab's marker, stacks
         nested in it stopped first (:mod:`lab.stack.stackdir`)."""
+        if not self.settings.netns and not self.settings.ha and hosts.recorded(self.settings):
+            # services on hosts of their own are reached at their hosts' addresses
+            return NativeStack(self.settings.replace(hosts="netns")).down(purge=purge)
         errors: list[str] = []
         if purge:
             stackdir.check_purgeable(self.settings.stack_dir)  # refused before anything stops
