@@ -40,10 +40,10 @@ def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _say_skipped(stack: object) -> None:
-    """One line naming what was left out for want of root (native backend, not root)."""
+    """One line naming what was left out and why (native backend: no root, or RabbitMQ under netns)."""
     skipped = getattr(stack, "skipped", None) or {}
     if skipped:
-        _say("not started without root: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
+        _say("not started: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
 
 
 def _stack_up(args: argparse.Namespace, settings: Settings) -> int:

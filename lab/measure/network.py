@@ -16,7 +16,7 @@ from lab.stack import hosts
 
 #: the hops named in results: (from, to) -> label
 HOPS = {
-    ("postgres", "consumers"): "postgres → readers",
+    ("postgres", "consumers"): "postgres → consumers",  # the WAL readers under wal
     ("postgres", "debezium"): "postgres → debezium",
     ("debezium", "broker"): "debezium → broker",
     ("broker", "consumers"): "broker → consumers",

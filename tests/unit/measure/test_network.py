@@ -15,7 +15,7 @@ def test_bytes_per_hop_are_the_window_differences_divided_by_the_messages() -> N
                        "pairs": {"postgres>consumers": 300_000, "consumers>postgres": 100_000, "web>broker": 0}}
     block = network_block(counted, 1_000)
     assert block is not None and block["messages"] == 1_000
-    assert block["hops"]["postgres → readers"] == {"bytes": 300_000, "bytes_per_msg": 300.0}
+    assert block["hops"]["postgres → consumers"] == {"bytes": 300_000, "bytes_per_msg": 300.0}
     assert block["hops"]["consumers → postgres"] == {"bytes": 100_000, "bytes_per_msg": 100.0}
     assert block["hops"]["debezium → broker"] == {"bytes": 0, "bytes_per_msg": 0.0}  # a hop this pipeline lacks
     assert "web>broker" not in block["pairs"]  # pairs that carried nothing are left out
