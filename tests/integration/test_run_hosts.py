@@ -31,8 +31,11 @@ def netns_stack() -> Iterator[NativeStack]:
     stack = NativeStack(settings)
     stack.down(purge=True)
     try:
-        stack.up()
-        yield stack
+        with pytest.MonkeyPatch.context() as mp:
+            # a second stack on two shared cores: Debezium once needed more than its 120 s to stream
+            mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
+            stack.up()
+            yield stack
     finally:
         from lab.measure.cgroups import remove_scope
 
