@@ -124,6 +124,13 @@ class NativeStack:
                     service.stop()
             raise
 
+    def _on_hosts(self) -> NativeStack | None:
+        """This stack as it runs on hosts of its own, when it does and these settings say loopback
+        (``down`` and ``status`` reach its services at their hosts' addresses without ``--hosts``)."""
+        if self.settings.netns or self.settings.ha or not hosts.recorded(self.settings):
+            return None
+        return NativeStack(self.settings.replace(hosts="netns"))
+
     def _check_layout(self) -> None:
         """Refuse, in one line, to start on one host layout while services run on the other (the
         services of a stack dir run either all on loopback or all on their own hosts)."""
@@ -147,9 +154,9 @@ class NativeStack:
         (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
         ``purge`` also deletes all state: only a stack dir carrying the lab's marker, stacks
         nested in it stopped first (:mod:`lab.stack.stackdir`)."""
-        if not self.settings.netns and not self.settings.ha and hosts.recorded(self.settings):
-            # services on hosts of their own are reached at their hosts' addresses
-            return NativeStack(self.settings.replace(hosts="netns")).down(purge=purge)
+        on_hosts = self._on_hosts()
+        if on_hosts is not None:
+            return on_hosts.down(purge=purge)
         errors: list[str] = []
         if purge:
             stackdir.check_purgeable(self.settings.stack_dir)  # refused before anything stops
@@ -199,6 +206,9 @@ class NativeStack:
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other
         topology's nodes too while they run (a status asked without ``--topology``)."""
+        on_hosts = self._on_hosts()
+        if on_hosts is not None:
+            return on_hosts.status()
         out: list[Any] = []
         other = [s for s in self._other_topology() if s.processes()]
         for service in [*self.services, *other, *self.debezium.values()]:
