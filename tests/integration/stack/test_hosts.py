@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,8 +20,10 @@ pytestmark = [pytest.mark.integration,
 
 
 @pytest.fixture
-def netns_settings() -> Settings:
-    return moved_settings(name="hosts-layout", hosts="netns")
+def netns_settings() -> Iterator[Settings]:
+    s = moved_settings(name="hosts-layout", hosts="netns")
+    yield s
+    shutil.rmtree(s.stack_dir, ignore_errors=True)  # only the layout's record was ever in it
 
 
 def _ip(*args: str) -> str:
