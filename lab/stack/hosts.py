@@ -114,7 +114,12 @@ def plen(subnet: str) -> str:
 
 # Reading the system -------------------------------------------------------------------------------
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    try:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError:  # no iproute2: no namespace of ours can exist either
+        if check:
+            raise StackError("LAB_HOSTS=netns needs the ip command (iproute2)") from None
+        return subprocess.CompletedProcess(["ip", *args], 127, "", "")
     if check and done.returncode != 0:
         raise StackError(f"`ip {' '.join(args)}` failed: {done.stderr.strip() or done.returncode}")
     return done
@@ -269,9 +274,13 @@ def counter_rules(lay: Layout, host: str) -> str:
 
 
 def _nft(ns: str, script: str) -> str:
-    with entered(ns):
-        done = subprocess.run(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
-                              input=script or None, capture_output=True, text=True)
+    try:
+        with entered(ns):
+            done = subprocess.run(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
+                                  input=script or None, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise StackError("LAB_HOSTS=netns counts bytes per pair of hosts with the nft command (nftables), "
+                         "which is not installed") from None
     if done.returncode != 0:
         raise StackError(f"nft in {ns} failed: {done.stderr.strip() or done.returncode}")
     return done.stdout

@@ -98,3 +98,11 @@ def test_netns_without_root_is_refused_in_one_line(monkeypatch: pytest.MonkeyPat
     with pytest.raises(StackError, match="needs root") as info:
         hosts.create(Settings(stack_dir=Path("/nonexistent/stack"), hosts="netns"))
     assert "\n" not in str(info.value)
+
+
+def test_without_the_ip_command_a_loopback_stack_finds_no_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    s = Settings(stack_dir=Path("/nonexistent/stack"))
+    assert hosts.leftovers(s) == [] and not hosts.recorded(s)
+    with pytest.raises(StackError, match="needs the ip command"):
+        hosts.link_bytes(s.replace(hosts="netns"))
