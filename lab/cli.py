@@ -40,10 +40,10 @@ def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _say_skipped(stack: object) -> None:
-    """One line naming what was left out for want of root (native backend, not root)."""
+    """One line naming what was left out and why (native backend: no root, or RabbitMQ under netns)."""
     skipped = getattr(stack, "skipped", None) or {}
     if skipped:
-        _say("not started without root: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
+        _say("not started: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
 
 
 def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -338,6 +338,16 @@ def rate_steps(text: str) -> str:
     return text
 
 
+def link_delay(text: str) -> float:
+    """``--link-delay``: milliseconds from ``1ms``, ``250us`` or a number of ms, in one line otherwise."""
+    from lab.settings import parse_delay
+
+    try:
+        return parse_delay(text, "--link-delay")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 #: bounds of every numeric Scenario field on the command line (Scenario checks the finer rules)
 SCENARIO_NUMBERS: dict[str, Callable[[str], Any]] = {
     "consumers": number(int, 1, MAX_CONSUMERS), "messages": number(int, 1, 10**9), "senders": number(int, 1, 100_000),
@@ -362,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up = ssub.add_parser("up", help="start PostgreSQL, Kafka and RabbitMQ (idempotent)")
     _topology_option(up)
+    _hosts_option(up)
     up.set_defaults(handler=_stack_up, locks=True)
     down = ssub.add_parser("down", help="stop everything the lab started (the nodes of either topology)")
     down.add_argument("--purge", action="store_true",
@@ -372,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = ssub.add_parser("status", help="state, pids, endpoints, versions, RSS, idle slots")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _topology_option(status)
+    _hosts_option(status)
     status.set_defaults(handler=_stack_status)
     ssub.add_parser(
         "env", help="shell exports to connect (PG* with PGPASSFILE, Kafka, AMQP); no secret printed"
@@ -386,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one measured run of a pipeline")
     _scenario_options(run)
     _topology_option(run)
+    _hosts_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON object, no progress bar")
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
                      help="the run (and its fault) ends, failed, before any slot retains this much WAL "
@@ -455,6 +468,18 @@ def _topology_option(parser: argparse.ArgumentParser) -> None:
                              "default: LAB_TOPOLOGY, else single)")
 
 
+def _hosts_option(parser: argparse.ArgumentParser) -> None:
+    from lab.settings import HOST_LAYOUTS
+
+    parser.add_argument("--hosts", choices=HOST_LAYOUTS, default=None,
+                        help="loopback: every participant on 127.0.0.1; netns: each participant group on a "
+                             "host of its own, a network namespace on a private bridge (root; the native "
+                             "single topology; default: LAB_HOSTS, else loopback)")
+    parser.add_argument("--link-delay", type=link_delay, default=None, metavar="DELAY",
+                        help="with --hosts netns: delay every host's outgoing packets this long (netem), "
+                             "e.g. 1ms or 250us; 0 removes it (default: LAB_LINK_DELAY, else 0)")
+
+
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:
     from lab.study.series import PROFILES
 
@@ -519,6 +544,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = get_settings()
         if getattr(args, "topology", None):
             settings = settings.replace(topology=args.topology)
+        if getattr(args, "hosts", None):
+            settings = settings.replace(hosts=args.hosts)
+        if getattr(args, "link_delay", None) is not None:
+            settings = settings.replace(link_delay_ms=args.link_delay)
         if not getattr(args, "locks", False):
             return handler(args, settings)
         if getattr(args, "purge", False) and settings.backend == "native":

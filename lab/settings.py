@@ -2,7 +2,8 @@
 
 Every knob is a ``LAB_*`` variable with a default that works on a fresh machine. Ports are
 deliberately far from the services' defaults (5432, 5672, 9092, 4369) so that a system
-PostgreSQL, RabbitMQ or Kafka on the same host is never touched. Everything binds 127.0.0.1.
+PostgreSQL, RabbitMQ or Kafka on the same host is never touched. Everything binds 127.0.0.1,
+or under ``LAB_HOSTS=netns`` its own namespace's address in a private /24 (:attr:`Settings.address`).
 
 Secrets: no password is fixed. Each stack generates its PostgreSQL and RabbitMQ passwords once,
 into ``<stack_dir>/secrets/secrets.json`` (mode 0600, directory 0700), unless
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import secrets
@@ -47,6 +49,24 @@ def parse_size(text: str, what: str = "size") -> int:
     if not digits.isdigit() or unit not in _UNITS or int(digits) < 1:
         raise ValueError(f"{what}={text!r} is not a size like 2GB, 512MB or 1048576")
     return int(digits) * _UNITS[unit]
+
+
+MAX_LINK_DELAY_MS = 1000.0
+
+
+def parse_delay(text: str, what: str = "delay") -> float:
+    """Milliseconds from ``1ms``, ``250us`` or a bare number of milliseconds (``0``: none);
+    ValueError in one line otherwise (at most :data:`MAX_LINK_DELAY_MS`)."""
+    raw = text.strip().lower()
+    scale = 0.001 if raw.endswith("us") else 1.0
+    number = raw.removesuffix("us").removesuffix("ms").strip()
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= MAX_LINK_DELAY_MS:  # nan fails too
+        raise ValueError(f"{what}={text!r} is not a delay like 1ms or 250us (0 to {MAX_LINK_DELAY_MS:g}ms)")
+    return value
 
 
 def _path(env: Mapping[str, str], name: str, default: Path) -> Path:
@@ -99,6 +119,10 @@ class Settings:
     # three-node RabbitMQ cluster and a PostgreSQL streaming standby with failover slots
     # (the native backend only)
     topology: str = "single"
+    # loopback: every participant on 127.0.0.1 | netns: each participant group a host of its own,
+    # a network namespace on a private bridge (lab.stack.hosts; the native single topology, root)
+    hosts: str = "loopback"
+    link_delay_ms: float = 0.0  # netem delay on every host's link (LAB_HOSTS=netns only); 0: none
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
     docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
@@ -143,6 +167,9 @@ class Settings:
             min_free_disk=(parse_size(env["LAB_MIN_FREE_DISK"], "LAB_MIN_FREE_DISK")
                            if env.get("LAB_MIN_FREE_DISK") else d.min_free_disk),
             topology=env.get("LAB_TOPOLOGY", d.topology) or d.topology,
+            hosts=env.get("LAB_HOSTS", d.hosts) or d.hosts,
+            link_delay_ms=(parse_delay(env["LAB_LINK_DELAY"], "LAB_LINK_DELAY")
+                           if env.get("LAB_LINK_DELAY") else d.link_delay_ms),
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
@@ -152,6 +179,14 @@ class Settings:
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"LAB_TOPOLOGY={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
+        if self.hosts not in HOST_LAYOUTS:
+            raise ValueError(f"LAB_HOSTS={self.hosts!r}: choose one of {', '.join(HOST_LAYOUTS)}")
+        if self.link_delay_ms and not self.netns:
+            raise ValueError("a link delay (LAB_LINK_DELAY, --link-delay) needs hosts of their own "
+                             "(LAB_HOSTS=netns, --hosts netns)")
+        if self.netns and (self.ha or self.backend != "native"):
+            raise ValueError("LAB_HOSTS=netns runs the native backend's single topology only "
+                             f"(not backend {self.backend}, topology {self.topology})")
         for name, env_name in _ENV_NAMES.items():
             value = getattr(self, name, None)
             if name.endswith("_port") and value is not None and not 1 <= value <= 65535:
@@ -179,7 +214,7 @@ class Settings:
         port (a second instance in the tests) without locking the first one out."""
         path = self.secrets_dir / "pgpass"
         esc = self.secret("pg").replace("\\", "\\\\").replace(":", "\\:")
-        line = f"{self.service_host}:*:*:{self.pg_user}:{esc}\n"
+        line = f"{self.pg_host}:*:*:{self.pg_user}:{esc}\n"
         try:
             current = path.read_text()
         except FileNotFoundError:
@@ -194,6 +229,48 @@ class Settings:
         """Where PostgreSQL, Kafka and RabbitMQ listen: ``services_host``, else ``host``."""
         return self.services_host or self.host
 
+    # Hosts -----------------------------------------------------------------------------
+    @property
+    def netns(self) -> bool:
+        """Whether each participant group runs on a host of its own (``hosts`` = ``netns``)."""
+        return self.hosts == "netns"
+
+    @property
+    def stack_id(self) -> str:
+        """Six hex digits naming this stack dir in the names of what it creates outside it."""
+        return hashlib.sha256(str(self.stack_dir).encode()).hexdigest()[:6]
+
+    @property
+    def hosts_subnet(self) -> str:
+        """The /24 of this stack's namespaces: ``10.231.<n>.0/24``, ``n`` from :attr:`stack_id`."""
+        return f"{SUBNET_PREFIX}.{int(self.stack_id, 16) % 254 + 1}.0/24"
+
+    def address(self, host: str) -> str:
+        """The address of one host of the netns layout (:data:`NETNS_HOSTS`; ``runner``: the
+        bridge, the runner's own side)."""
+        octet = RUNNER_OCTET if host == "runner" else NETNS_HOSTS[host]
+        return self.hosts_subnet.rsplit(".", 1)[0] + f".{octet}"
+
+    @property
+    def pg_host(self) -> str:
+        """Where PostgreSQL listens and every client reaches it."""
+        return self.address("postgres") if self.netns else self.service_host
+
+    @property
+    def broker_host(self) -> str:
+        """Where Kafka and RabbitMQ listen."""
+        return self.address("broker") if self.netns else self.service_host
+
+    @property
+    def web_host(self) -> str:
+        """Where the web service listens (both its listeners)."""
+        return self.address("web") if self.netns else self.host
+
+    @property
+    def debezium_host(self) -> str:
+        """Where Debezium Server's HTTP endpoint (health) listens."""
+        return self.address("debezium") if self.netns else self.host
+
     @property
     def pg_dsn(self) -> str:
         """libpq DSN without a password (it is read from :attr:`pg_passfile`): what every client
@@ -203,7 +280,7 @@ class Settings:
         administration of one server uses :attr:`pg_primary_dsn` or that server's port."""
         if not self.ha:
             return self.pg_primary_dsn
-        host = self.service_host
+        host = self.pg_host
         return (
             f"host={host},{host} port={self.pg_port},{self.pg_standby_port} dbname={self.pg_database} "
             f"user={self.pg_user} passfile={self.pg_passfile} target_session_attrs=read-write"
@@ -213,7 +290,7 @@ class Settings:
     def pg_primary_dsn(self) -> str:
         """libpq DSN of the stack's primary PostgreSQL alone (``LAB_PG_PORT``), no password."""
         return (
-            f"host={self.service_host} port={self.pg_port} dbname={self.pg_database} "
+            f"host={self.pg_host} port={self.pg_port} dbname={self.pg_database} "
             f"user={self.pg_user} passfile={self.pg_passfile}"
         )
 
@@ -261,17 +338,17 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return ",".join(f"{self.service_host}:{port}" for _, port, _ in self.kafka_nodes)
+        return ",".join(f"{self.broker_host}:{port}" for _, port, _ in self.kafka_nodes)
 
     @property
     def amqp_url(self) -> str:
-        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.service_host}:"
+        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.broker_host}:"
                 f"{self.amqp_endpoint_port}/")
 
     @property
     def amqp_url_public(self) -> str:
         """The AMQP URL without its password (for logs and ``lab stack env``)."""
-        return f"amqp://{self.rabbitmq_user}@{self.service_host}:{self.amqp_endpoint_port}/"
+        return f"amqp://{self.rabbitmq_user}@{self.broker_host}:{self.amqp_endpoint_port}/"
 
     def connect_env(self) -> dict[str, str]:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
@@ -280,7 +357,7 @@ class Settings:
         url_file = self.secrets_dir / "amqp-url"
         write_private(url_file, self.amqp_url + "\n")
         return {
-            "PGHOST": self.service_host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
+            "PGHOST": self.pg_host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
             "PGUSER": self.pg_user, "PGPASSFILE": str(self.pg_passfile),
             "PG_DSN": self.pg_dsn,
             "KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
@@ -290,7 +367,7 @@ class Settings:
     @property
     def web_url(self) -> str:
         """The web service's insert listener (``POST /load/messages``: the senders)."""
-        return f"http://{self.host}:{self.web_port}"
+        return f"http://{self.web_host}:{self.web_port}"
 
     @property
     def control_port(self) -> int:
@@ -300,11 +377,17 @@ class Settings:
     def control_url(self) -> str:
         """The web service's other listener: the consumers' work calls and the runner's
         ``/load/*`` calls, served by a process of its own (lab.workload.web)."""
-        return f"http://{self.host}:{self.control_port}"
+        return f"http://{self.web_host}:{self.control_port}"
 
 
 SECRET_NAMES = ("pg", "rabbitmq")
 TOPOLOGIES = ("single", "ha")
+HOST_LAYOUTS = ("loopback", "netns")
+SUBNET_PREFIX = "10.231"  # private (RFC 1918); nothing is routed beyond the namespaces
+RUNNER_OCTET = 1  # the bridge's own address: the runner's side of the lab network
+#: the hosts of the netns layout, each a participant group: name -> last octet of its address.
+#: The web host runs the web service and the senders; the probe and the runner stay outside.
+NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers": 6}
 HA_PORT_STEP = 10
 
 
@@ -367,6 +450,7 @@ _ENV_NAMES = {
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
     "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
     "min_free_disk": "LAB_MIN_FREE_DISK", "topology": "LAB_TOPOLOGY",
+    "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

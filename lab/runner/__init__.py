@@ -33,6 +33,7 @@ import psutil
 from lab.measure import cgroups, decoders
 from lab.measure.cgroups import choose_cpu_method
 from lab.measure.disk import DiskGuard, DiskGuardTripped, Limits
+from lab.measure.network import NetWindow
 from lab.measure.preflight import check_clean
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
@@ -82,6 +83,7 @@ class Run(RunContext):
         self.home_cgroup = cgroups.current()  # the runner is lent to its group, then moved back
         self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
         self.host_window = HostWindow()
+        self.net_window = NetWindow(settings) if settings.netns else None  # bytes per hop (lab.measure.network)
         self.respawning: set[int] = set()  # consumers being replaced (consumer-kill)
         self.ended: set[int] = set()  # consumers a fault ended for good (slot-invalidation)
         self.injector = FaultInjector(self) if scenario.fault else None
@@ -161,6 +163,8 @@ class Run(RunContext):
             walk = self.cpu_method if self.cpu_method != "cgroup" else "proc-ticks"
             sampler = Sampler(proc.participants(), cpu_method=walk)
             self.host_window.start()
+            if self.net_window is not None:
+                self.net_window.start()
             sampler.start()
             sent = await phases.drain(sampler)
             consumer_results = await proc.stop_consumers()
@@ -172,6 +176,8 @@ class Run(RunContext):
             # end always lies inside the sampled timeline.
             self.edges["stopped"] = sampler.snapshot()
             self.host_window.stop()
+            if self.net_window is not None:
+                self.net_window.stop()
             sampler.stop()
             self.slot_stats = await phases.read_slot_stats()
             self.vacuum = await phases.vacuum_record()

@@ -15,6 +15,8 @@ fixture) holds:
   ``idle_baseline`` (the series' idle baseline's rates, None without one), ``latency_ms``,
   ``latency_from_due_ms``, ``staircase`` (``steps``, ``max_sustainable_rate``, ``staircase``; empty
   without a staircase), ``slots``, ``vacuum`` (:mod:`lab.measure.vacuum`; None when not read);
+  ``network`` (bytes per host link and per pair of hosts over the
+  window under ``LAB_HOSTS=netns``, absent or None otherwise: :mod:`lab.measure.network`);
 * ``derived``: per-participant figures derived from the run's timelines (each a block of run.json
   under its own key, e.g. ``cost_split``); a new figure of that kind is one more key here;
 * ``provenance``: run.json's provenance and stack fields, ``harness``, ``lab_version``.
@@ -32,6 +34,7 @@ from typing import Any
 from lab.measure import probe
 from lab.measure.idle import net_of_idle
 from lab.measure.latency import achieved_rate
+from lab.measure.network import network_block
 from lab.runner.verdict import FaultFacts, Verdict, consumer_errors, counters_of, judge, planned_messages
 
 SCHEMA_VERSION = 1  # of the record; 1: the first
@@ -123,6 +126,8 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         # the tables' counters and autovacuum's CPU (lab.measure.vacuum); records older than it have none
         **({"vacuum": record["vacuum"]} if "vacuum" in record else {}),
         **({"disk_guard": record["disk_guard"]} if "disk_guard" in record else {}),
+        # LAB_HOSTS=netns only: bytes per hop (lab.measure.network)
+        **({"network": network_block(record["network"], m)} if record.get("network") else {}),
         "idle": idle_block(record.get("idle_baseline"), cpu_s, span or 0.0, m),
         "latency_ms": record.get("latency_ms"),
         "latency_from_due_ms": record.get("latency_from_due_ms"),

@@ -12,6 +12,7 @@ import psutil
 
 from lab.measure.decoders import DecodeOnly
 from lab.measure.disk import DiskGuard
+from lab.measure.network import NetWindow
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.measure.vacuum import AutovacuumWatch
@@ -47,6 +48,7 @@ class RunContext:
     home_cgroup: Path | None
     cpu_method: str
     host_window: HostWindow
+    net_window: NetWindow | None  # LAB_HOSTS=netns: bytes per hop
     respawning: set[int]  # consumers being replaced (consumer-kill)
     ended: set[int]  # consumers a fault ended for good (slot-invalidation)
     injector: FaultInjector | None

@@ -27,6 +27,7 @@ from lab.pg.slots import drop_slots
 from lab.runner.context import RunContext
 from lab.settings import child_env
 from lab.stack import children
+from lab.stack.hosts import namespace
 from lab.stack.proc import tail
 
 # The web opens its 220 connections (its own limit: 120 s), then starts its control listener,
@@ -45,22 +46,24 @@ class RunProcesses:
         self.run = run  # the run's state, shared with its other parts and the fault injector
         self.consumer_cgroups: list[cgroups.CpuGroup | None] = []  # set by participants()
 
-    def _spawn(self, name: str, argv: list[str]) -> psutil.Popen:
+    def _spawn(self, name: str, argv: list[str], host: str | None = None) -> psutil.Popen:
+        """``host``: the participant group it runs on under ``LAB_HOSTS=netns`` (None: the runner's)."""
         st = self.run.settings
         return children.spawn(st, name, [sys.executable, *argv], log_path=self.run.scratch / f"{name}.log",
-                              env=child_env(st), cwd=st.root)
+                              env=child_env(st), cwd=st.root,
+                              netns=namespace(st, host) if host is not None else None)
 
     async def start_web(self) -> None:
         """The web service (and the speed probe beside it); returns once the service answers
         on its control listener, which it starts after its insert listener."""
         s, st = self.run.scenario, self.run.settings
-        web_args = ["-m", "lab.workload.web", "--port", str(st.web_port),
+        web_args = ["-m", "lab.workload.web", "--host", st.web_host, "--port", str(st.web_port),
                     "--control-port", str(st.control_port), "--dsn", st.pg_dsn, "--reset", s.reset]
         if s.work_delay_ms:
             web_args += ["--work-delay-ms", str(s.work_delay_ms)]
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
             web_args += ["--by-consumer"]
-        self.run.procs["web"] = self._spawn("web", web_args)
+        self.run.procs["web"] = self._spawn("web", web_args, "web")
         self.run.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
                                                     "--out", str(self.run.scratch / "probe.json")])
         await self._wait_web()
@@ -81,7 +84,7 @@ class RunProcesses:
             if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.staircase)
                 sender_args += ["--rate-steps", s.rate_steps, "--step-s", str(s.step_s),
                                 "--stop-file", str(self.run.scratch / "stop")]
-        self.run.procs["senders"] = self._spawn("senders", sender_args)
+        self.run.procs["senders"] = self._spawn("senders", sender_args, "web")
 
     def participants(self) -> list[Participant]:
         """Everything that does work in a run, each in its own cgroup where one can be made.
@@ -143,7 +146,7 @@ class RunProcesses:
         return self._spawn(f"consumer-{group[0]}", [
             "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
             "--run-dir", str(self.run.scratch), "--scenario", json.dumps(s.as_parameters()),
-        ])
+        ], "consumers")
 
     def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
         """Move a replacement into consumer ``i``'s cgroup, which keeps the killed one's CPU."""

@@ -71,6 +71,7 @@ class RunReadings:
             "slots": self.run.slot_stats,
             "vacuum": self.run.vacuum,
             "disk_guard": self.run.disk_guard.record(),
+            "network": self.run.net_window.record() if self.run.net_window is not None else None,
             "derived": derived,
             "provenance": {
                 **provenance(root=self.run.settings.root, cpu_method=self.run.cpu_method, services=self._versions(),

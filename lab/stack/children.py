@@ -31,6 +31,7 @@ import psutil
 
 from lab.settings import Settings
 from lab.stack.base import StackError
+from lab.stack.hosts import entered
 from lab.stack.proc import die_with_parent, same_process, start_ticks, wait_gone
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,12 @@ def registry(settings: Settings) -> Path:
 
 
 def spawn(settings: Settings, name: str, argv: Sequence[str], *, log_path: Path,
-          env: Mapping[str, str] | None = None, cwd: Path | None = None) -> psutil.Popen:
-    """Start ``argv`` as a child that dies with this thread, and record it under ``name``."""
+          env: Mapping[str, str] | None = None, cwd: Path | None = None,
+          netns: str | None = None) -> psutil.Popen:
+    """Start ``argv`` as a child that dies with this thread, and record it under ``name``;
+    ``netns``: inside that network namespace (a host of ``LAB_HOSTS=netns``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    with open(log_path, "ab") as out, entered(netns):
         child = psutil.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None, cwd=cwd,

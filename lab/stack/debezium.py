@@ -50,6 +50,7 @@ from lab.pg import slots
 from lab.settings import Settings, child_env, write_private
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError, check_sink
+from lab.stack.hosts import namespace
 from lab.stack.provision import java_home, maven_artifact, require_tool
 
 log = logging.getLogger(__name__)
@@ -132,13 +133,14 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False, d
     s = settings
     values: dict[str, object] = {
         "http_port": http_port(s, sink),
-        "pg_host": s.host, "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
+        "http_host": s.debezium_host,
+        "pg_host": s.pg_host, "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
         "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
         # ha: the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
         "slot_failover": str(s.ha).lower(),
         "kafka_bootstrap": s.kafka_bootstrap,
-        "amqp_host": s.host, "amqp_port": s.amqp_endpoint_port, "amqp_user": s.rabbitmq_user,
+        "amqp_host": s.broker_host, "amqp_port": s.amqp_endpoint_port, "amqp_user": s.rabbitmq_user,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
     }
     values.update(pg_password=s.secret("pg"), amqp_password=s.secret("rabbitmq"))
@@ -196,7 +198,8 @@ class DebeziumService:
         if proc.running(self.state_dir) is not None:
             return
         setting = f"LAB_DEBEZIUM_{self.sink.upper()}_HTTP_PORT"
-        proc.require_free(self.http_port, f"Debezium Server ({self.sink} sink)", setting)
+        proc.require_free(self.http_port, f"Debezium Server ({self.sink} sink)", setting,
+                          self.settings.debezium_host)
         self._require_upstream(resume=resume)
         home = provision_dist(self.settings)
         config = self.state_dir / "config"
@@ -212,7 +215,8 @@ class DebeziumService:
         self.log_path.unlink(missing_ok=True)
         t0 = time.monotonic()
         jvm = proc.spawn(argv, state_dir=self.state_dir, log_path=self.log_path,
-                         env=child_env(JAVA_HOME=str(jhome)), cwd=self.state_dir)
+                         env=child_env(JAVA_HOME=str(jhome)), cwd=self.state_dir,
+                         netns=namespace(self.settings, "debezium"))
         log.info("debezium-%s: pid %d, waiting for slot %s", self.sink, jvm.pid, self.slot)
 
         def watch() -> None:
@@ -254,7 +258,7 @@ class DebeziumService:
         if proc.terminate(self.state_dir, timeout=STOP_GRACE):
             log.info("debezium-%s stopped", self.sink)
         (self.state_dir / "started.json").unlink(missing_ok=True)
-        if proc.port_open(self.settings.pg_port):
+        if proc.port_open(self.settings.pg_port, self.settings.pg_host):
             try:
                 slots.drop_slots(self.settings.pg_dsn, self.slot)
             except psycopg.Error as exc:
@@ -276,7 +280,7 @@ class DebeziumService:
                     holder = slots.active_pid(conn, self.slot)
         except psycopg.OperationalError:
             raise StackError(
-                f"PostgreSQL is not reachable at {s.host}:{s.pg_port}; start the stack first "
+                f"PostgreSQL is not reachable at {s.pg_host}:{s.pg_port}; start the stack first "
                 "(`lab stack up`)"
             ) from None
         if not has_pub or not has_pub[0]:
@@ -287,8 +291,8 @@ class DebeziumService:
                              f"other Debezium Server (`lab stack debezium stop {self.sink}`)")
         port, what = ((s.kafka_nodes[0][1], "Kafka") if self.sink == "kafka"
                       else (s.amqp_endpoint_port, "RabbitMQ"))
-        if not proc.port_open(port, s.host):
-            raise StackError(f"{what} is not reachable at {s.host}:{port}; start the stack first "
+        if not proc.port_open(port, s.broker_host):
+            raise StackError(f"{what} is not reachable at {s.broker_host}:{port}; start the stack first "
                              "(`lab stack up`)")
         # a stale, idle slot from a killed run would replay old rows: start from a fresh one
         if not resume:
@@ -309,7 +313,7 @@ class DebeziumService:
             name=f"debezium-{self.sink}",
             state="running" if procs else "stopped",
             pids=[p.pid for p in procs],
-            endpoint=f"http://{self.settings.host}:{self.http_port}",
+            endpoint=f"http://{self.settings.debezium_host}:{self.http_port}",
             version=self.settings.debezium_version,
             rss_mb=proc.tree_rss_mb(procs) if procs else None,
             detail=detail,

@@ -24,7 +24,7 @@ import psutil
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children, proc, stackdir
+from lab.stack import children, hosts, proc, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka import KafkaCluster, KafkaService
@@ -58,6 +58,8 @@ class NativeStack:
         uninstalled 3.10 is left out and recorded in :attr:`skipped` (the wal pipelines, Kafka
         and Debezium do not need it)."""
         why = self.rabbitmq.root_needed()
+        if self.settings.netns:  # its node name, epmd and chroot are tied to loopback
+            why = "not on a host of its own yet (LAB_HOSTS=netns runs the wal and kafka pipelines)"
         self.skipped = {self.rabbitmq.name: why} if why else {}
         return [s for s in self.services if s.name not in self.skipped]
 
@@ -69,7 +71,7 @@ class NativeStack:
 
     def _other_topology(self) -> list[NativeService]:
         """The services of the topology not chosen (they share this stack dir)."""
-        s = self.settings.replace(topology="single" if self.settings.ha else "ha")
+        s = self.settings.replace(topology="single" if self.settings.ha else "ha", hosts="loopback", link_delay_ms=0.0)
         if s.ha:
             return [PostgresStandby(s), KafkaCluster(s), RabbitMQCluster(s)]
         return [KafkaService(s), RabbitMQService(s)]
@@ -101,6 +103,9 @@ class NativeStack:
             now = "single" if self.settings.ha else "ha"
             raise StackError(f"this stack runs topology {now} ({', '.join(other)}); stop it first "
                              f"(`lab stack down --topology {now}`)")
+        self._check_layout()
+        if self.settings.netns:
+            hosts.create(self.settings)
         if self.standby is not None and self.standby.promoted():  # a failover never undone
             self.fail_back()
         started: list[NativeService] = []
@@ -119,6 +124,26 @@ class NativeStack:
                     service.stop()
             raise
 
+    def _on_hosts(self) -> NativeStack | None:
+        """This stack as it runs on hosts of its own, when it does and these settings say loopback
+        (``down`` and ``status`` reach its services at their hosts' addresses without ``--hosts``)."""
+        if self.settings.netns or self.settings.ha or not hosts.recorded(self.settings):
+            return None
+        return NativeStack(self.settings.replace(hosts="netns"))
+
+    def _check_layout(self) -> None:
+        """Refuse, in one line, to start on one host layout while services run on the other (the
+        services of a stack dir run either all on loopback or all on their own hosts)."""
+        s = self.settings
+        if s.netns:
+            hosts.require_root()
+        running = [svc.name for svc in self.services if svc.processes()]
+        on_hosts = hosts.recorded(s)
+        if running and on_hosts != s.netns:
+            now = "netns" if on_hosts else "loopback"
+            raise StackError(f"this stack runs on hosts {now} ({', '.join(running)}); stop it first "
+                             f"(`lab stack down`) or use --hosts {now}")
+
     def _running(self, service: NativeService) -> bool:
         if isinstance(service, KafkaCluster | RabbitMQCluster):
             return all(node.processes() for node in service.nodes)
@@ -129,6 +154,9 @@ class NativeStack:
         (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
         ``purge`` also deletes all state: only a stack dir carrying the lab's marker, stacks
         nested in it stopped first (:mod:`lab.stack.stackdir`)."""
+        on_hosts = self._on_hosts()
+        if on_hosts is not None:
+            return on_hosts.down(purge=purge)
         errors: list[str] = []
         if purge:
             stackdir.check_purgeable(self.settings.stack_dir)  # refused before anything stops
@@ -151,6 +179,11 @@ class NativeStack:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{service.name}: {exc}")
+        if not errors:  # the hosts last: a namespace lives on while a process runs in it
+            try:
+                hosts.remove(self.settings)
+            except Exception as exc:
+                errors.append(str(exc))
         if purge and not errors:  # a node that did not stop keeps its pid file: down can find it again
             shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
         if errors:
@@ -173,6 +206,9 @@ class NativeStack:
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other
         topology's nodes too while they run (a status asked without ``--topology``)."""
+        on_hosts = self._on_hosts()
+        if on_hosts is not None:
+            return on_hosts.status()
         out: list[Any] = []
         other = [s for s in self._other_topology() if s.processes()]
         for service in [*self.services, *other, *self.debezium.values()]:

@@ -41,6 +41,7 @@ from psycopg.conninfo import make_conninfo
 from lab.settings import Settings, child_env
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
+from lab.stack.hosts import namespace
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,13 @@ def missing_search_bit(mode: int, owner: int, group: int, uid: int, gids: set[in
     return 0 if mode & bit else bit
 
 
-def server_argv(postgres: Path, data_dir: Path, port: int, socket_dir: Path | None) -> list[str]:
-    """``postgres -D <data> -c ...`` with the reference flags, loopback only."""
+def server_argv(postgres: Path, data_dir: Path, port: int, socket_dir: Path | None,
+                listen: str = LOOPBACK) -> list[str]:
+    """``postgres -D <data> -c ...`` with the reference flags, listening on ``listen`` only
+    (loopback, or its host's address under ``LAB_HOSTS=netns``)."""
     flags = {
         **SERVER_FLAGS,
-        "listen_addresses": LOOPBACK,
+        "listen_addresses": listen,
         "port": str(port),
         "unix_socket_directories": str(socket_dir) if socket_dir is not None else "",
     }
@@ -151,6 +154,17 @@ def server_argv(postgres: Path, data_dir: Path, port: int, socket_dir: Path | No
         if name not in RELOADABLE:
             argv += ["-c", f"{name}={value}"]
     return argv
+
+
+def hba_text(settings: Settings) -> str:
+    """``pg_hba.conf``: the template (loopback), and under ``LAB_HOSTS=netns`` the same two
+    password lines for the stack's own /24 (the other hosts and the runner's bridge side)."""
+    text = (TEMPLATES / "pg_hba.conf").read_text()
+    if settings.netns:
+        net = settings.hosts_subnet
+        text += (f"host    all          all   {net:<14} scram-sha-256\n"
+                 f"host    replication  all   {net:<14} scram-sha-256\n")
+    return text
 
 
 def lab_conf() -> str:
@@ -224,7 +238,7 @@ class PostgresService:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.settings.host}:{self.settings.pg_port}"
+        return f"{self.settings.pg_host}:{self.settings.pg_port}"
 
     # NativeService ---------------------------------------------------------------------
     def provision(self) -> None:
@@ -245,15 +259,15 @@ class PostgresService:
                     f"not on LAB_PG_PORT={self.settings.pg_port}; stop it first (`lab stack down`)"
                 )
             return
-        proc.require_free(self.settings.pg_port, "PostgreSQL", "LAB_PG_PORT")
+        proc.require_free(self.settings.pg_port, "PostgreSQL", "LAB_PG_PORT", self.settings.pg_host)
         self._check_lock()
         self._check_binaries()
         self._prepare()
         postmaster = proc.spawn(
             server_argv(bin_dir() / "postgres", self.data_dir, self.settings.pg_port,
-                        self._socket()),
+                        self._socket(), self.settings.pg_host),
             state_dir=self.state_dir, log_path=self.log_path, env=child_env(),
-            cwd=self.state_dir, user=self.os_user,
+            cwd=self.state_dir, user=self.os_user, netns=namespace(self.settings, "postgres"),
         )
         log.info("PostgreSQL started, pid %d, %s", postmaster.pid, self.endpoint)
         try:
@@ -386,7 +400,7 @@ class PostgresService:
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb()
         hba = self.data_dir / "pg_hba.conf"
-        hba.write_text((TEMPLATES / "pg_hba.conf").read_text())
+        hba.write_text(hba_text(self.settings))
         written = [hba, self.data_dir / LAB_CONF]
         written[1].write_text(lab_conf())
         main_conf = self.data_dir / "postgresql.conf"

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import psutil
 
 from lab.stack.base import StackError
+from lab.stack.hosts import entered
 
 T = TypeVar("T")
 
@@ -106,14 +107,16 @@ def spawn(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     user: str | None = None,
+    netns: str | None = None,
 ) -> psutil.Process:
-    """Start ``argv`` detached, log to ``log_path``, record it in ``state_dir/pid.json``."""
+    """Start ``argv`` detached, log to ``log_path``, record it in ``state_dir/pid.json``;
+    ``netns``: inside that network namespace (:func:`lab.stack.hosts.entered`)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = extra_groups = None
     if user is not None and os.geteuid() == 0:  # drop root's gid and groups too, not just the uid
         group, extra_groups = pwd.getpwnam(user).pw_gid, list[int]()
-    with open(log_path, "ab") as out:
+    with open(log_path, "ab") as out, entered(netns):
         popen = subprocess.Popen(
             [str(a) for a in argv],
             stdin=subprocess.DEVNULL,
@@ -230,9 +233,9 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def require_free(port: int, what: str, setting: str) -> None:
-    """Fail with one clear line if something else listens on ``port``."""
-    if port_open(port):
+def require_free(port: int, what: str, setting: str, host: str = "127.0.0.1") -> None:
+    """Fail with one clear line if something else listens on ``port`` (of ``host``)."""
+    if port_open(port, host):
         raise StackError(
             f"port {port} needed by {what} is already in use by another process; "
             f"stop that process or choose another port with {setting}=<port>"

@@ -1,0 +1,75 @@
+"""Bytes on the wire per hop, under ``LAB_HOSTS=netns`` (each participant group a host of its own).
+
+At both edges of a run's window the runner reads, for every host, the bytes its link sent and
+received (the switch side of its veth pair, Ethernet frames) and, for every pair of hosts, the
+bytes one sent to the other (an nftables counter in the sender's namespace, IP packets); run.json's
+``network`` holds the differences and each divided by the run's messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lab.settings import Settings
+from lab.stack import hosts
+
+#: the hops named in results: (from, to) -> label
+HOPS = {
+    ("postgres", "consumers"): "postgres → consumers",  # the WAL readers under wal
+    ("postgres", "debezium"): "postgres → debezium",
+    ("debezium", "broker"): "debezium → broker",
+    ("broker", "consumers"): "broker → consumers",
+    ("consumers", "postgres"): "consumers → postgres",
+    ("consumers", "web"): "consumers → web",
+    ("web", "postgres"): "web → postgres",
+}
+
+
+class NetWindow:
+    """The counters read at the two edges of a run's window."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.edges: list[dict[str, Any]] = []
+
+    def read(self) -> dict[str, Any]:
+        return {"links": hosts.link_bytes(self.settings), "pairs": hosts.pair_bytes(self.settings)}
+
+    def start(self) -> None:
+        self.edges = [self.read()]
+
+    def stop(self) -> None:
+        if len(self.edges) == 1:
+            self.edges.append(self.read())
+
+    def record(self) -> dict[str, Any] | None:
+        """The counters' differences over the window (None: not both edges read)."""
+        if len(self.edges) != 2:
+            return None
+        return {**delta(self.edges[0], self.edges[1]), "link_delay_ms": self.settings.link_delay_ms}
+
+
+def delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """Per link its ``sent``/``received`` bytes, per pair its bytes, between two readings."""
+    links = {h: {k: after["links"][h][k] - v for k, v in c.items()}
+             for h, c in before["links"].items() if h in after["links"]}
+    pairs = {p: after["pairs"][p] - n for p, n in before["pairs"].items() if p in after["pairs"]}
+    return {"links": links, "pairs": pairs}
+
+
+def network_block(counted: Mapping[str, Any] | None, messages: int) -> dict[str, Any] | None:
+    """run.json's ``network``: every hop with bytes and bytes per message (``hops``: the named
+    ones, ``pairs``: every pair that carried bytes) and every link per direction; None without
+    hosts."""
+    if not counted or messages <= 0:
+        return None
+
+    def per(n: int) -> dict[str, Any]:
+        return {"bytes": n, "bytes_per_msg": round(n / messages, 1)}
+
+    pairs = {p: per(n) for p, n in sorted(counted["pairs"].items()) if n > 0}
+    hops = {label: per(counted["pairs"].get(f"{a}>{b}", 0)) for (a, b), label in HOPS.items()}
+    links = {h: {d: per(n) for d, n in c.items()} for h, c in sorted(counted["links"].items())}
+    return {"messages": messages, "link_delay_ms": counted.get("link_delay_ms", 0.0),
+            "hops": hops, "pairs": pairs, "links": links}

@@ -1,0 +1,405 @@
+"""Participants on hosts of their own: network namespaces on a private bridge (``LAB_HOSTS=netns``).
+
+Each participant group of :data:`lab.settings.NETNS_HOSTS` (PostgreSQL, the broker, Debezium,
+the web service with its senders, the consumers) gets a network namespace with one interface,
+``eth0``, at its address in the stack's /24 (:attr:`Settings.hosts_subnet`). The ``eth0`` of every
+host is one end of a veth pair whose other end is a port of a bridge; the bridge lives in a
+namespace of its own (the switch), so the root namespace's packet filter (a Docker engine's
+``FORWARD`` policy, applied to bridged frames by ``br_netfilter``) never sees the lab's traffic.
+The runner stays in the root namespace and joins the bridge through one more veth pair, whose root
+end carries the ``.1`` address. No namespace has a default route and nothing forwards between
+the lab network and any other: a packet to an address outside the /24 has no route.
+
+Every name carries the prefix ``fl`` and the stack's identity (:attr:`Settings.stack_id`), so
+cleanup removes exactly this stack's namespaces and links, found by name, even after a crash
+between two steps of :func:`create`. The layout is recorded in ``<stack_dir>/hosts.json`` before
+anything is created; :func:`remove` (``lab stack down``) deletes whatever exists by those names.
+
+A process is started inside a namespace by switching the starting thread into it
+(``setns(2)``), forking, and switching back (:func:`entered`): the child inherits the namespace,
+and keeps its parent-death signal and pid. Byte counters of each host's link are read from the
+switch side of its veth pair (:func:`link_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab.settings import NETNS_HOSTS, Settings
+from lab.stack.base import StackError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "fl"
+#: a short code per host, for link names (at most 15 bytes: ``fl`` + 6 hex + ``-`` + code + ``p``)
+SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "consumers": "con", "runner": "run"}
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")
+RECORD = "hosts.json"
+NFT_TABLE = "fanoutlab"
+IFNAMSIZ = 15
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The names and addresses of one stack's hosts (pure: derived from the settings alone)."""
+
+    stack_id: str
+    subnet: str  # 10.231.n.0/24
+    switch: str  # the namespace holding the bridge
+    bridge: str  # the bridge's name inside the switch
+    namespaces: dict[str, str]  # host -> namespace
+    links: dict[str, str]  # host (and "runner") -> the switch-side end of its veth pair
+    addresses: dict[str, str]  # host (and "runner") -> address
+
+    @property
+    def prefix_ns(self) -> str:
+        """What every namespace name of this stack begins with."""
+        return f"{PREFIX}-{self.stack_id}-"
+
+    @property
+    def prefix_link(self) -> str:
+        """What every link name of this stack begins with (in any namespace)."""
+        return f"{PREFIX}{self.stack_id}-"
+
+    def peer(self, host: str) -> str:
+        """The host-side end of ``host``'s veth pair before it is moved and renamed ``eth0``
+        (the runner's stays in the root namespace under this name)."""
+        return self.links[host] + "p"
+
+    @property
+    def runner_link(self) -> str:
+        return self.peer("runner")
+
+    def as_record(self) -> dict[str, object]:
+        return {"stack_id": self.stack_id, "subnet": self.subnet, "switch": self.switch, "bridge": self.bridge,
+                "namespaces": self.namespaces, "links": self.links, "addresses": self.addresses}
+
+
+def layout(settings: Settings) -> Layout:
+    """The layout of ``settings``' stack."""
+    sid = settings.stack_id
+    links = {h: f"{PREFIX}{sid}-{SHORT[h]}" for h in [*NETNS_HOSTS, "runner"]}
+    for name in links.values():
+        assert len(name) + 1 <= IFNAMSIZ, name
+    return Layout(
+        stack_id=sid, subnet=settings.hosts_subnet, switch=f"{PREFIX}-{sid}-switch", bridge="br0",
+        namespaces={h: f"{PREFIX}-{sid}-{h}" for h in NETNS_HOSTS},
+        links=links,
+        addresses={h: settings.address(h) for h in [*NETNS_HOSTS, "runner"]},
+    )
+
+
+def namespace(settings: Settings, host: str) -> str | None:
+    """The namespace a participant of ``host`` runs in; None on loopback (this namespace)."""
+    return layout(settings).namespaces[host] if settings.netns else None
+
+
+def ours(names: list[str], prefix: str) -> list[str]:
+    """The names among ``names`` that belong to the stack whose prefix is ``prefix``."""
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def plen(subnet: str) -> str:
+    return subnet.rsplit("/", 1)[1]
+
+
+# Reading the system -------------------------------------------------------------------------------
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError:  # no iproute2: no namespace of ours can exist either
+        if check:
+            raise StackError("LAB_HOSTS=netns needs the ip command (iproute2)") from None
+        return subprocess.CompletedProcess(["ip", *args], 127, "", "")
+    if check and done.returncode != 0:
+        raise StackError(f"`ip {' '.join(args)}` failed: {done.stderr.strip() or done.returncode}")
+    return done
+
+
+def netns_names() -> list[str]:
+    """Every named network namespace (``ip netns list``)."""
+    out = _ip("-j", "netns", "list", check=False).stdout.strip()
+    return [n["name"] for n in json.loads(out)] if out else []
+
+
+def link_names(netns: str | None = None) -> list[str]:
+    """Every link of a namespace (None: this one)."""
+    args = ["-n", netns] if netns else []
+    out = _ip(*args, "-j", "link", "show", check=False).stdout.strip()
+    return [link["ifname"] for link in json.loads(out)] if out else []
+
+
+def leftovers(settings: Settings) -> list[str]:
+    """This stack's namespaces and root-namespace links that exist now."""
+    lay = layout(settings)
+    return [*ours(netns_names(), lay.prefix_ns), *ours(link_names(), lay.prefix_link)]
+
+
+def complete(settings: Settings) -> bool:
+    """Whether every namespace, link and address of the layout is in place and up."""
+    lay = layout(settings)
+    if set(netns_names()) < {lay.switch, *lay.namespaces.values()}:
+        return False
+    try:
+        for host, ns in lay.namespaces.items():
+            if not _has_address(ns, "eth0", lay.addresses[host]):
+                return False
+        if not _has_address(None, lay.runner_link, lay.addresses["runner"]):
+            return False
+        ports = set(link_names(lay.switch))
+    except StackError:
+        return False
+    return {lay.bridge, *lay.links.values()} <= ports
+
+
+def _has_address(netns: str | None, dev: str, address: str) -> bool:
+    args = ["-n", netns] if netns else []
+    done = _ip(*args, "-j", "addr", "show", "dev", dev, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        return False
+    info = json.loads(done.stdout)
+    return bool(info) and "UP" in info[0].get("flags", []) and any(
+        a.get("local") == address for a in info[0].get("addr_info", []))
+
+
+# Creating and removing ----------------------------------------------------------------------------
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise StackError("LAB_HOSTS=netns (--hosts netns) creates network namespaces and needs root; "
+                         "run as root or use --hosts loopback")
+
+
+def _subnet_taken(settings: Settings) -> str | None:
+    """Another interface of this namespace with a route into our /24 (another stack's, a VPN)."""
+    out = _ip("-j", "route", "show", "to", "match", settings.hosts_subnet, check=False).stdout.strip()
+    runner = layout(settings).runner_link
+    for route in json.loads(out) if out else []:
+        if route.get("dst") != "default" and route.get("dev") != runner:
+            return str(route.get("dev"))
+    return None
+
+
+def create(settings: Settings) -> Layout:
+    """Create the stack's hosts (idempotent: a complete layout is kept, a partial one is removed
+    and made again); on failure remove what this call made, then raise."""
+    require_root()
+    lay = layout(settings)
+    if complete(settings):
+        delay(settings, lay)
+        return lay
+    if leftovers(settings):
+        log.warning("removing an incomplete host layout of this stack: %s", ", ".join(leftovers(settings)))
+        remove(settings)
+    taken = _subnet_taken(settings)
+    if taken:
+        raise StackError(f"the subnet {lay.subnet} of this stack's hosts is routed via {taken} already; "
+                         "give this stack another LAB_STACK_DIR")
+    record(settings, lay)
+    try:
+        _build(lay)
+        delay(settings, lay)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            remove(settings)
+        raise
+    log.info("hosts up: %s on %s", ", ".join(f"{h} {a}" for h, a in lay.addresses.items()), lay.subnet)
+    return lay
+
+
+def _build(lay: Layout) -> None:
+    sw, bits = lay.switch, plen(lay.subnet)
+    _ip("netns", "add", sw)
+    _sysctl(sw)
+    _ip("-n", sw, "link", "add", lay.bridge, "type", "bridge")
+    _ip("-n", sw, "link", "set", "lo", "up")
+    _ip("-n", sw, "link", "set", lay.bridge, "up")
+    for host, ns in lay.namespaces.items():
+        _ip("netns", "add", ns)
+        _sysctl(ns)
+        _ip("link", "add", lay.links[host], "type", "veth", "peer", "name", lay.peer(host))
+        _ip("link", "set", lay.links[host], "netns", sw)
+        _ip("link", "set", lay.peer(host), "netns", ns)
+        _ip("-n", ns, "link", "set", lay.peer(host), "name", "eth0")
+        _ip("-n", ns, "addr", "add", f"{lay.addresses[host]}/{bits}", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", sw, "link", "set", lay.links[host], "master", lay.bridge)
+        _ip("-n", sw, "link", "set", lay.links[host], "up")
+    # the runner's side: its end stays here, the other one is a port of the bridge
+    _ip("link", "add", lay.runner_link, "type", "veth", "peer", "name", lay.links["runner"])
+    _ip("link", "set", lay.links["runner"], "netns", sw)
+    _no_ipv6(Path("/proc/sys/net/ipv6/conf") / lay.runner_link)
+    _ip("addr", "add", f"{lay.addresses['runner']}/{bits}", "dev", lay.runner_link)
+    _ip("link", "set", lay.runner_link, "up")
+    _ip("-n", sw, "link", "set", lay.links["runner"], "master", lay.bridge)
+    _ip("-n", sw, "link", "set", lay.links["runner"], "up")
+    for host, ns in lay.namespaces.items():
+        _nft(ns, counter_rules(lay, host))
+
+
+def delay(settings: Settings, lay: Layout) -> None:
+    """``settings.link_delay_ms`` on the way out of every host (netem on its ``eth0``): a packet
+    from one host to another is delayed once, a round trip twice; 0 removes the delay."""
+    for ns in lay.namespaces.values():
+        with entered(ns):
+            if settings.link_delay_ms <= 0:
+                subprocess.run(["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True)
+                continue
+            done = subprocess.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay",
+                                   f"{round(settings.link_delay_ms * 1000)}us"], capture_output=True, text=True)
+        if done.returncode != 0:
+            why = done.stderr.strip()
+            if "unknown" in why:
+                why = "this kernel has no netem queueing discipline (CONFIG_NET_SCH_NETEM)"
+            raise StackError(f"cannot delay the links by {settings.link_delay_ms:g} ms: {why}")
+
+
+def counter_rules(lay: Layout, host: str) -> str:
+    """An nftables script for ``host``'s namespace: one counter per other host (and the runner) on
+    the packets it sends, so that each pair's bytes are known (IP packets, headers included)."""
+    peers = [h for h in lay.addresses if h != host]
+    rules = "".join(f"  add rule inet {NFT_TABLE} out ip daddr {lay.addresses[p]} counter comment \"{p}\"\n"
+                    for p in peers)
+    return (f"add table inet {NFT_TABLE}\n"
+            f"add chain inet {NFT_TABLE} out {{ type filter hook output priority 0; policy accept; }}\n" + rules)
+
+
+def _nft(ns: str, script: str) -> str:
+    try:
+        with entered(ns):
+            done = subprocess.run(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
+                                  input=script or None, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise StackError("LAB_HOSTS=netns counts bytes per pair of hosts with the nft command (nftables), "
+                         "which is not installed") from None
+    if done.returncode != 0:
+        raise StackError(f"nft in {ns} failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def parse_counters(listing: str) -> dict[str, int]:
+    """Peer -> bytes from ``nft -j list table`` of :func:`counter_rules`' table."""
+    out: dict[str, int] = {}
+    for item in json.loads(listing).get("nftables", []):
+        rule = item.get("rule")
+        if not rule:
+            continue
+        counter = next((e["counter"] for e in rule.get("expr", []) if "counter" in e), None)
+        if counter is not None and rule.get("comment"):
+            out[rule["comment"]] = int(counter["bytes"])
+    return out
+
+
+def _sysctl(ns: str) -> None:
+    """No IPv6 in the namespace (no link-local chatter in the byte counters)."""
+    with entered(ns):
+        _no_ipv6(Path("/proc/sys/net/ipv6/conf/all"))
+        _no_ipv6(Path("/proc/sys/net/ipv6/conf/default"))
+
+
+def _no_ipv6(conf: Path) -> None:
+    """Write 1 to ``<conf>/disable_ipv6`` (absent when the kernel has no IPv6: nothing to do)."""
+    with contextlib.suppress(FileNotFoundError):
+        (conf / "disable_ipv6").write_text("1\n")
+
+
+def remove(settings: Settings) -> list[str]:
+    """Delete every namespace and link of this stack (found by its names); returns what was
+    deleted. Processes must be stopped first: a namespace lives as long as a process in it."""
+    lay = layout(settings)
+    gone: list[str] = []
+    errors: list[str] = []
+    for ns in ours(netns_names(), lay.prefix_ns):  # takes each host's eth0 and with it its veth pair
+        done = _ip("netns", "del", ns, check=False)
+        (gone if done.returncode == 0 else errors).append(ns if done.returncode == 0 else done.stderr.strip())
+    for link in ours(link_names(), lay.prefix_link):  # the runner's end, or a pair a crash left here
+        done = _ip("link", "del", link, check=False)
+        if done.returncode == 0:
+            gone.append(link)
+        elif link in link_names():
+            errors.append(done.stderr.strip())
+    if errors:
+        raise StackError("could not remove the hosts of this stack: " + "; ".join(errors))
+    (settings.stack_dir / RECORD).unlink(missing_ok=True)
+    if gone:
+        log.info("hosts removed: %s", ", ".join(gone))
+    return gone
+
+
+def record(settings: Settings, lay: Layout) -> None:
+    """``<stack_dir>/hosts.json``: the layout, written before any of it exists."""
+    settings.stack_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.stack_dir / RECORD
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(lay.as_record(), indent=1))
+    tmp.replace(path)
+
+
+def recorded(settings: Settings) -> bool:
+    """Whether this stack dir holds a host layout (its record, or namespaces by its names)."""
+    return (settings.stack_dir / RECORD).exists() or bool(leftovers(settings))
+
+
+# Entering a namespace -----------------------------------------------------------------------------
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise StackError(f"cannot enter a network namespace: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def entered(netns: str | None) -> Iterator[None]:
+    """Within the block this thread is in network namespace ``netns`` (None: stays where it is):
+    sockets it opens and processes it starts belong there. Back in its own one afterwards."""
+    if netns is None:
+        yield
+        return
+    try:
+        target = os.open(NETNS_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StackError(f"network namespace {netns} does not exist; start the stack "
+                         "(`lab stack up --hosts netns`)") from None
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(target)
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+# Counters -----------------------------------------------------------------------------------------
+def pair_bytes(settings: Settings) -> dict[str, int]:
+    """``"<from>><to>"`` -> bytes sent so far from one host to another (or to the runner), as
+    counted in the sending host's namespace."""
+    lay = layout(settings)
+    return {f"{host}>{peer}": n for host, ns in lay.namespaces.items()
+            for peer, n in parse_counters(_nft(ns, "")).items()}
+
+
+def link_bytes(settings: Settings) -> dict[str, dict[str, int]]:
+    """Per host (and the runner): ``sent`` and ``received`` bytes so far, read on the switch side of
+    its veth pair (what the switch receives from the host is what the host sent)."""
+    lay = layout(settings)
+    out = _ip("-n", lay.switch, "-j", "-s", "link", "show").stdout
+    stats = {link["ifname"]: link.get("stats64", {}) for link in json.loads(out)}
+    found: dict[str, dict[str, int]] = {}
+    for host, name in lay.links.items():
+        s = stats.get(name)
+        if s is None:
+            raise StackError(f"link {name} of host {host} is missing in {lay.switch}")
+        found[host] = {"sent": int(s["rx"]["bytes"]), "received": int(s["tx"]["bytes"])}
+    return found

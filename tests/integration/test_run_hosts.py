@@ -1,0 +1,106 @@
+"""Runs with every participant group on a host of its own (``--hosts netns``), on a stack of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.stack import hosts
+from lab.stack.native import NativeStack
+from tests.conftest import test_settings as moved_settings
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
+OFFSET = 500
+M = 500
+
+
+@pytest.fixture(scope="module")
+def netns_stack() -> Iterator[NativeStack]:
+    settings = moved_settings(OFFSET, "test-hosts", hosts="netns")
+    stack = NativeStack(settings)
+    stack.down(purge=True)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            # a second stack on two shared cores: Debezium once needed more than its 120 s to stream
+            mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
+            stack.up()
+            yield stack
+    finally:
+        from lab.measure.cgroups import remove_scope
+
+        stack.down(purge=True)
+        remove_scope(settings)
+        assert not hosts.leftovers(settings)
+
+
+def run(settings: Settings, **kw: Any) -> dict[str, Any]:
+    return asyncio.run(run_scenario(Scenario(**{"messages": M, "cooldown_s": 0, "consumers": 2, **kw}), settings))
+
+
+def _netns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def _listeners(netns: str | None) -> list[str]:
+    argv = ["ss", "-ltnH"] if netns is None else ["ip", "netns", "exec", netns, "ss", "-ltnH"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if line.strip()]
+
+
+def test_each_service_runs_in_its_host_and_listens_on_its_address_only(netns_stack: NativeStack) -> None:
+    s = netns_stack.settings
+    lay = hosts.layout(s)
+    for host, procs in (("postgres", netns_stack.postgres.processes()), ("broker", netns_stack.kafka.processes())):
+        assert procs, host
+        for p in procs:
+            assert _netns_inode(f"/proc/{p.pid}/ns/net") == _netns_inode(f"/run/netns/{lay.namespaces[host]}")
+    own_ports = {str(p) for p in (s.pg_port, s.kafka_port, s.kafka_controller_port)}
+    # nothing of this stack listens in the runner's namespace, and in its host only on its own address
+    assert not [a for a in _listeners(None) if a.rsplit(":", 1)[1] in own_ports]
+    for host, ns in lay.namespaces.items():
+        for addr in _listeners(ns):
+            assert addr.rsplit(":", 1)[0] in (s.address(host), "127.0.0.1"), (host, addr)
+
+
+def _check(r: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    assert r["success"], r["error"]
+    c = r["counters"]
+    assert c["sent"] == c["work_calls"] == c["work_distinct"] == M
+    net = r["network"]
+    assert net["messages"] == M and net["link_delay_ms"] == 0.0
+    hops = {k: v["bytes_per_msg"] for k, v in net["hops"].items()}
+    # the web's inserts and every work call cross a link: at least a row's or a request's bytes
+    assert hops["web → postgres"] > 50 and hops["consumers → web"] > 50
+    stored = json.loads((Path(settings.data_dir) / "runs" / r["run_id"] / "run.json").read_text())
+    assert stored["network"] == net
+    return hops
+
+
+def test_wal_at_n2_on_hosts_measures_bytes_per_hop(netns_stack: NativeStack) -> None:
+    s = netns_stack.settings
+    r = run(s, pipeline="wal")
+    hops = _check(r, s)
+    assert hops["postgres → consumers"] > 2 * 50  # each of two readers streams every row
+    assert hops["postgres → debezium"] == hops["debezium → broker"] == hops["broker → consumers"] == 0
+    assert r["cpu_s"]["postgres"] > 0 and r["cpu_s"]["consumers"] > 0 and r["cpu_s"]["web"] > 0
+
+
+@pytest.mark.matrix
+def test_kafka_at_n2_on_hosts_measures_bytes_per_hop(netns_stack: NativeStack) -> None:
+    s = netns_stack.settings
+    r = run(s, pipeline="kafka")
+    hops = _check(r, s)
+    for hop in ("postgres → debezium", "debezium → broker", "broker → consumers"):
+        assert hops[hop] > 50, hop
+    assert r["cpu_s"]["debezium"] > 0 and r["cpu_s"]["kafka"] > 0

@@ -1,0 +1,108 @@
+"""The netns host layout's pure parts: names, addresses, the setting's checks."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from lab.settings import NETNS_HOSTS, Settings, parse_delay, settings_env
+from lab.stack import hosts
+from lab.stack.base import StackError
+
+
+def test_hosts_come_from_the_environment_and_bad_values_are_refused_in_one_line() -> None:
+    assert Settings.from_env({}).hosts == "loopback"
+    assert Settings.from_env({"LAB_HOSTS": "netns"}).netns
+    assert settings_env(Settings(hosts="netns"))["LAB_HOSTS"] == "netns"  # a run's children see it
+    with pytest.raises(ValueError, match="LAB_HOSTS='vlan': choose one of loopback, netns"):
+        Settings.from_env({"LAB_HOSTS": "vlan"})
+    with pytest.raises(ValueError, match="single topology only"):
+        Settings(hosts="netns", topology="ha")
+    with pytest.raises(ValueError, match="native backend"):
+        Settings(hosts="netns", backend="compose")
+
+
+def test_each_host_has_its_own_address_in_one_private_24_and_clients_use_them() -> None:
+    s = Settings(stack_dir=Path("/x/stack"), hosts="netns", pg_port=30432, kafka_port=30092, web_port=30080)
+    net = ipaddress.ip_network(s.hosts_subnet)
+    assert net.prefixlen == 24 and net.is_private and str(net).startswith("10.231.")
+    addrs = [s.address(h) for h in [*NETNS_HOSTS, "runner"]]
+    assert len(set(addrs)) == len(addrs) and all(ipaddress.ip_address(a) in net for a in addrs)
+    assert s.address("runner").endswith(".1")
+    assert f"host={s.address('postgres')} port=30432" in s.pg_dsn
+    assert s.kafka_bootstrap == f"{s.address('broker')}:30092"
+    assert s.web_url == f"http://{s.address('web')}:30080"
+    assert s.control_url == f"http://{s.address('web')}:30081"
+    assert s.debezium_host == s.address("debezium")
+    loop = s.replace(hosts="loopback")
+    assert loop.pg_host == loop.broker_host == loop.web_host == loop.debezium_host == "127.0.0.1"
+
+
+def test_two_stack_dirs_get_two_identities_and_one_dir_always_the_same() -> None:
+    a, b = Settings(stack_dir=Path("/w/stacks/hosts")), Settings(stack_dir=Path("/w/stacks/hosts/test"))
+    assert a.stack_id != b.stack_id and a.stack_id == Settings(stack_dir=Path("/w/stacks/hosts")).stack_id
+    assert len(a.stack_id) == 6 and int(a.stack_id, 16) >= 0
+
+
+def test_every_name_carries_the_prefix_and_identity_and_fits_an_interface_name() -> None:
+    s = Settings(stack_dir=Path("/w/stacks/x"), hosts="netns")
+    lay = hosts.layout(s)
+    assert set(lay.namespaces) == set(NETNS_HOSTS)
+    for ns in [lay.switch, *lay.namespaces.values()]:
+        assert ns.startswith(f"fl-{s.stack_id}-")
+    for host in lay.links:
+        for name in (lay.links[host], lay.peer(host)):
+            assert name.startswith(f"fl{s.stack_id}-") and len(name) <= 15
+    assert len({*lay.links.values(), *(lay.peer(h) for h in lay.links)}) == 2 * len(lay.links)
+    assert hosts.namespace(s, "postgres") == lay.namespaces["postgres"]
+    assert hosts.namespace(s.replace(hosts="loopback"), "postgres") is None
+
+
+def test_cleanup_selects_exactly_this_stacks_names() -> None:
+    lay = hosts.layout(Settings(stack_dir=Path("/w/a"), hosts="netns"))
+    other = hosts.layout(Settings(stack_dir=Path("/w/b"), hosts="netns"))
+    names = [lay.switch, *lay.namespaces.values(), other.switch, "fl-", "docker0", "flannel.1"]
+    assert hosts.ours(names, lay.prefix_ns) == sorted([lay.switch, *lay.namespaces.values()])
+    links = [lay.runner_link, other.runner_link, "eth0", "fl" + lay.stack_id]
+    assert hosts.ours(links, lay.prefix_link) == [lay.runner_link]
+
+
+def test_each_host_counts_what_it_sends_to_every_other_host_and_the_runner() -> None:
+    lay = hosts.layout(Settings(stack_dir=Path("/w/a"), hosts="netns"))
+    script = hosts.counter_rules(lay, "postgres")
+    assert "hook output" in script and lay.addresses["postgres"] not in script
+    for peer in ("broker", "debezium", "web", "consumers", "runner"):
+        assert f"ip daddr {lay.addresses[peer]} counter comment \"{peer}\"" in script
+    listing = ('{"nftables": [{"metainfo": {}}, {"rule": {"chain": "out", "comment": "consumers", "expr": ['
+               '{"match": {}}, {"counter": {"packets": 3, "bytes": 4200}}]}}, {"chain": {"name": "out"}}]}')
+    assert hosts.parse_counters(listing) == {"consumers": 4200}
+
+
+def test_a_link_delay_is_read_in_ms_or_us_and_needs_hosts_of_their_own() -> None:
+    assert parse_delay("1ms") == 1.0 and parse_delay("250us") == 0.25 and parse_delay("2") == 2.0
+    assert parse_delay("0") == 0.0
+    for bad in ("x", "-1ms", "nan", "inf", "1001ms", "1 s"):
+        with pytest.raises(ValueError, match="is not a delay like 1ms"):
+            parse_delay(bad)
+    netns = Settings.from_env({"LAB_HOSTS": "netns", "LAB_LINK_DELAY": "1ms"})
+    assert netns.link_delay_ms == 1.0
+    assert Settings.from_env(settings_env(netns)).link_delay_ms == 1.0  # a run's children see it
+    with pytest.raises(ValueError, match="needs hosts of their own"):
+        Settings(link_delay_ms=1.0)
+
+
+def test_netns_without_root_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hosts.os, "geteuid", lambda: 1000)
+    with pytest.raises(StackError, match="needs root") as info:
+        hosts.create(Settings(stack_dir=Path("/nonexistent/stack"), hosts="netns"))
+    assert "\n" not in str(info.value)
+
+
+def test_without_the_ip_command_a_loopback_stack_finds_no_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    s = Settings(stack_dir=Path("/nonexistent/stack"))
+    assert hosts.leftovers(s) == [] and not hosts.recorded(s)
+    with pytest.raises(StackError, match="needs the ip command"):
+        hosts.link_bytes(s.replace(hosts="netns"))
