@@ -110,6 +110,7 @@ class Pipeline(Protocol):
     fan_out: ClassVar[bool]  # every consumer sees every row (skipped = (N-1)·M)
     inbox_table: ClassVar[str]  # "inbox" or "inbox_wal"
     cdc_sink: ClassVar[str | None]  # Debezium sink this pipeline needs, if any
+    consumer_slots: ClassVar[bool]  # consumer i reads its own logical slot (lab.pipelines.wal.slot_name(i))
 
     def describe(self) -> dict[str, Any]:
         """The pipeline's settings, echoed into run.json."""
@@ -128,7 +129,18 @@ class Pipeline(Protocol):
 
 
 class PipelineFactory(Protocol):
-    """The one constructor shape of a pipeline's runner half (its class)."""
+    """The one constructor shape of a pipeline's runner half (its class), and the class attributes
+    read before a run builds one (its capabilities: :mod:`lab.faults` decides by them where a
+    fault applies)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def fan_out(self) -> bool: ...
+    @property
+    def cdc_sink(self) -> str | None: ...
+    @property
+    def consumer_slots(self) -> bool: ...
 
     def __call__(self, scenario: Scenario, settings: Settings, stack: Stack) -> Pipeline: ...
 

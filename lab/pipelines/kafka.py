@@ -164,6 +164,7 @@ class KafkaPipeline:
     fan_out: ClassVar[bool] = False
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = "kafka"
+    consumer_slots: ClassVar[bool] = False
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

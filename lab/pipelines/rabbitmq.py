@@ -118,6 +118,7 @@ class RabbitPipeline:
     fan_out: ClassVar[bool] = False
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = SINK
+    consumer_slots: ClassVar[bool] = False
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

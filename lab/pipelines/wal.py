@@ -70,6 +70,7 @@ class WalPipeline:
     fan_out: ClassVar[bool] = True
     inbox_table: ClassVar[str] = "inbox_wal"
     cdc_sink: ClassVar[str | None] = None
+    consumer_slots: ClassVar[bool] = True
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

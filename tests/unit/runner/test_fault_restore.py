@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from lab.faults.services import supervise
 from lab.runner.faults import FaultInjector
 from lab.scenario import Scenario
 
@@ -39,9 +40,10 @@ def procs() -> list[psutil.Popen]:
 
 
 def _injector(procs: list[psutil.Popen], fault: str) -> FaultInjector:
-    run = SimpleNamespace(scenario=Scenario(consumers=len(procs), fault=fault), consumers=procs)
-    inj = FaultInjector(run)
-    inj._t0 = time.monotonic()
+    run = SimpleNamespace(scenario=Scenario(consumers=len(procs), fault=fault), consumers=procs, procs={},
+                          settings=SimpleNamespace(max_retained_wal=1000), stack=None, pipeline=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj.state.start(time.monotonic())
     return inj
 
 
@@ -49,22 +51,22 @@ def test_stop_then_continue(procs: list[psutil.Popen]) -> None:
     inj = _injector(procs, "sink-outage@0s+200ms")
 
     async def go() -> None:
-        task = asyncio.create_task(inj._stop([0, 1], 0.2))
+        task = asyncio.create_task(inj.fault.inject(inj.ctx))
         await asyncio.sleep(0.05)
         assert all(p.status() == psutil.STATUS_STOPPED for p in procs)
-        assert len(inj.stopped) == 2
+        assert len(inj.state.stopped) == 2
         await task
 
     asyncio.run(go())
     assert all(_status(p) != psutil.STATUS_STOPPED for p in procs)
-    assert not inj.stopped and [e["what"] for e in inj.events] == ["stop", "resume"]
+    assert not inj.state.stopped and [e["what"] for e in inj.events] == ["stop", "resume"]
 
 
 def test_cancelled_stop_continues(procs: list[psutil.Popen]) -> None:
     inj = _injector(procs, "consumer-dead:1@0s+60s")
 
     async def go() -> None:
-        task = asyncio.create_task(inj._stop([1], 60))
+        task = asyncio.create_task(inj.fault.inject(inj.ctx))
         await asyncio.sleep(0.05)
         assert procs[1].status() == psutil.STATUS_STOPPED
         task.cancel()
@@ -72,16 +74,16 @@ def test_cancelled_stop_continues(procs: list[psutil.Popen]) -> None:
             await task
 
     asyncio.run(go())
-    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.stopped
+    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.state.stopped
 
 
 def test_restore_continues_what_is_still_stopped(procs: list[psutil.Popen]) -> None:
     inj = _injector(procs, "sink-outage@0s+60s")
     for p in procs:  # as if the loop died before the injection's own finally could run
         p.send_signal(signal.SIGSTOP)
-        inj.stopped.append(p)
+        inj.state.stopped.append(p)
     inj.restore()
-    assert all(_status(p) != psutil.STATUS_STOPPED for p in procs) and not inj.stopped
+    assert all(_status(p) != psutil.STATUS_STOPPED for p in procs) and not inj.state.stopped
     assert inj.events[-1]["what"] == "continued by cleanup"
     assert inj.events[-1]["pids"] == [p.pid for p in procs]
 
@@ -90,32 +92,31 @@ def test_the_retention_guard_trips_before_the_limit_and_continues_the_stopped(pr
     """Retained WAL plus three seconds of its growth reaching the limit trips the guard: the stopped
     consumer is continued and the run's next check fails with one line naming slot, bytes, limit."""
     inj = _injector(procs, "consumer-dead:1@0s+600s")
-    inj.run.settings = SimpleNamespace(max_retained_wal=1000)
 
     async def go() -> None:
-        task = asyncio.create_task(inj._stop([1], 600))
-        inj._tasks = [task]
+        task = asyncio.create_task(inj.fault.inject(inj.ctx))
+        inj._inject = task
         await asyncio.sleep(0.05)
         assert procs[1].status() == psutil.STATUS_STOPPED
-        await inj._guard(None, [("s0", 10), ("s1", 900)])  # no growth known yet: 900 < 1000
-        assert inj.guard is None
+        await inj.samplers._guard(None, [("s0", 10), ("s1", 900)])  # no growth known yet: 900 < 1000
+        assert inj.samplers.guard is None
         inj.check()
-        await inj._guard(None, [("s0", 10), ("s1", None)])  # an invalidated slot retains nothing
-        await inj._guard(None, [("s0", 10), ("s1", 940)])  # 940 + 3 x 40 >= 1000
-        assert inj.guard is not None
+        await inj.samplers._guard(None, [("s0", 10), ("s1", None)])  # an invalidated slot retains nothing
+        await inj.samplers._guard(None, [("s0", 10), ("s1", 940)])  # 940 + 3 x 40 >= 1000
+        assert inj.samplers.guard is not None
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(go())
-    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.stopped
-    g = inj.guard
+    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.state.stopped
+    g = inj.samplers.guard
     assert (g["slot"], g["retained_bytes"], g["growth_bytes_per_sample"], g["limit_bytes"]) == ("s1", 940, 40, 1000)
     assert g["error"].startswith("WAL retention guard: slot s1 retains 940 bytes")
     assert "limit of 1000 bytes" in g["error"]
     assert "\n" not in g["error"]
     with pytest.raises(Exception, match="WAL retention guard: slot s1"):
         inj.check()
-    assert [e["what"] for e in inj.events][:2] == ["stop", "retention guard"]
+    assert [e["what"] for e in inj.events][:3] == ["stop", "retention guard", "continued by the retention guard"]
 
 
 def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object) -> None:
@@ -142,12 +143,13 @@ def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object)
         scenario=Scenario(consumers=n, fault="postgres-restart@0s", ready_timeout_s=5), consumers=list(exited),
         pipeline=SimpleNamespace(cdc_sink=None), respawning=set(), scratch=scratch,
         settings=SimpleNamespace(stack_dir=scratch / "stack"), spawn_consumer=spawn_consumer,
-        attach_consumer=lambda i, p: None)
-    inj = FaultInjector(run)
-    inj._t0 = time.monotonic()
+        attach_consumer=lambda i, p: None, stack=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj.state.start(time.monotonic())
 
     async def go() -> None:
-        task = asyncio.create_task(inj._supervise())
+        supervise(inj.ctx)
+        task = inj.state.helpers[0]
         deadline = time.monotonic() + 4
         while sum(e["what"] == "replacement ready" for e in inj.events) < n:
             assert time.monotonic() < deadline, [e["what"] for e in inj.events]
