@@ -12,31 +12,12 @@ the reference study: ``senders`` producer tasks write straight into the topic, t
 ``reset`` is what a reused pooled PostgreSQL connection gets before the INSERT: ``discard``
 (``DISCARD ALL`` in the same round trip, as Npgsql's pool does) or ``none``.
 
-``fault`` injects one fault into the run, ``KIND[:TARGET]@START[+DURATION]``, times
-in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' gate:
-
-* ``consumer-kill[:I]@T``: SIGKILL consumer I (default 0) and start a replacement with index I;
-* ``consumer-dead[:I]@T+D``: SIGSTOP consumer I for D, then SIGCONT;
-* ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
-* ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
-  ``wal-sharded``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
-* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D;
-* ``slot-invalidation[=KEEP][:I]@T`` (``wal``, ``wal-sharded``): SIGSTOP reader I, lower
-  ``max_slot_wal_keep_size`` to KEEP (default 32MB) for the run, push the WAL past it until the
-  server invalidates slot I, then let the reader find its slot lost (:mod:`lab.runner.faults`).
-* ``debezium-kill@T`` (``kafka``, ``rabbitmq``): SIGKILL Debezium Server, start it again from its
-  kept slot and offsets;
-* ``broker-restart@T[+D]`` (``kafka``, ``rabbitmq``): stop the broker, start it again after D (default 0);
-* ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
-* ``broker-node-kill[:NODE]@T[+D]`` (``kafka``, ``rabbitmq``, the ``ha`` topology only):
-  SIGKILL broker node NODE (1..3, default 1: RabbitMQ's quorum leader, where every client
-  connects; a Kafka node leading about a third of the partitions) and start it again after D
-  (default 0); the other two keep a majority;
-* ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows;
-* ``postgres-failover[=MODE]@T`` (the ``ha`` topology only): stop the primary and
-  promote the standby; MODE ``immediate`` (the default: a crash, what the asynchronous standby
-  had not received is gone) or ``fast`` (a fast shutdown streams every commit first: a planned
-  switchover). Clients reconnect to the new primary, Debezium is restarted pointed at it.
+``fault`` injects one fault into the run, ``KIND[=AMOUNT][:TARGET]@START[+DURATION]``, times
+in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' gate, e.g.
+``consumer-kill:1@10s`` or ``sink-outage@5s+3s``. This layer reads only that shared grammar
+(:func:`parse_fault`); the kinds, what each makes of its amount, target and duration, and where it
+applies are :mod:`lab.faults`'s (one module per kind; docs/faults.md), checked by
+:func:`lab.faults.check` before a run starts.
 
 A fault run needs ``producer="web"`` and one process per consumer: ``consumer_layout="auto"`` (the
 default) gives it that, ``tasks`` is refused.
