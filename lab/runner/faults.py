@@ -201,6 +201,8 @@ class FaultInjector:
         stopped), have the fault restore what it holds, and kill the senders (the load writes the WAL)."""
         if self._inject is not None:
             self._inject.cancel()
+        self.state.continue_stopped("continued by the retention guard")  # at once, before the cancel lands
+        # the rest (services started, a lowered keep size reset) may block: off the loop
         await asyncio.to_thread(self.fault.restore, self.ctx, "the retention guard")
         senders = self.run.procs.get("senders")
         if senders is not None and senders.poll() is None:
