@@ -52,7 +52,6 @@ import aiohttp
 import orjson
 import uvloop
 
-from lab.faults import fault_for
 from lab.pipelines import source_for
 from lab.pipelines.base import Item, SharedResources, Source
 from lab.scenario import Scenario
@@ -231,7 +230,11 @@ async def _main(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop)
-    fault = fault_for(scenario)
+    fault = None
+    if scenario.fault:  # imported only then: a clean run's consumers start without the fault kinds
+        from lab.faults import fault_for
+
+        fault = fault_for(scenario)
     extra_s = fault.extra_work_s() if fault is not None else 0.0
     if fault is not None and extra_s:  # the runner switches it on and off
         for c in consumers:

@@ -114,6 +114,11 @@ class FaultSampling:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: a sampler's own error was logged by it
 
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The sampling tasks (one that failed fails the run, as the injection's failure does)."""
+        return list(self._tasks)
+
     def close(self) -> None:
         """Cancel the samplers and close the backlog reader (the run's cleanup); never raises."""
         for task in self._tasks:

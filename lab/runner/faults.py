@@ -160,7 +160,7 @@ class FaultInjector:
         supervision) if it failed (the drain loop calls this)."""
         if self.samplers.guard is not None:
             raise RunError(self.samplers.guard["error"])
-        for task in [self._inject, *self.state.helpers]:
+        for task in [self._inject, *self.state.helpers, *self.samplers.tasks]:
             if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
                 raise RunError(f"fault {self.run.scenario.fault}: {task.exception()}")
 
