@@ -203,3 +203,21 @@ def test_rabbitmq_reader_through_a_real_subprocess(tmp_path: Path) -> None:
         [gap] = asyncio.run(down.read())
         assert "messages" not in gap and gap["error"]
     assert down.erl_call is not None, "a broker that answers nothing is a gap, not a reason to give up erl_call"
+
+
+def test_the_fault_block_keeps_its_fields_and_adds_what_the_fault_is() -> None:
+    """run.json's ``fault`` block: every field it had, plus what the fault recorded of itself (schema 3)."""
+    run = SimpleNamespace(scenario=Scenario(pipeline="kafka", consumers=2, fault="postgres-restart@3s+1s"),
+                          settings=Settings(), stack=None, pipeline=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    block = inj.record(None)
+    assert {"spec", "kind", "target", "start_s", "duration_s", "extra_s", "keep_mb", "rows", "mode", "slot",
+            "debezium_properties", "extra_rows", "events", "accounting", "wal", "wal_summary", "max_retained_wal",
+            "guard", "invalidation", "backlog", "backlog_gaps", "backlog_peak", "consumer_lag", "phases",
+            "recovery_s", "recovery_bands", "excess_cpu"} <= set(block)
+    assert (block["kind"], block["duration_s"], block["debezium_properties"] is not None) == (
+        "postgres-restart", 1.0, True)
+    assert (block["family"], block["stops_service"], block["stops_source"], block["hit_consumers"]) == (
+        "service_restart", True, True, [])
+    assert inj.facts("takeover") == {"kind": "postgres-restart", "extra_rows": 0, "invalidation": None,
+                                     "claim": "takeover", "stops_source": True}
