@@ -230,11 +230,16 @@ async def _main(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop)
-    fault = scenario.parsed_fault
-    if fault is not None and fault.kind == "consumer-slow":  # the runner switches it on and off
+    fault = None
+    if scenario.fault:  # imported only then: a clean run's consumers start without the fault kinds
+        from lab.faults import fault_for
+
+        fault = fault_for(scenario)
+    extra_s = fault.extra_work_s() if fault is not None else 0.0
+    if fault is not None and extra_s:  # the runner switches it on and off
         for c in consumers:
             if c.index == fault.target:
-                loop.add_signal_handler(signal.SIGUSR1, setattr, c, "slow_s", fault.extra_s)
+                loop.add_signal_handler(signal.SIGUSR1, setattr, c, "slow_s", extra_s)
                 loop.add_signal_handler(signal.SIGUSR2, setattr, c, "slow_s", 0.0)
     try:
         results = await asyncio.gather(*(_one(c, run_dir) for c in consumers))

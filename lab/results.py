@@ -25,8 +25,10 @@ from lab.settings import Settings, get_settings
 # run.json's shape. 2: ``cost_split`` (the window's CPU as F + c·M per participant and in total,
 # lab.measure.steady) and ``postgres_backends`` (PostgreSQL's CPU by walsenders, claims, inserts,
 # shards and the rest, lab.measure.pgbackends) added beside ``cpu_s``; everything of 1 is still
-# there and read the same way.
-SCHEMA_VERSION = 2
+# there and read the same way. 3: a fault run's ``fault`` block says what the fault is beyond its
+# kind (``family``, ``stops_service``, ``stops_source``, ``hit_consumers``: lab.faults), so that
+# readers need not know kinds by name; everything of 2 is still there.
+SCHEMA_VERSION = 3
 SAMPLE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 
 

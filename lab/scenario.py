@@ -12,31 +12,12 @@ the reference study: ``senders`` producer tasks write straight into the topic, t
 ``reset`` is what a reused pooled PostgreSQL connection gets before the INSERT: ``discard``
 (``DISCARD ALL`` in the same round trip, as Npgsql's pool does) or ``none``.
 
-``fault`` injects one fault into the run, ``KIND[:TARGET]@START[+DURATION]``, times
-in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' gate:
-
-* ``consumer-kill[:I]@T``: SIGKILL consumer I (default 0) and start a replacement with index I;
-* ``consumer-dead[:I]@T+D``: SIGSTOP consumer I for D, then SIGCONT;
-* ``sink-outage@T+D``: SIGSTOP every consumer for D, then SIGCONT;
-* ``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender of slot I (``wal``,
-  ``wal-sharded``, ``wal-filtered``) or of Debezium's slot (``kafka``, ``rabbitmq``: no target);
-* ``consumer-slow[=X][:I]@T+D``: consumer I's work takes X longer per message (default 20 ms) for D;
-* ``slot-invalidation[=KEEP][:I]@T`` (``wal``, ``wal-sharded``, ``wal-filtered``): SIGSTOP reader I, lower
-  ``max_slot_wal_keep_size`` to KEEP (default 32MB) for the run, push the WAL past it until the
-  server invalidates slot I, then let the reader find its slot lost (:mod:`lab.runner.faults`).
-* ``debezium-kill@T`` (``kafka``, ``rabbitmq``): SIGKILL Debezium Server, start it again from its
-  kept slot and offsets;
-* ``broker-restart@T[+D]`` (``kafka``, ``rabbitmq``): stop the broker, start it again after D (default 0);
-* ``postgres-restart@T[+D]``: fast shutdown of PostgreSQL, start it again after D (default 0);
-* ``broker-node-kill[:NODE]@T[+D]`` (``kafka``, ``rabbitmq``, the ``ha`` topology only):
-  SIGKILL broker node NODE (1..3, default 1: RabbitMQ's quorum leader, where every client
-  connects; a Kafka node leading about a third of the partitions) and start it again after D
-  (default 0); the other two keep a majority;
-* ``big-transaction[=ROWS]@T``: one transaction INSERTs ROWS (default 100,000) outbox rows;
-* ``postgres-failover[=MODE]@T`` (the ``ha`` topology only): stop the primary and
-  promote the standby; MODE ``immediate`` (the default: a crash, what the asynchronous standby
-  had not received is gone) or ``fast`` (a fast shutdown streams every commit first: a planned
-  switchover). Clients reconnect to the new primary, Debezium is restarted pointed at it.
+``fault`` injects one fault into the run, ``KIND[=AMOUNT][:TARGET]@START[+DURATION]``, times
+in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' gate, e.g.
+``consumer-kill:1@10s`` or ``sink-outage@5s+3s``. This layer reads only that shared grammar
+(:func:`parse_fault`); the kinds, what each makes of its amount, target and duration, and where it
+applies are :mod:`lab.faults`'s (one module per kind; docs/faults.md), checked by
+:func:`lab.faults.check` before a run starts.
 
 A fault run needs ``producer="web"`` and one process per consumer: ``consumer_layout="auto"`` (the
 default) gives it that, ``tasks`` is refused.
@@ -75,44 +56,29 @@ RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
 CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom
-FAULT_KINDS = ("consumer-kill", "consumer-dead", "sink-outage", "walsender-kill", "consumer-slow",
-               "slot-invalidation", "debezium-kill", "broker-restart", "postgres-restart",
-               "big-transaction", "broker-node-kill", "postgres-failover")
-FAILOVER_MODES = ("immediate", "fast")  # postgres-failover=MODE: how the primary stops
 BROKER_NODES = 3  # the ha topology's nodes per broker (lab.settings.Settings.kafka_nodes)
-_TIMED = ("consumer-dead", "sink-outage", "consumer-slow")  # these need +DURATION
-_MAY_LAST = ("broker-restart", "postgres-restart", "broker-node-kill")  # +DURATION optional (outage before the start)
-_NO_SLOT = ("poll",)  # pipelines without a replication slot or walsender: walsender-kill does not apply
-_DEBEZIUM_ONLY = ("debezium-kill", "broker-restart", "broker-node-kill")  # need Debezium and a broker
-BIG_TRANSACTION_ROWS = 100_000
-_TARGETED = ("consumer-kill", "consumer-dead", "walsender-kill", "consumer-slow",
-             "slot-invalidation", "broker-node-kill")  # these take :TARGET (a node for the last)
-SLOW_EXTRA_S = 0.020  # consumer-slow's extra time per message unless =X says otherwise
-KEEP_MB = 32  # slot-invalidation's max_slot_wal_keep_size unless =KEEP says otherwise
-_SIZE = re.compile(r"(?P<value>\d+)(?P<unit>MB|GB)?")
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d+))?@(?P<start>[^+]+)"
                     r"(?:\+(?P<duration>.+))?")
 _TIME = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?")
+FAULT_GRAMMAR = "KIND[:TARGET]@START[+DURATION], e.g. consumer-kill:1@10s or sink-outage@5s+3s"
 
 
 @dataclass(frozen=True)
-class Fault:
-    """One parsed ``Scenario.fault``: what, on which consumer (None: all, or Debezium), when."""
+class FaultSpec:
+    """The generic parse of ``Scenario.fault``, ``KIND[=AMOUNT][:TARGET]@START[+DURATION]``: what
+    every fault's text shares. What a kind makes of it (its amount, whether it takes a target or a
+    duration, where it applies) is :mod:`lab.faults`'s, which this layer does not know."""
 
+    text: str  # as written
     kind: str
+    amount: str | None  # after '=', unparsed
     target: int | None
     start_s: float
-    duration_s: float
-    extra_s: float = 0.0  # consumer-slow: added to every message's work
-    keep_mb: int = 0  # slot-invalidation: max_slot_wal_keep_size for the run, in MB
-    rows: int = 0  # big-transaction: rows of the one transaction
-    mode: str = ""  # postgres-failover: how the primary stops (FAILOVER_MODES)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    duration_s: float | None  # None: no +DURATION written
 
 
-def _seconds(text: str, what: str, spec: str) -> float:
+def seconds(text: str, what: str, spec: str) -> float:
+    """``10s``, ``2.5s``, ``500ms`` or a bare number of seconds; ValueError naming ``what`` of ``spec``."""
     m = _TIME.fullmatch(text.strip())
     if m is None:
         raise ValueError(f"fault {spec!r}: {what} {text!r} is not a time like 10s, 2.5s or 500ms")
@@ -120,50 +86,15 @@ def _seconds(text: str, what: str, spec: str) -> float:
     return value / 1000 if m["unit"] == "ms" else value
 
 
-def parse_fault(spec: str) -> Fault:
-    """``KIND[:TARGET]@START[+DURATION]`` -> :class:`Fault`; ValueError with one clear line."""
-    grammar = "KIND[:TARGET]@START[+DURATION], e.g. consumer-kill:1@10s or sink-outage@5s+3s"
+def parse_fault(spec: str) -> FaultSpec:
+    """``KIND[=AMOUNT][:TARGET]@START[+DURATION]`` -> :class:`FaultSpec`; ValueError with one clear line."""
     m = _FAULT.fullmatch(spec.strip())
     if m is None:
-        raise ValueError(f"fault {spec!r} does not read as {grammar}")
-    kind = m["kind"]
-    if kind not in FAULT_KINDS:
-        raise ValueError(f"unknown fault kind {kind!r} in {spec!r}: choose one of {', '.join(FAULT_KINDS)}")
+        raise ValueError(f"fault {spec!r} does not read as {FAULT_GRAMMAR}")
     target = int(m["target"]) if m["target"] is not None else None
-    if target is not None and kind not in _TARGETED:
-        raise ValueError(f"fault {spec!r}: {kind} takes no :TARGET (it hits every consumer)")
-    start = _seconds(m["start"], "START", spec)
-    duration = _seconds(m["duration"], "DURATION", spec) if m["duration"] is not None else 0.0
-    if kind in _TIMED and duration <= 0:
-        raise ValueError(f"fault {spec!r}: {kind} needs +DURATION (how long it lasts), e.g. {kind}@5s+3s")
-    if kind not in _TIMED + _MAY_LAST and m["duration"] is not None:
-        raise ValueError(f"fault {spec!r}: {kind} is instantaneous and takes no +DURATION")
-    if m["amount"] is not None and kind not in ("consumer-slow", "slot-invalidation", "big-transaction",
-                                                "postgres-failover"):
-        raise ValueError(f"fault {spec!r}: only consumer-slow (=X, its extra time per message), "
-                         "slot-invalidation (=KEEP, the keep size), big-transaction (=ROWS) and "
-                         "postgres-failover (=MODE) take =")
-    if kind == "postgres-failover":
-        mode = (m["amount"] or FAILOVER_MODES[0]).strip()
-        if mode not in FAILOVER_MODES:
-            raise ValueError(f"fault {spec!r}: postgres-failover=MODE takes {' or '.join(FAILOVER_MODES)}")
-        return Fault(kind, target, start, duration, mode=mode)
-    if kind == "big-transaction":
-        rows = BIG_TRANSACTION_ROWS
-        if m["amount"] is not None:
-            if not m["amount"].isdigit() or int(m["amount"]) <= 0:
-                raise ValueError(f"fault {spec!r}: big-transaction=ROWS needs a positive whole number")
-            rows = int(m["amount"])
-        return Fault(kind, target, start, duration, rows=rows)
-    extra = 0.0
-    if kind == "consumer-slow":
-        extra = _seconds(m["amount"], "X", spec) if m["amount"] is not None else SLOW_EXTRA_S
-        if extra <= 0:
-            raise ValueError(f"fault {spec!r}: consumer-slow needs a positive extra time per message")
-    keep = 0
-    if kind == "slot-invalidation":
-        keep = _megabytes(m["amount"], spec) if m["amount"] is not None else KEEP_MB
-    return Fault(kind, target, start, duration, extra, keep)
+    start = seconds(m["start"], "START", spec)
+    duration = seconds(m["duration"], "DURATION", spec) if m["duration"] is not None else None
+    return FaultSpec(spec, m["kind"], m["amount"], target, start, duration)
 
 
 def parse_rate_steps(text: str) -> tuple[float, ...]:
@@ -185,13 +116,6 @@ def step_plan(rates: tuple[float, ...], step_s: float) -> list[tuple[float, floa
     """The staircase's schedule: ``(rate, offset_s from the gate, messages)`` per step; a step
     sends ``round(rate * step_s)`` messages (at least 1), message j due at ``offset + j / rate``."""
     return [(r, i * step_s, max(1, round(r * step_s))) for i, r in enumerate(rates)]
-
-
-def _megabytes(text: str, spec: str) -> int:
-    m = _SIZE.fullmatch(text.strip())
-    if m is None or int(m["value"]) < 1:
-        raise ValueError(f"fault {spec!r}: KEEP {text!r} is not a size like 32MB or 1GB")
-    return int(m["value"]) * (1024 if m["unit"] == "GB" else 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +188,10 @@ class Scenario:
                              f"(max_wal_senders=64 is shared with the {self.consumers} reader(s)), "
                              f"got {self.decode_slots}")
         if self.fault:
-            self._check_fault(parse_fault(self.fault))
+            parse_fault(self.fault)  # the grammar; what the kind makes of it: lab.faults.check
+            if self.producer != "web" or self.layout != "processes":
+                raise ValueError("a fault needs producer='web' and consumer_layout='processes' or 'auto' "
+                                 "(one OS process per consumer)")
         if self.rate_steps:
             self._derive_staircase()
 
@@ -281,37 +208,6 @@ class Scenario:
         # frozen: the one derived field is set here, once, from the staircase
         object.__setattr__(self, "messages", sum(n for _, _, n in step_plan(rates, self.step_s)))
 
-    def _check_fault(self, f: Fault) -> None:
-        if self.pipeline == "kafka-share":
-            raise ValueError(f"fault {self.fault!r}: kafka-share has no fault runs (a dead member's records "
-                             "come back only when their acquisition locks expire, 30 s by default)")
-        if self.producer != "web" or self.layout != "processes":
-            raise ValueError("a fault needs producer='web' and consumer_layout='processes' or 'auto' "
-                             "(one OS process per consumer)")
-        if f.kind == "broker-node-kill":
-            if f.target is not None and not 1 <= f.target <= BROKER_NODES:
-                raise ValueError(f"fault {self.fault!r}: no broker node {f.target} (1..{BROKER_NODES})")
-        elif f.target is not None and f.target >= self.consumers:
-            raise ValueError(f"fault {self.fault!r}: no consumer {f.target} among {self.consumers} "
-                             f"(0..{self.consumers - 1})")
-        if f.kind in _DEBEZIUM_ONLY and self.pipeline not in ("kafka", "rabbitmq"):
-            raise ValueError(f"fault {self.fault!r}: {f.kind} needs Debezium and a broker "
-                             "(pipeline kafka or rabbitmq)")
-        if f.kind == "walsender-kill" and f.target is not None and self.pipeline in ("kafka", "rabbitmq"):
-            raise ValueError(f"fault {self.fault!r}: on {self.pipeline} the walsender is Debezium's; "
-                             "write walsender-kill@T without a target")
-        if f.kind == "walsender-kill" and self.pipeline in _NO_SLOT:
-            raise ValueError(f"fault {self.fault!r}: {self.pipeline} reads no WAL (no slot, no walsender)")
-        if f.kind == "walsender-kill" and self.pipeline == "wal-relay":
-            raise ValueError(f"fault {self.fault!r}: on wal-relay the one walsender is the relay's, "
-                             "which no fault targets yet")
-        if f.kind in ("postgres-restart", "postgres-failover") and self.pipeline == "wal-relay":
-            raise ValueError(f"fault {self.fault!r}: on wal-relay the relay's stream does not outlive "
-                             "PostgreSQL going away yet (the relay exits and fails the run)")
-        if f.kind == "slot-invalidation" and self.pipeline not in ("wal", "wal-sharded", "wal-filtered"):
-            raise ValueError(f"fault {self.fault!r}: slot-invalidation needs a direct reader's slot "
-                             "(pipeline wal, wal-sharded or wal-filtered)")
-
     @property
     def layout(self) -> str:
         """The consumer layout a run uses: ``consumer_layout``, with ``auto`` resolved to ``tasks``
@@ -325,18 +221,6 @@ class Scenario:
     def staircase(self) -> list[tuple[float, float, int]]:
         """:func:`step_plan` of ``rate_steps`` (empty without a staircase)."""
         return step_plan(parse_rate_steps(self.rate_steps), self.step_s) if self.rate_steps else []
-
-    @property
-    def parsed_fault(self) -> Fault | None:
-        """The parsed ``fault`` with its default target filled in, or None."""
-        if not self.fault:
-            return None
-        f = parse_fault(self.fault)
-        if f.target is None and f.kind in _TARGETED and not (
-            f.kind == "walsender-kill" and self.pipeline in ("kafka", "rabbitmq")
-        ):
-            f = dataclasses.replace(f, target=1 if f.kind == "broker-node-kill" else 0)
-        return f
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -357,5 +241,5 @@ class Scenario:
             mode = f"steps{rates[0]:g}-{rates[-1]:g}x{self.step_s:g}s"
         tail = "" if self.producer == "web" else f"-{self.producer}"
         if self.fault:
-            tail += "-" + self.parsed_fault.kind  # type: ignore[union-attr]
+            tail += "-" + parse_fault(self.fault).kind
         return f"{self.pipeline}-c{self.consumers}-m{self.messages}-{mode}{tail}"

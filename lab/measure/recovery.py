@@ -58,6 +58,7 @@ Definitions (for every pipeline):
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -271,3 +272,25 @@ def excess_cpu(timeline: Sequence[Snapshot], gate_mono: float, fault_start: floa
     excess = {k: round(span[k] - pre[k] / per_s * length, 3) for k in sorted(span.keys() & pre.keys())}
     return {"t0_s": round(fault_start, 3), "t1_s": round(until, 3), "baseline_s": round(per_s, 3),
             "excess_s": excess, "total_s": round(sum(v for k, v in excess.items() if k != "unattributed"), 3)}
+
+
+def longest_stall_after(t: Sequence[float], after: float) -> float | None:
+    """The longest time without any work call from wall time ``after`` to the last call (``t``
+    in arrival order), counting the wait for the first one: how long delivery stopped while a
+    broker node was down and its partitions or queue leader moved. None without a call after."""
+    start = bisect.bisect_left(t, after)
+    if start >= len(t):
+        return None
+    gaps = [t[start] - after, *(b - a for a, b in itertools.pairwise(t[start:]))]
+    return round(max(gaps), 3)
+
+
+def first_call_after(t: Sequence[float], after: float, by: Sequence[int] | None = None,
+                     who: int | None = None) -> float | None:
+    """Seconds from wall time ``after`` to the first work call at or after it (by consumer
+    ``who`` when given; ``t`` in arrival order, non-decreasing), or None if there is none."""
+    start = bisect.bisect_left(t, after)
+    for n in range(start, len(t)):
+        if who is None or (by is not None and by[n] == who):
+            return round(t[n] - after, 3)
+    return None

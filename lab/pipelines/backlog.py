@@ -11,7 +11,7 @@
   OffsetFetch and 2N ListOffsets requests a sample). A child because librdkafka once aborted a
   whole process (SIGABRT in ``AdminClient.list_topics``) while a broker restarted: an abort here
   costs a gap, and the reader starts the child again. The runner starts it before the consumers
-  (:meth:`lab.runner.faults.FaultInjector.prepare`: Python and librdkafka take seconds to start on
+  (:meth:`lab.runner.fault_sampling.FaultSampling.prepare`: Python and librdkafka take seconds to start on
   a loaded machine) and moves it into its own cgroup at the gate: its CPU is the runner's.
 * **RabbitMQ**: the quorum queue's messages ready + unacknowledged (delivered to a consumer, not
   yet acked: a stopped consumer's prefetch). The node runs no management plugin (it would add a

@@ -115,6 +115,9 @@ class Pipeline(Protocol):
     # participant of its own: participant name -> module run as ``python -m <module> --run-dir DIR
     # --scenario JSON`` (it writes ``<name>.ready`` once it serves, ``<name>.json`` at its end)
     helpers: ClassVar[dict[str, str]]
+    consumer_slots: ClassVar[bool]  # consumer i reads its own logical slot (lab.pipelines.wal.slot_name(i))
+    # None: the faults apply as their own rules say; a text: why this pipeline has no fault runs
+    fault_refusal: ClassVar[str | None]
 
     def describe(self) -> dict[str, Any]:
         """The pipeline's settings, echoed into run.json."""
@@ -134,11 +137,21 @@ class Pipeline(Protocol):
 
 class PipelineFactory(Protocol):
     """The one constructor shape of a pipeline's runner half (its class), and the class attributes
-    the study reads without building one."""
+    read before a run builds one (its capabilities: :mod:`lab.faults` decides by them where a
+    fault applies)."""
 
-    name: str
-    fan_out: bool
-    cdc_sink: str | None
+    @property
+    def name(self) -> str: ...
+    @property
+    def fan_out(self) -> bool: ...
+    @property
+    def cdc_sink(self) -> str | None: ...
+    @property
+    def consumer_slots(self) -> bool: ...
+    @property
+    def fault_refusal(self) -> str | None: ...
+    @property
+    def helpers(self) -> dict[str, str]: ...
 
     def __call__(self, scenario: Scenario, settings: Settings, stack: Stack) -> Pipeline: ...
 

@@ -166,6 +166,8 @@ class KafkaPipeline:
     cdc_sink: ClassVar[str | None] = "kafka"
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {}
+    consumer_slots: ClassVar[bool] = False
+    fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

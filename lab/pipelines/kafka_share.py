@@ -105,6 +105,8 @@ class KafkaSharePipeline(KafkaPipeline):
     fan_out: ClassVar[bool] = False
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = "kafka"
+    fault_refusal: ClassVar[str | None] = ("a dead member's records come back only when their acquisition locks "
+                                           "expire, 30 s by default")
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         super().__init__(scenario, settings, stack)

@@ -109,6 +109,8 @@ class PollPipeline:
     cdc_sink: ClassVar[str | None] = None
     consumes_outbox: ClassVar[bool] = True
     helpers: ClassVar[dict[str, str]] = {}
+    consumer_slots: ClassVar[bool] = False
+    fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

@@ -120,6 +120,8 @@ class RabbitPipeline:
     cdc_sink: ClassVar[str | None] = SINK
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {}
+    consumer_slots: ClassVar[bool] = False
+    fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

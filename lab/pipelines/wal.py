@@ -73,6 +73,8 @@ class WalPipeline:
     cdc_sink: ClassVar[str | None] = None
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {}
+    consumer_slots: ClassVar[bool] = True
+    fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

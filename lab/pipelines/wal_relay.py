@@ -129,6 +129,8 @@ class RelayPipeline:
     cdc_sink: ClassVar[str | None] = None
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {HELPER: "lab.relay"}
+    consumer_slots: ClassVar[bool] = False  # one slot, the relay's
+    fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

@@ -9,8 +9,9 @@ The run is a failure, stored with its error, when anything in the Success predic
 the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
 the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`). With a fault (``Scenario.fault``,
-injected during the drain by :mod:`lab.runner.faults`) the predicate becomes at-least-once, proven by
-:mod:`lab.runner.accounting`. Both are :func:`lab.runner.verdict.judge`, where they are spelled out.
+injected during the drain by :mod:`lab.runner.faults`, the kinds in :mod:`lab.faults`) the predicate
+becomes at-least-once, proven by :mod:`lab.runner.accounting`. Both are :func:`lab.runner.verdict.judge`,
+where they are spelled out.
 
 The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
 :mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.readings` (what the run
@@ -30,6 +31,7 @@ from typing import Any
 import aiohttp
 import psutil
 
+from lab.faults import check as check_fault
 from lab.measure import cgroups, decoders
 from lab.measure.cgroups import choose_cpu_method
 from lab.measure.disk import DiskGuard, DiskGuardTripped, Limits
@@ -42,7 +44,7 @@ from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
 from lab.runner.assembly import assemble
 from lab.runner.context import Progress, RunContext
-from lab.runner.faults import FaultInjector, check_topology
+from lab.runner.faults import FaultInjector
 from lab.runner.phases import RunPhases
 from lab.runner.processes import RunError, RunProcesses
 from lab.runner.readings import RunReadings, interpolate
@@ -131,7 +133,7 @@ class Run(RunContext):
                 senders.kill()
             log.warning("run %s: senders killed by the disk guard", self.run_id)
             if self.injector is not None:
-                self.injector._event("senders killed by the disk guard", pid=senders.pid)
+                self.injector.state.event("senders killed by the disk guard", pid=senders.pid)
 
     async def execute(self) -> dict[str, Any]:
         """Every phase in order; a failure is caught, cleaned up after and stored as the error."""
@@ -223,7 +225,7 @@ async def run_scenario(
     ``capture``: called with the run's record (:mod:`lab.runner.assembly`), e.g. to store it as a test
     fixture (``tests/unit/runner/fixtures/capture.py``).
     """
-    check_topology(scenario, settings)  # a fault of the other topology: refused before the stack starts
+    check_fault(scenario, settings)  # a fault that does not apply here: refused before the stack starts
     stack = get_stack(settings)
     with exclusive(settings.run_lock, "the stack"):
         await asyncio.to_thread(stack.up)

@@ -19,11 +19,13 @@ first) and ``repeats`` sum to that consumer's calls; Σ first = distinct, Σ rep
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any
+
+from lab.measure.recovery import first_call_after, longest_stall_after
+
+__all__ = ["account", "adds_up", "first_call_after", "id_ranges", "ids_of", "longest_stall_after"]
 
 
 def account(ids: Sequence[int], messages: Collection[int], by: Sequence[int] | None = None) -> dict[str, Any]:
@@ -92,25 +94,3 @@ def adds_up(a: dict[str, Any]) -> bool:
                      and sum(r["once"] for r in per.values()) == a["once"]
                      and all(r["first"] + r["repeats"] == r["calls"] for r in per.values()))
     return ok
-
-
-def longest_stall_after(t: Sequence[float], after: float) -> float | None:
-    """The longest time without any work call from wall time ``after`` to the last call (``t``
-    in arrival order), counting the wait for the first one: how long delivery stopped while a
-    broker node was down and its partitions or queue leader moved. None without a call after."""
-    start = bisect.bisect_left(t, after)
-    if start >= len(t):
-        return None
-    gaps = [t[start] - after, *(b - a for a, b in itertools.pairwise(t[start:]))]
-    return round(max(gaps), 3)
-
-
-def first_call_after(t: Sequence[float], after: float, by: Sequence[int] | None = None,
-                     who: int | None = None) -> float | None:
-    """Seconds from wall time ``after`` to the first work call at or after it (by consumer
-    ``who`` when given; ``t`` in arrival order, non-decreasing), or None if there is none."""
-    start = bisect.bisect_left(t, after)
-    for n in range(start, len(t)):
-        if who is None or (by is not None and by[n] == who):
-            return round(t[n] - after, 3)
-    return None

@@ -37,7 +37,7 @@ from lab.measure.latency import achieved_rate
 from lab.measure.network import network_block
 from lab.runner.verdict import FaultFacts, Verdict, consumer_errors, counters_of, judge, planned_messages
 
-SCHEMA_VERSION = 1  # of the record; 1: the first
+SCHEMA_VERSION = 2  # of the record; 1: the first; 2: fault_facts.stops_source (absent: False)
 
 
 def window_edges(sent: Mapping[str, Any], consumers: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:

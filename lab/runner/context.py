@@ -69,6 +69,14 @@ class RunContext:
         """One call to the web service's control listener (:meth:`lab.runner.processes.RunProcesses._web`)."""
         raise NotImplementedError
 
+    def spawn_consumer(self, group: list[int]) -> psutil.Popen:
+        """Start one consumer process for ``group`` (:meth:`lab.runner.processes.RunProcesses.spawn_consumer`)."""
+        raise NotImplementedError
+
+    def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
+        """Move consumer ``i``'s process into its cgroup (:meth:`lab.runner.processes.RunProcesses.attach_consumer`)."""
+        raise NotImplementedError
+
     def _check_consumers_alive(self) -> None:
         """Raise when a consumer exited early (:meth:`lab.runner.processes.RunProcesses._check_consumers_alive`)."""
         raise NotImplementedError

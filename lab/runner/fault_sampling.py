@@ -1,21 +1,22 @@
-"""While the fault run drains, :meth:`FaultInjector.watch_wal` samples every logical slot once a
+"""While the fault run drains, :meth:`FaultSampling.watch_wal` samples every logical slot once a
 second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
 (``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size``, whether a walsender holds it, and
 what its decoding spilled to disk (``spill_txns``, ``spill_bytes`` of ``pg_stat_replication_slots``).
-With a broker, :meth:`FaultInjector.watch_backlog` samples the broker's backlog once a second too
+With a broker, :meth:`FaultSampling.watch_backlog` samples the broker's backlog once a second too
 (:mod:`lab.pipelines.backlog`: the Kafka group's lag, the quorum queue's ready + unacknowledged);
 a reading that fails while the broker restarts is a gap (``backlog_gaps``), never a failure.
-After the run, :meth:`FaultInjector.analysis` adds the per-consumer lag, the before / during /
+After the run, :meth:`lab.runner.faults.FaultInjector.analysis` adds the per-consumer lag, the before / during /
 after phases (rate, CPU per message per participant, latency) and the recovery time
 (:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
 Disk guard (Safety): every run, fault or not, is guarded by :mod:`lab.measure.disk` (retained WAL
 per slot, spill, free disk). When it trips during a fault run, :meth:`FaultSampling.disk_guard_tripped`
-ends the fault at once (its task cancelled, every stopped process continued; a lowered keep size is
-reset by the cleanup's :meth:`~lab.runner.faults.FaultInjector.restore`) and the run fails with the
-guard's line.
+records it and ends the fault through ``on_trip`` (its task cancelled, the fault's restoration: every
+stopped process continued, a lowered keep size restored, the senders killed), and the run fails with
+the guard's line.
 
-A part of :class:`lab.runner.faults.FaultInjector`.
+:class:`FaultSampling` is a component the runner's fault driver owns
+(:class:`lab.runner.faults.FaultInjector`), not a part of any fault.
 """
 
 from __future__ import annotations
@@ -24,12 +25,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 
+from lab.faults import FaultState
+from lab.measure import cgroups, recovery
+from lab.pipelines.backlog import reader_for
+from lab.settings import Settings
+
 log = logging.getLogger(__name__)
+SAMPLER_STOP_S = 10.0  # stop() waits this long for the samplers to end
 WAL_SAMPLE_S = 1.0
 BACKLOG_SAMPLE_S = 1.0  # the broker's backlog (lab.pipelines.backlog); 0 turns it off (cost measurement)
 SLOT_SQL = (
@@ -41,29 +48,93 @@ SLOT_SQL = (
 
 
 class FaultSampling:
-    """The WAL and backlog samplers and the disk guard's end of the fault: a part of
-    :class:`lab.runner.faults.FaultInjector`."""
+    """The WAL and backlog samplers of one fault run and the disk guard's end of the fault (module
+    docstring). ``tolerate_pg_down``: the fault stops PostgreSQL, so the WAL sampler reconnects
+    instead of ending; ``on_trip``: what the run does once the disk guard has tripped and it is
+    recorded (end the fault, restore what it holds, end the load)."""
 
-    run: Any
-    _event: Callable[..., None]  # FaultInjector._event
-    _continue_stopped: Callable[..., None]  # FaultInjector._continue_stopped
-    fault: Any
-    sampling: bool
-    wal: list[dict[str, Any]]
-    guard: dict[str, Any] | None
-    backlog: list[dict[str, Any]]
-    backlog_gaps: list[dict[str, Any]]
-    _backlog_reader: Any
-    _tasks: list[asyncio.Task[None]]
-    _t0: float
+    def __init__(self, settings: Settings, spec: str, state: FaultState, *, tolerate_pg_down: bool,
+                 on_trip: Callable[[], Awaitable[None]]) -> None:
+        self.settings = settings
+        self.spec = spec
+        self.state = state
+        self.tolerate_pg_down = tolerate_pg_down
+        self.on_trip = on_trip
+        self.sampling = True  # the samplers run until stop() turns this off
+        self.wal: list[dict[str, Any]] = []
+        self.guard: dict[str, Any] | None = None  # the disk guard's trip, once it tripped during the fault
+        self.backlog: list[dict[str, Any]] = []  # the broker's backlog, sampled (watch_backlog)
+        self.backlog_gaps: list[dict[str, Any]] = []  # readings that failed (a broker restarting)
+        self._backlog_reader: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def prepare(self, run: Any) -> None:
+        """Once the pipeline's transport exists, before the consumers start: build the backlog reader
+        and start its sampling child if it has one (a Python child with librdkafka takes seconds to
+        start on a loaded machine; started at the gate, its first reading came after a fault at 3 s)."""
+        try:
+            self._backlog_reader = reader_for(run) if BACKLOG_SAMPLE_S else None
+            if self._backlog_reader is not None:
+                self._backlog_reader.start()
+        except Exception as exc:  # informative: never fails the run, never silent
+            log.warning("no backlog sampling: %s: %s", type(exc).__name__, exc)
+            self._backlog_reader = None
+
+    def start(self) -> None:
+        """At the senders' gate: the WAL sampler, and the backlog's if there is a reader."""
+        self._tasks = [asyncio.create_task(self.watch_wal(), name="fault-wal")]
+        if self._backlog_reader is not None:
+            group = cgroups.current()  # the runner's own group by now: the child's CPU is the runner's
+            for pid in self._backlog_reader.pids():
+                with contextlib.suppress(OSError):
+                    cgroups.move_to(group, pid)
+            self._tasks.append(asyncio.create_task(self.watch_backlog(), name="fault-backlog"))
+
+    async def stop(self) -> None:
+        """End the sampling tasks: a flag their loops check, then a cancel, and a bounded wait.
+        Cancelling alone is not enough: ``asyncio.wait_for`` on Python 3.11 can swallow a cancel
+        that arrives as its inner await completes, and a sampler that swallowed one samples on
+        (a CI run waited 10 min on a RabbitMQ backlog sampler). Whatever is still running after
+        :data:`SAMPLER_STOP_S` is cancelled once more and left behind, with a warning."""
+        self.sampling = False
+        tasks = [t for t in self._tasks if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=SAMPLER_STOP_S)
+        for task in pending:
+            log.warning("fault: sampler %s did not stop within %.0f s; left cancelled", task.get_name(), SAMPLER_STOP_S)
+            task.cancel()
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a sampler's own error was logged by it
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The sampling tasks (one that failed fails the run, as the injection's failure does)."""
+        return list(self._tasks)
+
+    def close(self) -> None:
+        """Cancel the samplers and close the backlog reader (the run's cleanup); never raises."""
+        for task in self._tasks:
+            task.cancel()
+        if self._backlog_reader is not None:  # its task's own finally may not run before the cleanup
+            self._backlog_reader.close()
+
+    def record(self) -> dict[str, Any]:
+        """The samples' part of run.json's ``fault`` block (beyond ``wal_summary``, which needs the window)."""
+        return {"wal": self.wal, "max_retained_wal": self.settings.max_retained_wal, "guard": self.guard,
+                "backlog": self.backlog, "backlog_gaps": self.backlog_gaps,
+                "backlog_peak": recovery.backlog_peak(self.backlog)}
 
     async def watch_wal(self) -> None:
         """Sample every logical slot each second into :attr:`wal` until cancelled."""
         while self.sampling:
             try:
-                async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
                     while self.sampling:
-                        t = round(time.monotonic() - self._t0, 3)
+                        t = round(time.monotonic() - self.state.t0, 3)
                         rows = await (await conn.execute(SLOT_SQL)).fetchall()
                         for name, retained, unconfirmed, status, safe, holder, spill_txns, spill in rows:
                             self.wal.append({"t_s": t, "slot": name, "retained_bytes": _int(retained),
@@ -72,7 +143,7 @@ class FaultSampling:
                                              "spill_txns": _int(spill_txns), "spill_bytes": _int(spill)})
                         await asyncio.sleep(WAL_SAMPLE_S)
             except psycopg.Error as exc:  # informative: never fails the run
-                if self.fault.kind not in ("postgres-restart", "postgres-failover"):
+                if not self.tolerate_pg_down:
                     log.warning("WAL sampling stopped: %s", exc)
                     return
                 await asyncio.sleep(WAL_SAMPLE_S)  # sample again once PostgreSQL is back
@@ -85,7 +156,7 @@ class FaultSampling:
         try:
             while self.sampling:
                 for sample in await reader.read():
-                    t_s = round(sample.pop("t") - self._t0, 3)
+                    t_s = round(sample.pop("t") - self.state.t0, 3)
                     if t_s < 0:  # read before the gate (the child started earlier)
                         continue
                     if "error" in sample:
@@ -101,16 +172,14 @@ class FaultSampling:
             with contextlib.suppress(Exception):
                 await reader.aclose()
 
-    def disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
-        """The run's disk guard tripped (:mod:`lab.measure.disk`): end the fault now; the run fails
-        with the guard's line (:meth:`~lab.runner.faults.FaultInjector.check`)."""
+    async def disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
+        """The run's disk guard tripped (:mod:`lab.measure.disk`): record it and end the fault now
+        (``on_trip``); the run fails with the guard's line. A second trip is ignored."""
         if self.guard is not None:
             return
         self.guard = tripped
-        self._event("disk guard", **{k: v for k, v in tripped.items() if k not in ("error", "t_s")})
-        if self._tasks:  # the injection: its own finally continues what it stopped
-            self._tasks[0].cancel()
-        self._continue_stopped("continued by the disk guard")
+        self.state.event("disk guard", **{k: v for k, v in tripped.items() if k not in ("error", "t_s")})
+        await self.on_trip()
 
 
 def _int(value: Any) -> int | None:

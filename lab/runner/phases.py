@@ -18,7 +18,7 @@ from lab.measure.latency import due_latencies, message_latencies, summarize
 from lab.measure.sampler import Sampler
 from lab.measure.staircase import STOP_LEAD_S, lag_bound, staircase_due_latencies
 from lab.pg.slots import drop_slots
-from lab.runner.accounting import account, first_call_after, longest_stall_after
+from lab.runner.accounting import account
 from lab.runner.context import RunContext
 from lab.runner.processes import RunError
 from lab.stack.base import DEBEZIUM_SINKS
@@ -304,7 +304,7 @@ class RunPhases:
                             "FROM unnest(%s::int[]) AS l(id) LEFT JOIN inbox i USING (id) GROUP BY 1 ORDER BY 1"
                             ).format(sql.Literal(LEASE_MARK)), (lost,))
                 out["lost_claimed_by"] = dict(await cur.fetchall())
-        out["time_to_resume_s"] = self._time_to_resume(arrivals)
+        out["time_to_resume_s"] = inj.resume_s(arrivals)  # the fault's own measure (lab.faults)
         extra = inj.extra_ids
         if extra:  # big-transaction: when was its last row first worked, after its commit
             at = {e["what"]: e["at"] for e in inj.events}.get("big transaction committed")
@@ -319,38 +319,6 @@ class RunPhases:
                 "lost": len(mine) - len(first),
             }
         return out
-
-    def _time_to_resume(self, arrivals: dict[str, Any]) -> float | None:
-        """Seconds from the kill (or the SIGCONT) to the next work call by the consumer it hit (by
-        any consumer after a sink outage, and from the service's start after a restart); for
-        ``walsender-kill``, from the termination until a walsender holds the slot again (the
-        reader, or Debezium, reconnected); for ``debezium-kill``, from the SIGKILL until the
-        restarted Debezium holds its slot (for :data:`lab.runner.faults.HELD_S` in a row); for
-        ``broker-node-kill``, the longest stop of delivery after the kill (the others go on)."""
-        f = self.run.scenario.parsed_fault
-        assert f is not None and self.run.injector is not None  # only a fault run has a resume
-        events = self.run.injector.events
-        if f.kind == "slot-invalidation":  # the reader never reads again: nothing resumes
-            return None
-        at = {e["what"]: e["at"] for e in events}
-        if f.kind in ("walsender-kill", "debezium-kill"):
-            a, b = ((at.get("walsender terminated"), at.get("slot held again")) if f.kind == "walsender-kill"
-                    else (at.get("debezium killed"), at.get("slot held again")))
-            return round(b - a, 3) if a is not None and b is not None else None
-        if f.kind == "big-transaction":
-            return None  # see accounting["big_transaction"]
-        if f.kind == "broker-node-kill":  # the other nodes go on: how long did delivery stop?
-            killed = at.get("node killed")
-            return None if killed is None else longest_stall_after(arrivals["t"], killed)
-        if f.kind == "postgres-failover":  # from the primary's stop to the first work call after it
-            stopping = at.get("primary stopping")
-            return None if stopping is None else longest_stall_after(arrivals["t"], stopping)
-        anchor = at.get({"consumer-kill": "kill", "consumer-slow": "normal", "broker-restart": "service started",
-                         "postgres-restart": "service started"}.get(f.kind, "resume"))
-        if anchor is None:
-            return None
-        who = f.target if f.kind not in ("sink-outage", "broker-restart", "postgres-restart") else None
-        return first_call_after(arrivals["t"], anchor, arrivals.get("by"), who)
 
     async def _checkpoint_and_cool(self) -> None:
         with contextlib.suppress(Exception):

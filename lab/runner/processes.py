@@ -240,4 +240,4 @@ class RunProcesses:
         if self.run._http is not None:
             await self.run._http.close()
         if self.run.injector is not None:  # last: nothing of the run may still use the promoted standby
-            await self.run.injector.fail_back()
+            await self.run.injector.undo()

@@ -53,8 +53,7 @@ class RunReadings:
         inj = self.run.injector
         facts = None
         if inj is not None:
-            facts = {"kind": inj.fault.kind, "extra_rows": len(inj.extra_ids), "invalidation": inj.invalidation,
-                     "claim": s.claim}
+            facts = inj.facts(s.claim)
         record: dict[str, Any] = {
             "record_schema": SCHEMA_VERSION,
             "run_id": self.run.run_id, "started_at": started_at, "scenario": s.as_parameters(),

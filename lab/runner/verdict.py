@@ -34,19 +34,20 @@ EQUAL_TO_MESSAGES = ("sent", "processed", "distinct_ids", "work_calls", "work_di
 SHOWN = ("sent", "send_failed", "processed", "distinct_ids", "work_calls", "work_distinct", "ids_match")
 # A fault run's accounting fields its error lists.
 FAULT_SHOWN = ("messages", "lost", "foreign", "extra_calls", "adds_up", "lost_claimed_by", "acknowledged_absent")
-# Fault kinds whose INSERTs may be refused while PostgreSQL is down.
-PG_DOWN = ("postgres-restart", "postgres-failover")
 
 
 @dataclass(frozen=True)
 class FaultFacts:
-    """What the verdict needs of a fault run: its kind, the rows it added itself (big-transaction),
-    a slot invalidation's record (its loss is said first), and the scenario's claim mode."""
+    """What the verdict needs of a fault run: its kind (informative), the rows it added itself
+    (big-transaction), a slot it lost (its invalidation record: that loss is said first), the
+    scenario's claim mode, and whether it stopped PostgreSQL (``stops_source``: INSERTs may be
+    refused meanwhile)."""
 
     kind: str
     extra_rows: int = 0
     invalidation: Mapping[str, Any] | None = None
     claim: str = "takeover"
+    stops_source: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def _fault_reasons(counters: Mapping[str, Any], m: int, fault: FaultFacts, acc: 
     """A fault run's failed conditions; adds the send-side figures to ``acc`` (a copy)."""
     sent, failed, extra = counters.get("sent", 0), counters.get("send_failed", 0), fault.extra_rows
     out: list[str] = []
-    if fault.kind in PG_DOWN:
+    if fault.stops_source:
         # an INSERT refused while PostgreSQL was down is a message never sent (counted, the sender
         # does not retry), not a lost one; one whose commit raced the shutdown may have a row
         # without a 2xx: a message too (rows_without_reply), and must be worked

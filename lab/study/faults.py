@@ -5,8 +5,8 @@ so that lag and recovery mean something) and the faults' timing; :func:`plan` tu
 :class:`~lab.scenario.Scenario` per cell, fault kinds outer and pipelines inner (an interrupted
 matrix still compares the architectures on the faults it reached), then a clean cell per pipeline
 at the same rate (``baseline``) to price the recovery. Which (pipeline, fault) pairs exist is the
-scenario validation's decision, not this module's: a cell is planned when ``Scenario`` accepts its
-fault, and :func:`inapplicable` says why the others were left out.
+faults' decision (:func:`lab.faults.check`, by each pipeline's capabilities), not this module's: a
+cell is planned when its fault applies, and :func:`inapplicable` says why the others were left out.
 
 :func:`run_matrix` runs the plan as a series (``series_id`` in every run.json). A failed run is a
 *finding* (RabbitMQ losing a killed consumer's claims, a slot invalidated under ``wal-sharded``),
@@ -16,7 +16,9 @@ error and the matrix goes on.
 
 :func:`matrix_table` reads the runs into one row per cell (:data:`COLUMNS`), from the ``fault``
 block of run.json; keys a newer runner adds (``backlog``, ``consumer_lag``, ``phases``,
-``recovery_s``) are used when present and NaN when not, so old runs still tabulate.
+``recovery_s``) are used when present and NaN when not, so old runs still tabulate. What a fault is
+beyond its kind (``family``, ``hit_consumers``) is read from what it recorded; a run recorded before
+those fields has them from its kind's class in :data:`lab.faults.FAULTS` (:func:`recorded`).
 """
 
 from __future__ import annotations
@@ -29,15 +31,16 @@ from typing import Any
 
 import pandas as pd
 
+from lab import faults as fault_kinds
 from lab.results import iter_runs
-from lab.scenario import Scenario, parse_fault
+from lab.scenario import FaultSpec, Scenario, parse_fault
 from lab.settings import Settings
 from lab.stack.proc import exclusive
 from lab.study.series import Step, available_pipelines
 
 log = logging.getLogger(__name__)
 LABEL = "faults"  # every cell's Scenario.label
-# fault kinds in the order a matrix runs them: the telling ones first, the slow ones last
+# the fault kinds a matrix runs, in its order: the telling ones first, the slow ones last
 KIND_ORDER = ("consumer-dead", "consumer-kill", "sink-outage", "walsender-kill", "consumer-slow",
               "debezium-kill", "broker-restart", "postgres-restart", "slot-invalidation", "big-transaction")
 # kinds of the ha topology only (the failover), run on their own, not in the single matrix
@@ -103,9 +106,9 @@ def candidates(kind: str, p: FaultProfile) -> list[str]:
     """The specs of ``kind`` under profile ``p``, aimed at consumer :data:`TARGET` first, then
     untargeted: the scenario validation keeps the first it accepts (a kind that takes no target,
     or Debezium's walsender, only parses without)."""
-    amount = {"consumer-slow": f"={p.slow}", "big-transaction": f"={p.big_rows}"}.get(kind, "")
-    lasting = {"consumer-dead": p.duration_s, "sink-outage": p.duration_s, "consumer-slow": p.duration_s,
-               "broker-restart": p.outage_s, "postgres-restart": p.outage_s}.get(kind)
+    amount = {"consumer-slow": f"={p.slow}", "big-transaction": f"={p.big_rows}"}.get(kind, "")  # the profile's
+    # a fault that must last lasts the profile's duration, one that may (a service's outage) its outage
+    lasting = {"required": p.duration_s, "optional": p.outage_s}.get(fault_kinds.FAULTS[kind].lasting)
     tail = f"@{_t(p.start_s)}" + (f"+{_t(lasting)}" if lasting else "")
     return [f"{kind}{amount}:{TARGET}{tail}", f"{kind}{amount}{tail}"]
 
@@ -124,7 +127,9 @@ def _cells(p: FaultProfile, pipelines: Sequence[str]) -> list[tuple[str, str, Sc
             why = ""
             for spec in candidates(kind, p):
                 try:
-                    out.append((pipe, kind, base.replace(pipeline=pipe, fault=spec), ""))
+                    cell = base.replace(pipeline=pipe, fault=spec)
+                    fault_kinds.check(cell)
+                    out.append((pipe, kind, cell, ""))
                     break
                 except ValueError as exc:
                     why = str(exc)
@@ -243,7 +248,8 @@ def outcome(result: dict[str, Any]) -> str:
 # The matrix as tables ---------------------------------------------------------------------------
 
 COLUMNS = (
-    "pipeline", "fault", "spec", "success", "lost", "duplicates", "max_burst", "resume_s", "recovery_s",
+    "pipeline", "fault", "spec", "family", "hit", "success", "lost", "duplicates", "max_burst", "resume_s",
+    "recovery_s",
     "slots_back_s", "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "source_backlog_peak_kb",
     "broker_backlog_peak", "healthy_lag_peak", "healthy_lag_peak_s", "p99_during_ms", "cpu_ms_per_msg",
     "cpu_vs_clean_ms", "recovery_cpu_ms", "excess_cpu_s", "loadavg_1m", "unattributed_ms", "run_id", "error",
@@ -352,15 +358,33 @@ def backlog_where(run: dict[str, Any], window: tuple[float, float] | None = None
     return ("none" + unknown if _per_slot(run) or backlog else "—"), source_peak, broker_peak
 
 
+def recorded(run: dict[str, Any]) -> dict[str, Any]:
+    """What the run's fault recorded of itself (``family``, ``stops_service``, ``stops_source``,
+    ``hit_consumers``); for a run recorded before those fields, what its kind's class says of the
+    recorded kind and parameters. Empty without a fault block."""
+    f = _fault(run)
+    keys = ("family", "stops_service", "stops_source", "hit_consumers")
+    if not f or all(k in f for k in keys):
+        return {k: f.get(k) for k in keys}
+    cls = fault_kinds.FAULTS.get(str(f.get("kind")))
+    if cls is None:
+        return {k: f.get(k) for k in keys}
+    spec = FaultSpec(str(f.get("spec")), str(f.get("kind")), None, f.get("target"), _num(f.get("start_s")),
+                     f.get("duration_s"))
+    scenario = Scenario(consumers=int((run.get("scenario") or {}).get("consumers") or 1))
+    return {"family": cls.family, "stops_service": cls.stops_service, "stops_source": cls.stops_source,
+            "hit_consumers": cls.parse(spec).hit_consumers(scenario)}
+
+
 def _healthy_lag(run: dict[str, Any], window: tuple[float, float] | None) -> tuple[float, float]:
     """Peak lag (messages, seconds) of the consumers the fault did not hit, over the fault; NaN when
-    it hit every consumer (sink-outage) or lag was not sampled."""
-    f = _fault(run)
-    if window is None or f.get("kind") == "sink-outage":
+    it hit every consumer (a sink outage) or lag was not sampled."""
+    hit = set(recorded(run).get("hit_consumers") or ())
+    consumers = int((run.get("scenario") or {}).get("consumers") or 0)
+    if window is None or (consumers and hit >= set(range(consumers))):
         return NAN, NAN
-    target = f.get("target")
     rows = [r for r in _rows(run, "consumer_lag")
-            if window[0] <= r["t_s"] <= window[1] and r.get("consumer") != target]
+            if window[0] <= r["t_s"] <= window[1] and r.get("consumer") not in hit]
     return _peak([r.get("lag_messages") for r in rows]), _peak([r.get("lag_s") for r in rows])
 
 
@@ -386,6 +410,7 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
     """One run as one row of the matrix (:data:`COLUMNS`); ``clean``: each pipeline's ms CPU/msg
     without a fault, for ``cpu_vs_clean_ms``."""
     s, f = run.get("scenario") or {}, _fault(run)
+    mine = recorded(run)
     acc: dict[str, Any] = f["accounting"] if isinstance(f.get("accounting"), dict) else {}
     window = fault_window(run) if f else None
     slots = _per_slot(run)
@@ -397,7 +422,8 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
     messages = _num(s.get("messages"))
     return {
         "pipeline": s.get("pipeline"), "fault": _kind(s.get("fault")),
-        "spec": s.get("fault") or "", "success": bool(run.get("success")),
+        "spec": s.get("fault") or "", "family": mine.get("family") or "—", "hit": _hit(run, mine),
+        "success": bool(run.get("success")),
         "lost": _num(acc.get("lost")), "duplicates": _num(acc.get("extra_calls")),
         "max_burst": _num(acc.get("max_burst")), "resume_s": _num(acc.get("time_to_resume_s")),
         "recovery_s": _num(f.get("recovery_s")),
@@ -415,6 +441,24 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
         "unattributed_ms": unattributed * 1000 / messages if messages else NAN,
         "run_id": run.get("run_id"), "error": run.get("error"),
     }
+
+
+DEAD_CONSUMER = ("consumer_stop", "one")  # (family, hit) of the cells that stop one consumer of several
+
+
+def _hit(run: dict[str, Any], mine: dict[str, Any]) -> str:
+    """Which consumers the fault hit directly: ``one`` (or some), ``all``, ``none`` (a service, a
+    slot of Debezium's, the load); ``—`` without a fault."""
+    if not _fault(run):
+        return "—"
+    hit = set(mine.get("hit_consumers") or ())
+    consumers = int((run.get("scenario") or {}).get("consumers") or 0)
+    return "none" if not hit else "all" if hit >= set(range(consumers)) else "one"
+
+
+def _dead_consumer(t: pd.DataFrame) -> pd.Series:
+    """The cells whose fault stopped one consumer of several (the backlog a dead consumer leaves)."""
+    return (t["family"] == DEAD_CONSUMER[0]) & (t["hit"] == DEAD_CONSUMER[1])
 
 
 def _kind(spec: Any) -> str:
@@ -469,7 +513,7 @@ def by_pipeline(table: pd.DataFrame) -> pd.DataFrame:
     t = table[table["fault"] != "none"]
     rows = []
     for pipeline, g in t.groupby("pipeline", sort=False):
-        dead = g.loc[g["fault"] == "consumer-dead", "backlog_where"]
+        dead = g.loc[_dead_consumer(g), "backlog_where"]
         rows.append({
             "pipeline": pipeline, "fault_cells": len(g), "cells_with_loss": int(_positive(g["lost"]).sum()),
             "lost": g["lost"].sum(min_count=1), "duplicates": g["duplicates"].sum(min_count=1),
@@ -527,8 +571,9 @@ def lag_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
     axes = fig.subplots(1, len(cells), sharey=True, squeeze=False)[0]
     for ax, run in zip(axes, cells, strict=True):
         lag = timeline(run, "consumer_lag")
+        hit_consumers = set(recorded(run).get("hit_consumers") or ())
         for c, g in (lag.groupby("consumer") if not lag.empty else []):
-            hit = " (hit)" if c == _fault(run).get("target") else ""
+            hit = " (hit)" if c in hit_consumers else ""
             ax.plot(g["t_s"], g["lag_messages"], lw=1.2, label=f"consumer {c}{hit}")
         backlog = timeline(run, "backlog")
         if not backlog.empty:
@@ -572,7 +617,7 @@ def reading(table: pd.DataFrame) -> list[str]:
     out.append("**Duplicates** (re-worked, at-least-once): "
                + (_list([f"{r.pipeline} {r.fault} {int(r.duplicates):,} (burst {_fmt(r.max_burst, digits=0)})"
                          for r in dup.itertuples()]) + "." if not dup.empty else "none in any cell."))
-    dead = t[t["fault"] == "consumer-dead"]
+    dead = t[_dead_consumer(t)]
     if not dead.empty:
         out.append("**A dead consumer** (WAL retained on the source, peak and slope over the fault; where the "
                    "backlog lived; the healthy consumer's peak lag): " + _list([

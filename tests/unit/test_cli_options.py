@@ -81,6 +81,30 @@ def test_bad_value_is_refused_in_one_line(label: str, argv: list[str], capsys: p
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--fault", "reboot@1s"], "unknown fault kind 'reboot'"),
+    (["--fault", "consumer-dead:1@1s"], "consumer-dead needs +DURATION"),
+    (["--fault", "consumer-kill:3@1s", "--consumers", "2"], "no consumer 3 among 2"),
+    (["--fault", "debezium-kill@1s", "--pipeline", "wal"], "debezium-kill needs Debezium and a broker"),
+    (["--fault", "slot-invalidation@1s", "--pipeline", "rabbitmq"], "slot-invalidation needs a direct reader's slot"),
+    (["--fault", "broker-node-kill@1s", "--pipeline", "kafka"], "broker-node-kill needs the ha topology"),
+    (["--fault", "postgres-failover@1s", "--topology", "single"], "postgres-failover needs the ha topology"),
+])
+def test_a_fault_that_does_not_apply_is_refused_in_one_line_before_the_stack(
+        argv: list[str], says: str, capsys: pytest.CaptureFixture[str], tmp_path: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import lab.runner
+
+    started: list[object] = []
+    monkeypatch.setattr(lab.runner, "run_scenario", lambda *a, **kw: started.append(a))
+    monkeypatch.setenv("LAB_STACK_DIR", str(tmp_path))
+    monkeypatch.setenv("LAB_TOPOLOGY", "single")
+    assert cli.main(["run", "--messages", "10", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err and "Traceback" not in err, err
+    assert not started  # refused before the run (and its stack) started
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-5", "0"])
 def test_number_type_refuses_non_finite_and_out_of_range(value: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=value.replace("+", r"\+")):

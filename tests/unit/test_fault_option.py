@@ -1,4 +1,5 @@
-"""``Scenario.fault``: the grammar KIND[:TARGET]@START[+DURATION] and its one-line errors."""
+"""``Scenario.fault``: the grammar KIND[:TARGET]@START[+DURATION], each kind's rules and where it
+applies (:mod:`lab.faults`), and their one-line errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,32 @@ from pathlib import Path
 
 import pytest
 
-from lab.scenario import Fault, Scenario, parse_fault
+from lab.faults import check, fault_for, parse
+from lab.scenario import Scenario
+
+
+def Fault(kind: str, target: int | None, start_s: float, duration_s: float, extra_s: float = 0.0,
+          keep_mb: int = 0, *, rows: int = 0, mode: str = "") -> dict[str, object]:
+    """The parameters run.json records of a fault (its ``fault`` block's first fields)."""
+    return {"kind": kind, "target": target, "start_s": start_s, "duration_s": duration_s, "extra_s": extra_s,
+            "keep_mb": keep_mb, "rows": rows, "mode": mode}
+
+
+def parse_fault(spec: str) -> dict[str, object]:
+    return parse(spec).params()
+
+
+def checked(**kw: object) -> Scenario:
+    """A scenario whose fault :func:`lab.faults.check` accepted (its pipeline; no settings)."""
+    scenario = Scenario(**kw)  # type: ignore[arg-type]
+    check(scenario)
+    return scenario
+
+
+def parsed(**kw: object) -> dict[str, object]:
+    f = fault_for(checked(**kw))
+    assert f is not None
+    return f.params()
 
 
 @pytest.mark.parametrize(("spec", "want"), [
@@ -28,7 +54,7 @@ from lab.scenario import Fault, Scenario, parse_fault
     ("big-transaction@3s", Fault("big-transaction", None, 3.0, 0.0, rows=100_000)),
     ("big-transaction=5000@3s", Fault("big-transaction", None, 3.0, 0.0, rows=5000)),
 ])
-def test_parses(spec: str, want: Fault) -> None:
+def test_parses(spec: str, want: dict[str, object]) -> None:
     assert parse_fault(spec) == want
 
 
@@ -60,37 +86,42 @@ def test_bad_input_is_one_clear_line(spec: str, says: str) -> None:
 
 
 def test_scenario_validates_and_fills_the_default_target() -> None:
-    assert Scenario(consumers=2, fault="consumer-dead@1s+1s").parsed_fault == Fault("consumer-dead", 0, 1.0, 1.0)
-    assert Scenario(pipeline="kafka", fault="walsender-kill@1s").parsed_fault.target is None
-    assert Scenario().parsed_fault is None
+    assert parsed(consumers=2, fault="consumer-dead@1s+1s") == Fault("consumer-dead", 0, 1.0, 1.0)
+    assert parsed(pipeline="kafka", fault="walsender-kill@1s")["target"] is None
+    assert fault_for(Scenario()) is None
     assert Scenario(consumers=2, fault="consumer-kill:1@3s").slug.endswith("-consumer-kill")
     with pytest.raises(ValueError, match="no consumer 2 among 2"):
-        Scenario(consumers=2, fault="consumer-kill:2@3s")
+        checked(consumers=2, fault="consumer-kill:2@3s")
     with pytest.raises(ValueError, match="walsender is Debezium's"):
-        Scenario(pipeline="rabbitmq", fault="walsender-kill:0@3s")
+        checked(pipeline="rabbitmq", fault="walsender-kill:0@3s")
     with pytest.raises(ValueError, match="consumer_layout='processes'"):
-        Scenario(consumers=2, consumer_layout="tasks", fault="sink-outage@1s+1s")
+        checked(consumers=2, consumer_layout="tasks", fault="sink-outage@1s+1s")
     with pytest.raises(ValueError, match="producer='web'"):
-        Scenario(pipeline="kafka", producer="direct", fault="sink-outage@1s+1s")
+        checked(pipeline="kafka", producer="direct", fault="sink-outage@1s+1s")
     with pytest.raises(ValueError, match="unknown fault kind"):
-        Scenario(fault="nope@1s")
+        checked(fault="nope@1s")
     with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
-        Scenario(pipeline="kafka", fault="slot-invalidation@1s")
+        checked(pipeline="kafka", fault="slot-invalidation@1s")
     with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
-        Scenario(pipeline="poll", fault="slot-invalidation@1s")
-    with pytest.raises(ValueError, match="poll reads no WAL"):
-        Scenario(pipeline="poll", consumers=2, fault="walsender-kill:1@3s")
-    assert Scenario(pipeline="poll", consumers=2, fault="consumer-kill:1@3s").parsed_fault.target == 1
-    assert Scenario(pipeline="wal-sharded", consumers=2, fault="slot-invalidation@1s").parsed_fault.target == 0
+        checked(pipeline="poll", fault="slot-invalidation@1s")
+    with pytest.raises(ValueError, match="walsender-kill needs a slot: poll's consumers read none"):
+        checked(pipeline="poll", consumers=2, fault="walsender-kill:1@3s")
+    with pytest.raises(ValueError, match="kafka-share has no fault runs"):
+        checked(pipeline="kafka-share", consumers=2, fault="consumer-kill:1@3s")
+    with pytest.raises(ValueError, match=r"on wal-relay its own process\(es\) \(relay\) do not outlive PostgreSQL"):
+        checked(pipeline="wal-relay", consumers=2, fault="postgres-restart@3s")
+    assert parsed(pipeline="poll", consumers=2, fault="consumer-kill:1@3s")["target"] == 1
+    assert parsed(pipeline="wal-filtered", consumers=2, fault="slot-invalidation@1s")["target"] == 0
+    assert parsed(pipeline="wal-sharded", consumers=2, fault="slot-invalidation@1s")["target"] == 0
 
 
 def test_debezium_faults_need_a_broker_pipeline() -> None:
     for kind in ("debezium-kill@3s", "broker-restart@3s+1s"):
         with pytest.raises(ValueError, match="needs Debezium and a broker"):
-            Scenario(pipeline="wal", fault=kind)
-        assert Scenario(pipeline="rabbitmq", fault=kind).parsed_fault.target is None
-    assert Scenario(pipeline="wal-sharded", fault="big-transaction@1s").parsed_fault.rows == 100_000
-    assert Scenario(pipeline="wal", fault="postgres-restart@1s").parsed_fault.kind == "postgres-restart"
+            checked(pipeline="wal", fault=kind)
+        assert parsed(pipeline="rabbitmq", fault=kind)["target"] is None
+    assert parsed(pipeline="wal-sharded", fault="big-transaction@1s")["rows"] == 100_000
+    assert parsed(pipeline="wal", fault="postgres-restart@1s")["kind"] == "postgres-restart"
 
 
 def test_the_default_layout_is_tasks_and_processes_under_a_fault() -> None:
@@ -100,21 +131,21 @@ def test_the_default_layout_is_tasks_and_processes_under_a_fault() -> None:
     assert Scenario(consumers=2, consumer_layout="processes").layout == "processes"
     assert Scenario(consumers=2, consumer_layout="tasks").layout == "tasks"
     with pytest.raises(ValueError, match="unknown consumer_layout 'threads'"):
-        Scenario(consumer_layout="threads")
+        checked(consumer_layout="threads")
 
 
 def test_a_broker_node_kill_names_a_node_of_three_not_a_consumer() -> None:
     """the failover: the target is a broker node (1..3, default 1), whatever N is."""
     assert parse_fault("broker-node-kill:3@2s+5s") == Fault("broker-node-kill", 3, 2.0, 5.0)
-    assert Scenario(pipeline="kafka", consumers=1, fault="broker-node-kill:3@2s").parsed_fault.target == 3
-    assert Scenario(pipeline="rabbitmq", fault="broker-node-kill@2s+1s").parsed_fault == Fault(
+    assert parsed(pipeline="kafka", consumers=1, fault="broker-node-kill:3@2s")["target"] == 3
+    assert parsed(pipeline="rabbitmq", fault="broker-node-kill@2s+1s") == Fault(
         "broker-node-kill", 1, 2.0, 1.0)
     with pytest.raises(ValueError, match=r"no broker node 4 \(1..3\)"):
-        Scenario(pipeline="kafka", consumers=8, fault="broker-node-kill:4@2s")
+        checked(pipeline="kafka", consumers=8, fault="broker-node-kill:4@2s")
     with pytest.raises(ValueError, match=r"no broker node 0 \(1..3\)"):
-        Scenario(pipeline="kafka", fault="broker-node-kill:0@2s")
+        checked(pipeline="kafka", fault="broker-node-kill:0@2s")
     with pytest.raises(ValueError, match="needs Debezium and a broker"):
-        Scenario(pipeline="wal", fault="broker-node-kill@2s")
+        checked(pipeline="wal", fault="broker-node-kill@2s")
 
 
 def test_a_broker_node_kill_under_single_is_refused_before_the_stack_starts(tmp_path: Path) -> None:
@@ -132,9 +163,9 @@ def test_a_postgres_failover_crashes_the_primary_unless_told_fast() -> None:
     """the PostgreSQL failover: ``immediate`` (a crash) by default, ``=fast`` a switchover;
     no target, no duration, no other mode, on any pipeline."""
     assert parse_fault("postgres-failover@5s") == Fault("postgres-failover", None, 5.0, 0.0, mode="immediate")
-    assert parse_fault("postgres-failover=fast@20s").mode == "fast"
+    assert parse_fault("postgres-failover=fast@20s")["mode"] == "fast"
     for pipeline in ("wal", "wal-sharded", "kafka", "rabbitmq"):
-        assert Scenario(pipeline=pipeline, consumers=2, fault="postgres-failover@5s").parsed_fault.mode == "immediate"
+        assert parsed(pipeline=pipeline, consumers=2, fault="postgres-failover@5s")["mode"] == "immediate"
     with pytest.raises(ValueError, match="postgres-failover=MODE takes immediate or fast"):
         parse_fault("postgres-failover=smart@5s")
     with pytest.raises(ValueError, match="is instantaneous and takes no"):

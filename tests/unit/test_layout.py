@@ -1,6 +1,6 @@
 """The package layout of the reference study: no module imports a layer above its own.
 
-Layers, top to bottom: ``cli`` → ``study`` → ``runner``/``consumer`` → ``pipelines``, ``measure`` →
+Layers, top to bottom: ``cli`` → ``study`` → ``runner``/``consumer`` → ``pipelines``, ``faults``, ``measure`` →
 ``stack``, ``workload``, ``pg`` → ``scenario``, ``settings``, ``results``. Imports inside a function
 count too (a lazy import is still a dependency).
 """
@@ -18,7 +18,7 @@ LAYER = {
     "cli": 0, "__main__": 0,
     "study": 1,
     "runner": 2, "consumer": 2, "relay": 2,
-    "pipelines": 3, "measure": 3,
+    "pipelines": 3, "faults": 3, "measure": 3,
     "stack": 4, "workload": 4, "pg": 4,
     "scenario": 5, "settings": 5, "results": 5, "__init__": 6,
 }

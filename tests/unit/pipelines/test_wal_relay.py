@@ -74,10 +74,16 @@ def test_the_runner_starts_the_relay_as_its_own_participant() -> None:
 @pytest.mark.parametrize("spec", ["walsender-kill:1@3s", "walsender-kill@3s", "slot-invalidation:1@3s",
                                   "debezium-kill@3s", "postgres-restart@3s+2s"])
 def test_faults_without_a_target_on_wal_relay_are_refused(spec: str) -> None:
+    from lab.faults import check
+
     with pytest.raises(ValueError, match=r"wal-relay|Debezium|direct reader"):
-        Scenario(pipeline="wal-relay", consumers=2, fault=spec, consumer_layout="processes")
+        check(Scenario(pipeline="wal-relay", consumers=2, fault=spec, consumer_layout="processes"))
 
 
 def test_consumer_faults_apply_to_wal_relay() -> None:
+    from lab.faults import check, fault_for
+
     s = Scenario(pipeline="wal-relay", consumers=2, fault="consumer-kill:1@3s", consumer_layout="processes")
-    assert s.parsed_fault is not None and s.parsed_fault.target == 1
+    check(s)
+    f = fault_for(s)
+    assert f is not None and f.target == 1

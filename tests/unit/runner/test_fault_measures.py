@@ -17,6 +17,7 @@ import pytest
 from lab.pipelines.backlog import KafkaBacklog, parse_erl_call, queue_expression
 from lab.runner.faults import FaultInjector, wal_summary
 from lab.scenario import Scenario
+from lab.settings import Settings
 from lab.study.presentation import fault_line, phases_line
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,9 +45,11 @@ class Reader:
 
 
 def _injector(reader: Reader) -> FaultInjector:
-    inj = FaultInjector(SimpleNamespace(scenario=Scenario(consumers=2, fault="consumer-dead:1@3s+3s")))
-    inj._t0 = time.monotonic()
-    inj._backlog_reader = reader
+    run = SimpleNamespace(scenario=Scenario(consumers=2, fault="consumer-dead:1@3s+3s"), settings=Settings(),
+                          stack=None, pipeline=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj.state.start(time.monotonic())
+    inj.samplers._backlog_reader = reader
     return inj
 
 
@@ -56,11 +59,11 @@ def test_backlog_samples_and_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
     reader = Reader([[{"t": t + 1.0, "messages": 5}], [{"t": t + 2.0, "error": "broker down"}],
                      [{"t": t + 3.0, "messages": 9, "ready": 4, "unacked": 5}], RuntimeError("boom")])
     inj = _injector(reader)
-    inj._t0 = t
-    asyncio.run(inj.watch_backlog())  # the error ends the loop quietly: it must never fail the run
-    assert inj.backlog == [{"t_s": 1.0, "where": "kafka", "messages": 5},
+    inj.state.t0 = t
+    asyncio.run(inj.samplers.watch_backlog())  # the error ends the loop quietly: it must never fail the run
+    assert inj.samplers.backlog == [{"t_s": 1.0, "where": "kafka", "messages": 5},
                            {"t_s": 3.0, "where": "kafka", "messages": 9, "ready": 4, "unacked": 5}]
-    assert inj.backlog_gaps == [{"t_s": 2.0, "where": "kafka", "error": "broker down"}]
+    assert inj.samplers.backlog_gaps == [{"t_s": 2.0, "where": "kafka", "error": "broker down"}]
     assert reader.closed == 1
 
 
@@ -69,18 +72,18 @@ def test_backlog_sampling_is_cancelled_and_closes_its_reader(monkeypatch: pytest
     t = time.monotonic()
     reader = Reader([[{"t": t - 5.0, "messages": -1}]] + [[{"t": t + k, "messages": k}] for k in range(1000)])
     inj = _injector(reader)
-    inj._t0 = t
+    inj.state.t0 = t
 
     async def go() -> None:
-        task = asyncio.create_task(inj.watch_backlog())
+        task = asyncio.create_task(inj.samplers.watch_backlog())
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(go())
-    assert 3 <= len(inj.backlog) < 1000 and reader.closed == 1  # the reading before the gate is dropped
-    assert [s["messages"] for s in inj.backlog] == list(range(len(inj.backlog)))
+    assert 3 <= len(inj.samplers.backlog) < 1000 and reader.closed == 1  # the reading before the gate is dropped
+    assert [s["messages"] for s in inj.samplers.backlog] == list(range(len(inj.samplers.backlog)))
 
 
 def test_erl_call_output() -> None:
@@ -140,9 +143,9 @@ def test_wal_summary_keeps_the_spill() -> None:
 
 def test_analysis_block() -> None:
     inj = _injector(Reader([]))
-    inj._tasks = [object()]  # started
-    inj._t0_wall = 1000.0
-    inj.events = [{"what": "stop", "t_s": 3.0}, {"what": "resume", "t_s": 6.0}]
+    inj._inject = object()  # type: ignore[assignment]  # started
+    inj.state.t0_wall = 1000.0
+    inj.state.events = [{"what": "stop", "t_s": 3.0}, {"what": "resume", "t_s": 6.0}]
     # 10 msg/s for 10 s, 20 ms each; consumer 1 (odd ids) stopped from 3 to 6 s
     created = {k: 1000.0 + k / 10 for k in range(100)}
     t = {k: c + 0.02 if k % 2 == 0 or not 3 <= c - 1000 + 0.02 < 6 else 1006.0 + k / 1000
@@ -200,3 +203,21 @@ def test_rabbitmq_reader_through_a_real_subprocess(tmp_path: Path) -> None:
         [gap] = asyncio.run(down.read())
         assert "messages" not in gap and gap["error"]
     assert down.erl_call is not None, "a broker that answers nothing is a gap, not a reason to give up erl_call"
+
+
+def test_the_fault_block_keeps_its_fields_and_adds_what_the_fault_is() -> None:
+    """run.json's ``fault`` block: every field it had, plus what the fault recorded of itself (schema 3)."""
+    run = SimpleNamespace(scenario=Scenario(pipeline="kafka", consumers=2, fault="postgres-restart@3s+1s"),
+                          settings=Settings(), stack=None, pipeline=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    block = inj.record(None)
+    assert {"spec", "kind", "target", "start_s", "duration_s", "extra_s", "keep_mb", "rows", "mode", "slot",
+            "debezium_properties", "extra_rows", "events", "accounting", "wal", "wal_summary", "max_retained_wal",
+            "guard", "invalidation", "backlog", "backlog_gaps", "backlog_peak", "consumer_lag", "phases",
+            "recovery_s", "recovery_bands", "excess_cpu"} <= set(block)
+    assert (block["kind"], block["duration_s"], block["debezium_properties"] is not None) == (
+        "postgres-restart", 1.0, True)
+    assert (block["family"], block["stops_service"], block["stops_source"], block["hit_consumers"]) == (
+        "service_restart", True, True, [])
+    assert inj.facts("takeover") == {"kind": "postgres-restart", "extra_rows": 0, "invalidation": None,
+                                     "claim": "takeover", "stops_source": True}

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from lab.faults.services import supervise
 from lab.measure.disk import Limits, Reading, SlotReading, trip
 from lab.runner.faults import FaultInjector
 from lab.scenario import Scenario
@@ -40,9 +41,10 @@ def procs() -> list[psutil.Popen]:
 
 
 def _injector(procs: list[psutil.Popen], fault: str) -> FaultInjector:
-    run = SimpleNamespace(scenario=Scenario(consumers=len(procs), fault=fault), consumers=procs)
-    inj = FaultInjector(run)
-    inj._t0 = time.monotonic()
+    run = SimpleNamespace(scenario=Scenario(consumers=len(procs), fault=fault), consumers=procs, procs={},
+                          settings=SimpleNamespace(max_retained_wal=1000), stack=None, pipeline=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj.state.start(time.monotonic())
     return inj
 
 
@@ -50,22 +52,22 @@ def test_stop_then_continue(procs: list[psutil.Popen]) -> None:
     inj = _injector(procs, "sink-outage@0s+200ms")
 
     async def go() -> None:
-        task = asyncio.create_task(inj._stop([0, 1], 0.2))
+        task = asyncio.create_task(inj.fault.inject(inj.ctx))
         await asyncio.sleep(0.05)
         assert all(p.status() == psutil.STATUS_STOPPED for p in procs)
-        assert len(inj.stopped) == 2
+        assert len(inj.state.stopped) == 2
         await task
 
     asyncio.run(go())
     assert all(_status(p) != psutil.STATUS_STOPPED for p in procs)
-    assert not inj.stopped and [e["what"] for e in inj.events] == ["stop", "resume"]
+    assert not inj.state.stopped and [e["what"] for e in inj.events] == ["stop", "resume"]
 
 
 def test_cancelled_stop_continues(procs: list[psutil.Popen]) -> None:
     inj = _injector(procs, "consumer-dead:1@0s+60s")
 
     async def go() -> None:
-        task = asyncio.create_task(inj._stop([1], 60))
+        task = asyncio.create_task(inj.fault.inject(inj.ctx))
         await asyncio.sleep(0.05)
         assert procs[1].status() == psutil.STATUS_STOPPED
         task.cancel()
@@ -73,16 +75,16 @@ def test_cancelled_stop_continues(procs: list[psutil.Popen]) -> None:
             await task
 
     asyncio.run(go())
-    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.stopped
+    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.state.stopped
 
 
 def test_restore_continues_what_is_still_stopped(procs: list[psutil.Popen]) -> None:
     inj = _injector(procs, "sink-outage@0s+60s")
     for p in procs:  # as if the loop died before the injection's own finally could run
         p.send_signal(signal.SIGSTOP)
-        inj.stopped.append(p)
+        inj.state.stopped.append(p)
     inj.restore()
-    assert all(_status(p) != psutil.STATUS_STOPPED for p in procs) and not inj.stopped
+    assert all(_status(p) != psutil.STATUS_STOPPED for p in procs) and not inj.state.stopped
     assert inj.events[-1]["what"] == "continued by cleanup"
     assert inj.events[-1]["pids"] == [p.pid for p in procs]
 
@@ -96,23 +98,26 @@ def test_the_disk_guard_ends_the_fault_and_continues_the_stopped(procs: list[psu
     assert hit is not None
 
     async def go() -> None:
-        task = asyncio.create_task(inj._stop([1], 600))
-        inj._tasks = [task]
+        task = asyncio.create_task(inj.fault.inject(inj.ctx))
+        inj._inject = task
         await asyncio.sleep(0.05)
         assert procs[1].status() == psutil.STATUS_STOPPED
         inj.check()  # nothing tripped yet
         inj.disk_guard_tripped(hit)
         inj.disk_guard_tripped({**hit, "error": "a second trip is ignored"})
+        assert inj._guard_task is not None
+        await inj._guard_task
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(go())
-    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.stopped
-    assert inj.guard is hit
+    assert _status(procs[1]) != psutil.STATUS_STOPPED and not inj.state.stopped
+    assert inj.samplers.guard is hit
     with pytest.raises(Exception, match="disk guard: slot s1 retains 940 bytes"):
         inj.check()
     events = [e["what"] for e in inj.events]
-    assert events[:2] == ["stop", "disk guard"] and inj.events[1]["slot"] == "s1"
+    assert events[0] == "stop" and "disk guard" in events and "continued by the disk guard" in events
+    assert next(e for e in inj.events if e["what"] == "disk guard")["slot"] == "s1"
 
 
 def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object) -> None:
@@ -139,12 +144,13 @@ def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object)
         scenario=Scenario(consumers=n, fault="postgres-restart@0s", ready_timeout_s=5), consumers=list(exited),
         pipeline=SimpleNamespace(cdc_sink=None), respawning=set(), scratch=scratch,
         settings=SimpleNamespace(stack_dir=scratch / "stack"), spawn_consumer=spawn_consumer,
-        attach_consumer=lambda i, p: None)
-    inj = FaultInjector(run)
-    inj._t0 = time.monotonic()
+        attach_consumer=lambda i, p: None, stack=None)
+    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj.state.start(time.monotonic())
 
     async def go() -> None:
-        task = asyncio.create_task(inj._supervise())
+        supervise(inj.ctx)
+        task = inj.state.helpers[0]
         deadline = time.monotonic() + 4
         while sum(e["what"] == "replacement ready" for e in inj.events) < n:
             assert time.monotonic() < deadline, [e["what"] for e in inj.events]

@@ -172,12 +172,13 @@ def test_a_loss_under_the_reference_claim_points_at_takeover() -> None:
 def test_a_postgres_restart_counts_refused_inserts_as_not_sent() -> None:
     counters = {"sent": 95, "send_failed": 5}
     acc = {"messages": 96, "lost": 0, "foreign": 0, "adds_up": True}
-    v = judge(counters, 100, fault=FaultFacts("postgres-restart"), accounting=acc)
+    v = judge(counters, 100, fault=FaultFacts("postgres-restart", stops_source=True), accounting=acc)
     assert v.success and v.accounting is not None
     got = v.accounting
     assert (got["not_sent"], got["rows_without_reply"], got["acknowledged_absent"]) == (5, 1, 0)
     assert "not_sent" not in acc  # the input is not changed
-    v = judge({"sent": 95, "send_failed": 4}, 100, fault=FaultFacts("postgres-restart"), accounting=acc)
+    v = judge({"sent": 95, "send_failed": 4}, 100, fault=FaultFacts("postgres-restart", stops_source=True),
+              accounting=acc)
     assert not v.success and v.reasons == ("sent+send_failed=99 != messages=100",)
     # elsewhere a refused insert is a failure
     v = judge(counters, 100, fault=FaultFacts("consumer-kill"), accounting={**acc, "messages": 100})

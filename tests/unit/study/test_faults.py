@@ -15,8 +15,9 @@ import pytest
 import lab.cli
 import lab.runner
 from lab.cli import build_parser, main
+from lab.faults import KINDS, check, fault_for
 from lab.results import write_run
-from lab.scenario import FAULT_KINDS, Scenario
+from lab.scenario import Scenario, parse_fault
 from lab.settings import Settings
 from lab.study import faults
 from lab.study.series import Step
@@ -34,19 +35,20 @@ PIPES = ["kafka", "rabbitmq", "wal", "wal-sharded", "poll", "wal-filtered", "wal
 
 def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each() -> None:
     plan = faults.plan("quick")
-    assert sorted(faults.KIND_ORDER + faults.HA_KINDS) == sorted(FAULT_KINDS)  # every kind the runner knows, once
+    assert sorted(faults.KIND_ORDER + faults.HA_KINDS) == sorted(KINDS)  # every kind the runner knows, once
     clean = [s for s in plan if not s.fault]
     assert [s.pipeline for s in clean] == [*PIPES, "kafka-share"] and plan[-len(PIPES) - 1:] == clean
-    cells = {(s.pipeline, s.parsed_fault.kind) for s in plan if s.fault}  # type: ignore[union-attr]
+    cells = {(s.pipeline, parse_fault(s.fault).kind) for s in plan if s.fault}
     every = {(p, k) for p in PIPES for k in faults.KIND_ORDER}
     assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + 1 + len(every) - len(PAIRS_LEFT_OUT) == 61
     left = faults.inapplicable("quick")
     no_faults = {("kafka-share", k) for k in faults.KIND_ORDER}
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT | no_faults
-    assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why or "reads no WAL" in why
-               or "relay" in why or "kafka-share has no fault runs" in why for _, _, why in left)
+    assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why
+               or "walsender-kill needs a slot" in why or "relay" in why or "kafka-share has no fault runs" in why
+               for _, _, why in left)
     # fault kinds outer, pipelines inner: an interrupted matrix has compared the pipelines on what it reached
-    kinds = [s.parsed_fault.kind for s in plan if s.fault]  # type: ignore[union-attr]
+    kinds = [parse_fault(s.fault).kind for s in plan if s.fault]
     assert kinds == sorted(kinds, key=faults.KIND_ORDER.index)
     assert {(s.consumers, s.messages, s.rate, s.label, s.producer, s.consumer_layout) for s in plan} == {
         (2, 2400, 200.0, "faults", "web", "processes")}
@@ -55,7 +57,7 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
 
 def test_targeted_faults_hit_consumer_1_and_debeziums_walsender_has_no_target() -> None:
     for s in faults.plan("quick"):
-        f = s.parsed_fault
+        f = fault_for(s)
         if f is None:
             continue
         if f.kind in ("consumer-kill", "consumer-dead", "consumer-slow", "slot-invalidation") or (
@@ -72,7 +74,7 @@ def test_targeted_faults_hit_consumer_1_and_debeziums_walsender_has_no_target() 
 def test_profile_sizes() -> None:
     smoke, quick, full = (faults.profile(n) for n in ("smoke", "quick", "full"))
     plan = faults.plan("smoke")
-    assert [(s.pipeline, s.parsed_fault.kind) for s in plan] == [  # type: ignore[union-attr]
+    assert [(s.pipeline, parse_fault(s.fault).kind) for s in plan] == [
         ("wal", "consumer-dead"), ("kafka", "consumer-dead"), ("wal", "consumer-kill"), ("kafka", "consumer-kill")]
     # make test: a handful of short runs (a broker run pays ~20 s of Debezium start on top of its sends)
     assert len(plan) * (smoke.sends_s + 25) < 4 * 60
@@ -95,12 +97,12 @@ def test_pipelines_and_series_ids() -> None:
     assert faults.inapplicable("smoke") == []
 
 
-def test_candidates_leave_the_choice_to_the_scenario_validation() -> None:
+def test_candidates_leave_the_choice_to_the_faults_check() -> None:
     q = faults.profile("quick")
     assert faults.candidates("debezium-kill", q) == ["debezium-kill:1@3s", "debezium-kill@3s"]
     assert faults.candidates("postgres-restart", q)[1] == "postgres-restart@3s+2s"
     with pytest.raises(ValueError, match="takes no :TARGET"):
-        Scenario(pipeline="kafka", consumers=2, rate=200.0, fault=faults.candidates("debezium-kill", q)[0])
+        check(Scenario(pipeline="kafka", consumers=2, rate=200.0, fault=faults.candidates("debezium-kill", q)[0]))
 
 
 # --- running it: resume, findings, a cell that raises ---------------------------------------------
@@ -274,8 +276,14 @@ def test_where_the_backlog_lives() -> None:
 
 def test_sink_outage_has_no_healthy_consumer() -> None:
     run = _new_kafka_dead()
-    run["fault"]["kind"], run["fault"]["target"] = "sink-outage", None
+    run["fault"]["kind"], run["fault"]["target"] = "sink-outage", None  # recorded before hit_consumers
+    assert math.isnan(faults.cell_row(run)["healthy_lag_peak"]) and faults.cell_row(run)["hit"] == "all"
+    run = _new_kafka_dead()  # what the fault recorded decides, not its kind
+    run["fault"].update(family="consumer_stop", stops_service=False, stops_source=False, hit_consumers=[0, 1])
     assert math.isnan(faults.cell_row(run)["healthy_lag_peak"])
+    run["fault"]["hit_consumers"] = [1]
+    row = faults.cell_row(run)
+    assert not math.isnan(row["healthy_lag_peak"]) and (row["family"], row["hit"]) == ("consumer_stop", "one")
 
 
 def test_matrix_table_a_failed_cell_and_a_cell_that_never_stored_a_run() -> None:
@@ -371,7 +379,7 @@ def test_lab_faults_runs_the_matrix_prints_it_and_fails_only_when_a_cell_could_n
             raise RuntimeError("no debezium")
         result = {"run_id": f"r{meta['series_index']}", "started_at": str(meta["series_index"]),  # type: ignore[index]
                   "scenario": scenario.as_parameters(), "success": scenario.pipeline == "wal", "error": None,
-                  "fault": {"kind": scenario.parsed_fault.kind, "accounting": {"lost": 0, "extra_calls": 3}},  # type: ignore[union-attr]
+                  "fault": {"kind": parse_fault(scenario.fault).kind, "accounting": {"lost": 0, "extra_calls": 3}},
                   **(meta or {})}
         write_run(result, settings=settings)
         return result

@@ -1,0 +1,86 @@
+"""A service stopped and started again: ``broker-restart@T[+D]`` (the pipeline's broker; a
+pipeline with a CDC sink) and ``postgres-restart@T[+D]`` (a fast shutdown of PostgreSQL), each
+started again after D (default 0). One code with a parameter (which service), two kinds.
+
+Stop through the stack, wait D, start again and wait until it serves (after PostgreSQL's, until
+Debezium holds its slot again). Debezium is left to recover by itself (its retriable errors
+restart its task); from the stop to the end of the drain the lab supervises
+(:mod:`lab.faults.services`). A service that it stopped and did not start again (the run failed
+or was cancelled meanwhile) is started by :meth:`BaseFault.restore`; a restarted service's
+processes are moved into their participant's cgroup. It resumes at the first work call after
+the service started."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lab.faults.base import BaseFault, FaultContext, FaultState
+from lab.faults.services import held_again, supervise
+from lab.measure.recovery import first_call_after
+from lab.pipelines import PIPELINES
+from lab.scenario import Scenario
+from lab.settings import Settings
+from lab.stack.debezium import SLOT
+
+if TYPE_CHECKING:
+    from lab.pipelines.base import PipelineFactory
+
+
+@dataclass
+class ServiceRestart(BaseFault):
+    family: ClassVar[str] = "service_restart"
+    lasting: ClassVar[str] = "optional"  # the outage before the start
+    native_only: ClassVar[bool] = True
+    stops_service: ClassVar[bool] = True
+
+    def service(self, pipeline: PipelineFactory) -> str:
+        """The stack's service it restarts."""
+        raise NotImplementedError
+
+    async def inject(self, ctx: FaultContext) -> None:
+        name, stack, state = self.service(PIPELINES[ctx.scenario.pipeline]), ctx.stack, ctx.state
+        supervise(ctx)
+        state.down.append(name)
+        t0 = time.monotonic()
+        await asyncio.to_thread(stack.stop_service, name)
+        state.event("service stopped", service=name, stop_s=round(time.monotonic() - t0, 3))
+        await asyncio.sleep(self.duration_s)
+        await asyncio.to_thread(stack.start_service, name)
+        state.down.remove(name)
+        ctx.attach(name)
+        state.event("service started", service=name)
+        sink = ctx.pipeline.cdc_sink
+        if sink is None or not self.stops_source:  # a broker restart leaves Debezium's source side alone
+            return
+        # Debezium's connections broke: it restarts its task after a retriable error (or its JVM
+        # exits, and the supervision starts it again); resumed once it holds its slot again
+        await held_again(ctx, SLOT[sink], None, f"{name} started")
+
+    def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:
+        started = state.at().get("service started")
+        return None if started is None else first_call_after(arrivals["t"], started, arrivals.get("by"), None)
+
+
+@dataclass
+class BrokerRestart(ServiceRestart):
+    kind: ClassVar[str] = "broker-restart"
+
+    def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
+        return self.needs_debezium(scenario, pipeline) or super().refusal(scenario, pipeline, settings)
+
+    def service(self, pipeline: PipelineFactory) -> str:
+        assert pipeline.cdc_sink is not None
+        return pipeline.cdc_sink  # the broker Debezium writes to is the service of that name
+
+
+@dataclass
+class PostgresRestart(ServiceRestart):
+    kind: ClassVar[str] = "postgres-restart"
+    stops_source: ClassVar[bool] = True
+
+    def service(self, pipeline: PipelineFactory) -> str:
+        return "postgres"
