@@ -208,34 +208,34 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 
 def _faults(args: argparse.Namespace, settings: Settings) -> int:
 
-    from lab.study import faults, series
+    from lab.study import fault_matrix, series
 
     pipelines = series.parse_pipelines(args.pipelines)
-    plan = faults.plan(args.profile, pipelines=pipelines)
-    sid = args.series_id or faults.default_series_id(args.profile, pipelines=pipelines)
-    _say(f"fault matrix {sid}: {len(plan)} runs ({faults.PROFILES[args.profile].description})")
-    for pipeline, kind, why in faults.inapplicable(args.profile, pipelines=pipelines):
+    plan = fault_matrix.plan(args.profile, pipelines=pipelines)
+    sid = args.series_id or fault_matrix.default_series_id(args.profile, pipelines=pipelines)
+    _say(f"fault matrix {sid}: {len(plan)} runs ({fault_matrix.PROFILES[args.profile].description})")
+    for pipeline, kind, why in fault_matrix.inapplicable(args.profile, pipelines=pipelines):
         _say(f"  not applicable: {pipeline} {kind} ({why})")
     bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
 
     def progress(step: series.Step) -> None:
-        label = faults.cell_label(step.scenario)
+        label = fault_matrix.cell_label(step.scenario)
         if step.status in ("start", "phase"):
             bar.set_postfix(cell=f"{label} {step.phase}".strip(), refresh=True)
             return
         tag = "done before" if step.status == "skipped" else "run"
-        bar.write(f"[{step.index + 1}/{step.total}] {label} ({tag}): {faults.outcome(step.result or {})}",
+        bar.write(f"[{step.index + 1}/{step.total}] {label} ({tag}): {fault_matrix.outcome(step.result or {})}",
                   file=sys.stderr)
         bar.update(1)
 
     try:
-        results = run_interruptible(faults.run_matrix(plan, settings, series_id=sid, force=args.force,
+        results = run_interruptible(fault_matrix.run_matrix(plan, settings, series_id=sid, force=args.force,
                                                 retry_failed=args.retry_failed, progress=progress))
     finally:
         bar.close()
-    table = faults.matrix_table(results)
+    table = fault_matrix.matrix_table(results)
     sys.stdout.write(presentation.matrix_text(table))
-    unrun = [faults.cell_label(s) for s, r in zip(plan, results, strict=True) if not r.get("run_id")]
+    unrun = [fault_matrix.cell_label(s) for s, r in zip(plan, results, strict=True) if not r.get("run_id")]
     failed = int((~table["success"]).sum())
     _say(f"fault matrix {sid}: {len(results)} cells, {failed} failed (a failed run is a finding: its error "
          f"is in the table's run), {len(unrun)} could not run{': ' + '; '.join(unrun) if unrun else ''}; "
@@ -505,7 +505,7 @@ def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> N
 
 
 def _faults_options(parser: argparse.ArgumentParser) -> None:
-    from lab.study.faults import PROFILES
+    from lab.study.fault_matrix import PROFILES
 
     parser.add_argument("--profile", choices=list(PROFILES), default="quick",
                         help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))

@@ -104,7 +104,7 @@ class FaultState:
 
 
 class FaultContext(Protocol):
-    """What the runner gives a fault while it runs (:class:`lab.runner.faults.RunFaultContext`)."""
+    """What the runner gives a fault while it runs (:class:`lab.runner.fault_driver.RunFaultContext`)."""
 
     settings: Settings
     stack: Stack

@@ -1,5 +1,5 @@
 """What a fault run measures after the fact: per-consumer lag, the before / during /
-after phases, and the recovery time. Pure functions (no I/O): :mod:`lab.runner.faults` gives them
+after phases, and the recovery time. Pure functions (no I/O): :mod:`lab.runner.fault_driver` gives them
 the web service's arrivals, the ``created_at`` of every outbox row and the sampler's timeline.
 
 Clock: every time here is **seconds after the senders' gate** (``t_s``), the clock of the WAL and

@@ -9,7 +9,7 @@ The run is a failure, stored with its error, when anything in the Success predic
 the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
 work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
 the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`). With a fault (``Scenario.fault``,
-injected during the drain by :mod:`lab.runner.faults`, the kinds in :mod:`lab.faults`) the predicate
+injected during the drain by :mod:`lab.runner.fault_driver`, the kinds in :mod:`lab.faults`) the predicate
 becomes at-least-once, proven by :mod:`lab.runner.accounting`. Both are :func:`lab.runner.verdict.judge`,
 where they are spelled out.
 
@@ -44,7 +44,7 @@ from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
 from lab.runner.assembly import assemble
 from lab.runner.context import Progress, RunContext
-from lab.runner.faults import FaultInjector
+from lab.runner.fault_driver import FaultInjector
 from lab.runner.phases import RunPhases
 from lab.runner.processes import RunError, RunProcesses
 from lab.runner.readings import RunReadings, interpolate

@@ -21,7 +21,7 @@ from lab.settings import Settings
 from lab.stack.base import Stack
 
 if TYPE_CHECKING:
-    from lab.runner.faults import FaultInjector
+    from lab.runner.fault_driver import FaultInjector
 
 Progress = Callable[[str, dict[str, Any]], None]
 

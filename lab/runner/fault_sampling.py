@@ -5,7 +5,7 @@ what its decoding spilled to disk (``spill_txns``, ``spill_bytes`` of ``pg_stat_
 With a broker, :meth:`FaultSampling.watch_backlog` samples the broker's backlog once a second too
 (:mod:`lab.pipelines.backlog`: the Kafka group's lag, the quorum queue's ready + unacknowledged);
 a reading that fails while the broker restarts is a gap (``backlog_gaps``), never a failure.
-After the run, :meth:`lab.runner.faults.FaultInjector.analysis` adds the per-consumer lag, the before / during /
+After the run, :meth:`lab.runner.fault_driver.FaultInjector.analysis` adds the per-consumer lag, the before / during /
 after phases (rate, CPU per message per participant, latency) and the recovery time
 (:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
@@ -16,7 +16,7 @@ stopped process continued, a lowered keep size restored, the senders killed), an
 the guard's line.
 
 :class:`FaultSampling` is a component the runner's fault driver owns
-(:class:`lab.runner.faults.FaultInjector`), not a part of any fault.
+(:class:`lab.runner.fault_driver.FaultInjector`), not a part of any fault.
 """
 
 from __future__ import annotations

@@ -207,11 +207,11 @@ MATRIX_COLUMNS = ("pipeline", "spec", "success", "lost", "duplicates", "max_burs
 
 def matrix_text(table: pd.DataFrame) -> str:
     """A fault matrix as ``lab faults`` prints it: one row per cell, then one per pipeline
-    (:func:`lab.study.faults.matrix_table`)."""
-    from lab.study import faults
+    (:func:`lab.study.fault_matrix.matrix_table`)."""
+    from lab.study import fault_matrix
 
-    return (faults.shown(table[list(MATRIX_COLUMNS)]).to_string(index=False) + "\n\n"
-            + faults.shown(faults.by_pipeline(table)).to_string(index=False) + "\n")
+    return (fault_matrix.shown(table[list(MATRIX_COLUMNS)]).to_string(index=False) + "\n\n"
+            + fault_matrix.shown(fault_matrix.by_pipeline(table)).to_string(index=False) + "\n")
 
 
 def series_text(results: Sequence[dict[str, Any]]) -> str:

@@ -112,7 +112,7 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
              "control": {"messages": 20_000, "consumers": "2,4,8", "pipelines": "kafka,rabbitmq,wal",
                          "cooldown_s": 20.0}},
 }
-# The insulation matrix (lab.study.faults) at the profile's size: smoke's 4 runs (wal and
+# The insulation matrix (lab.study.fault_matrix) at the profile's size: smoke's 4 runs (wal and
 # kafka x a dead and a killed consumer, ~2-3 min), quick's publishable 47 runs (~25-30 min on 2
 # cores), full's 60 s faults. The reference profile is the article's sweep, which had no faults: it
 # gets the quick matrix (full's would more than double its time).

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from lab.settings import Settings
-from lab.study import crossover, faults, series
+from lab.study import crossover, fault_matrix, series
 from lab.study.report import build_report, execute_notebook
 
 pytestmark = pytest.mark.notebooks
@@ -240,7 +240,7 @@ def test_report_runs_the_smoke_fault_matrix(smoke_report: tuple[Path, str], sett
     """The smoke matrix (make test's): wal and kafka x a dead and a killed consumer on the real stack,
     every message accounted for; the table, the WAL figure and the reading are on the page."""
     out, sid = smoke_report
-    plan = faults.plan("smoke")
+    plan = fault_matrix.plan("smoke")
     table = pd.read_csv(out / "faults.csv")
     assert list(zip(table["pipeline"], table["spec"], strict=True)) == [(s.pipeline, s.fault) for s in plan]
     failed = table.loc[~table["success"].astype(bool), ["pipeline", "spec", "error"]]

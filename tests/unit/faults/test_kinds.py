@@ -16,7 +16,7 @@ from lab.faults.base import LASTING, PARAMS, TARGETS
 from lab.pipelines import PIPELINES
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.study.faults import HA_KINDS, KIND_ORDER
+from lab.study.fault_matrix import HA_KINDS, KIND_ORDER
 
 SINGLE, HA = Settings(), Settings().replace(topology="ha")
 COMPOSE = HA.replace(backend="compose")  # ha too: only the backend refuses

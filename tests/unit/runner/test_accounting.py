@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lab.runner.accounting import account, adds_up, first_call_after, id_ranges, ids_of, longest_stall_after
-from lab.runner.faults import wal_summary
+from lab.runner.fault_driver import wal_summary
 
 
 def test_clean_run_is_all_once() -> None:

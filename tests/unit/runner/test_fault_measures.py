@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from lab.pipelines.backlog import KafkaBacklog, parse_erl_call, queue_expression
-from lab.runner.faults import FaultInjector, wal_summary
+from lab.runner.fault_driver import FaultInjector, wal_summary
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.study.presentation import fault_line, phases_line

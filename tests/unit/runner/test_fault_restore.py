@@ -14,7 +14,7 @@ import pytest
 
 from lab.faults.services import supervise
 from lab.measure.disk import Limits, Reading, SlotReading, trip
-from lab.runner.faults import FaultInjector
+from lab.runner.fault_driver import FaultInjector
 from lab.scenario import Scenario
 
 

@@ -12,7 +12,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from lab.results import new_report_id, report_dir
 from lab.settings import Settings
-from lab.study import faults, report, slow_work
+from lab.study import fault_matrix, report, slow_work
 
 RESULT = {
     "run_id": "r1", "success": True, "error": None, "window_s": 2.0, "cpu_ms_per_msg": 4.0,
@@ -120,13 +120,13 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     assert dict(calls)["control"]["pipelines"] == "wal,kafka"  # a restricted report restricts it too
     assert dict(calls)["control"]["consumers"] == "2,8"
     assert (dict(calls)["faults"]["profile"], dict(calls)["faults"]["pipelines"]) == ("quick", "wal,kafka")
-    assert report.report_series("quick", "quick")["faults"] == faults.default_series_id("quick") == "faults-quick"
+    assert report.report_series("quick", "quick")["faults"] == fault_matrix.default_series_id("quick") == "faults-quick"
 
 
 def test_every_profile_has_a_fault_matrix_and_reference_gets_quick() -> None:
     assert {p: report.EXTRAS[p]["faults"]["profile"] for p in report.EXTRAS} == {
         "smoke": "smoke", "quick": "quick", "full": "full", "reference": "quick", "decision": "quick"}
-    assert all(e["faults"]["profile"] in faults.PROFILES for e in report.EXTRAS.values())
+    assert all(e["faults"]["profile"] in fault_matrix.PROFILES for e in report.EXTRAS.values())
 
 
 def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:

@@ -19,7 +19,7 @@ from lab.faults import KINDS, check, fault_for
 from lab.results import write_run
 from lab.scenario import Scenario, parse_fault
 from lab.settings import Settings
-from lab.study import faults
+from lab.study import fault_matrix
 from lab.study.series import Step
 
 DIRECT = ("wal", "wal-sharded", "wal-filtered")
@@ -34,29 +34,29 @@ PIPES = ["kafka", "rabbitmq", "wal", "wal-sharded", "poll", "wal-filtered", "wal
 # --- the plan -------------------------------------------------------------------------------------
 
 def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each() -> None:
-    plan = faults.plan("quick")
-    assert sorted(faults.KIND_ORDER + faults.HA_KINDS) == sorted(KINDS)  # every kind the runner knows, once
+    plan = fault_matrix.plan("quick")
+    assert sorted(fault_matrix.KIND_ORDER + fault_matrix.HA_KINDS) == sorted(KINDS)  # every kind the runner knows, once
     clean = [s for s in plan if not s.fault]
     assert [s.pipeline for s in clean] == [*PIPES, "kafka-share"] and plan[-len(PIPES) - 1:] == clean
     cells = {(s.pipeline, parse_fault(s.fault).kind) for s in plan if s.fault}
-    every = {(p, k) for p in PIPES for k in faults.KIND_ORDER}
+    every = {(p, k) for p in PIPES for k in fault_matrix.KIND_ORDER}
     assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + 1 + len(every) - len(PAIRS_LEFT_OUT) == 61
-    left = faults.inapplicable("quick")
-    no_faults = {("kafka-share", k) for k in faults.KIND_ORDER}
+    left = fault_matrix.inapplicable("quick")
+    no_faults = {("kafka-share", k) for k in fault_matrix.KIND_ORDER}
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT | no_faults
     assert all("needs Debezium and a broker" in why or "needs a direct reader's slot" in why
                or "walsender-kill needs a slot" in why or "relay" in why or "kafka-share has no fault runs" in why
                for _, _, why in left)
     # fault kinds outer, pipelines inner: an interrupted matrix has compared the pipelines on what it reached
     kinds = [parse_fault(s.fault).kind for s in plan if s.fault]
-    assert kinds == sorted(kinds, key=faults.KIND_ORDER.index)
+    assert kinds == sorted(kinds, key=fault_matrix.KIND_ORDER.index)
     assert {(s.consumers, s.messages, s.rate, s.label, s.producer, s.consumer_layout) for s in plan} == {
         (2, 2400, 200.0, "faults", "web", "processes")}
     assert {s.claim for s in plan} == {"takeover"}
 
 
 def test_targeted_faults_hit_consumer_1_and_debeziums_walsender_has_no_target() -> None:
-    for s in faults.plan("quick"):
+    for s in fault_matrix.plan("quick"):
         f = fault_for(s)
         if f is None:
             continue
@@ -65,15 +65,15 @@ def test_targeted_faults_hit_consumer_1_and_debeziums_walsender_has_no_target() 
             assert f.target == 1, s.fault
         else:
             assert f.target is None, s.fault
-    specs = {(s.pipeline, s.fault) for s in faults.plan("quick")}
+    specs = {(s.pipeline, s.fault) for s in fault_matrix.plan("quick")}
     assert ("kafka", "walsender-kill@3s") in specs and ("wal", "walsender-kill:1@3s") in specs
     assert ("wal", "consumer-slow=20ms:1@3s+4s") in specs and ("kafka", "big-transaction=5000@3s") in specs
     assert ("rabbitmq", "broker-restart@3s+2s") in specs and ("wal", "sink-outage@3s+4s") in specs
 
 
 def test_profile_sizes() -> None:
-    smoke, quick, full = (faults.profile(n) for n in ("smoke", "quick", "full"))
-    plan = faults.plan("smoke")
+    smoke, quick, full = (fault_matrix.profile(n) for n in ("smoke", "quick", "full"))
+    plan = fault_matrix.plan("smoke")
     assert [(s.pipeline, parse_fault(s.fault).kind) for s in plan] == [
         ("wal", "consumer-dead"), ("kafka", "consumer-dead"), ("wal", "consumer-kill"), ("kafka", "consumer-kill")]
     # make test: a handful of short runs (a broker run pays ~20 s of Debezium start on top of its sends)
@@ -83,26 +83,26 @@ def test_profile_sizes() -> None:
         assert p.consumers == 2 and p.rate == 200.0
     assert smoke.messages < quick.messages < full.messages and quick.big_rows < full.big_rows == 100_000
     assert full.duration_s >= 60  # long enough for WAL pinning and its slope
-    assert len(faults.plan("full")) == len(faults.plan("quick"))
+    assert len(fault_matrix.plan("full")) == len(fault_matrix.plan("quick"))
     with pytest.raises(ValueError, match="unknown fault profile 'huge'"):
-        faults.plan("huge")
+        fault_matrix.plan("huge")
 
 
 def test_pipelines_and_series_ids() -> None:
-    assert faults.default_series_id("quick") == "faults-quick"
-    assert faults.default_series_id("smoke") == "faults-smoke"  # its own two pipelines are the default
-    assert faults.default_series_id("quick", pipelines=["wal", "kafka"]) == "faults-quick-wal+kafka"
-    only = faults.plan("quick", pipelines=["wal"])
+    assert fault_matrix.default_series_id("quick") == "faults-quick"
+    assert fault_matrix.default_series_id("smoke") == "faults-smoke"  # its own two pipelines are the default
+    assert fault_matrix.default_series_id("quick", pipelines=["wal", "kafka"]) == "faults-quick-wal+kafka"
+    only = fault_matrix.plan("quick", pipelines=["wal"])
     assert {s.pipeline for s in only} == {"wal"} and len(only) == 8 + 1
-    assert faults.inapplicable("smoke") == []
+    assert fault_matrix.inapplicable("smoke") == []
 
 
 def test_candidates_leave_the_choice_to_the_faults_check() -> None:
-    q = faults.profile("quick")
-    assert faults.candidates("debezium-kill", q) == ["debezium-kill:1@3s", "debezium-kill@3s"]
-    assert faults.candidates("postgres-restart", q)[1] == "postgres-restart@3s+2s"
+    q = fault_matrix.profile("quick")
+    assert fault_matrix.candidates("debezium-kill", q) == ["debezium-kill:1@3s", "debezium-kill@3s"]
+    assert fault_matrix.candidates("postgres-restart", q)[1] == "postgres-restart@3s+2s"
     with pytest.raises(ValueError, match="takes no :TARGET"):
-        check(Scenario(pipeline="kafka", consumers=2, rate=200.0, fault=faults.candidates("debezium-kill", q)[0]))
+        check(Scenario(pipeline="kafka", consumers=2, rate=200.0, fault=fault_matrix.candidates("debezium-kill", q)[0]))
 
 
 # --- running it: resume, findings, a cell that raises ---------------------------------------------
@@ -121,7 +121,7 @@ def _store(settings: Settings, s: Scenario, sid: str, *, ok: bool, stamp: str) -
 def test_run_matrix_keeps_failed_runs_as_findings_and_goes_on_after_a_cell_that_raised(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = _settings(tmp_path)
-    plan = faults.plan("smoke")
+    plan = fault_matrix.plan("smoke")
     done = _store(settings, plan[0], "m", ok=True, stamp="2026-01-01T00")
     finding = _store(settings, plan[3], "m", ok=False, stamp="2026-01-01T01")  # kafka consumer-kill lost some
     _store(settings, plan[1], "other", ok=True, stamp="2026-01-01T02")  # another series: not ours
@@ -137,26 +137,27 @@ def test_run_matrix_keeps_failed_runs_as_findings_and_goes_on_after_a_cell_that_
 
     monkeypatch.setattr(lab.runner, "run_scenario", recorder)
     steps: list[Step] = []
-    results = asyncio.run(faults.run_matrix(plan, settings, series_id="m", progress=steps.append))
+    results = asyncio.run(fault_matrix.run_matrix(plan, settings, series_id="m", progress=steps.append))
     assert ran == [plan[1], plan[2]]  # the stored success and the stored finding are not run again
     assert results[0]["run_id"] == done["run_id"] and results[3]["run_id"] == finding["run_id"]
     assert results[2]["run_id"] is None and results[2]["error"] == "RuntimeError: stack not up"
     assert not results[2]["success"] and results[2]["series_id"] == "m"  # recorded, and the matrix went on
     assert [s.status for s in steps if s.status != "start"] == ["skipped", "done", "done", "skipped"]
-    assert [r["run_id"] for r in faults.stored(plan, settings, series_id="m")] == [done["run_id"], finding["run_id"]]
+    stored = fault_matrix.stored(plan, settings, series_id="m")
+    assert [r["run_id"] for r in stored] == [done["run_id"], finding["run_id"]]
     ran.clear()
-    asyncio.run(faults.run_matrix(plan, settings, series_id="m", retry_failed=True))
+    asyncio.run(fault_matrix.run_matrix(plan, settings, series_id="m", retry_failed=True))
     assert ran == [plan[1], plan[2], plan[3]]  # the finding is retried, the success is not
     ran.clear()
-    asyncio.run(faults.run_matrix(plan, settings, series_id="m", force=True))
+    asyncio.run(fault_matrix.run_matrix(plan, settings, series_id="m", force=True))
     assert ran == plan
 
 
 def test_outcome_lines() -> None:
     run = {"success": True, "window_s": 12.0, "cpu_ms_per_msg": 1.5,
            "fault": {"accounting": {"lost": 0, "extra_calls": 14, "time_to_resume_s": 3.3}}}
-    assert faults.outcome(run) == "ok; lost 0, duplicates 14; resumed after 3.30 s; 1.5 ms CPU/msg"
-    assert faults.outcome({"success": False, "error": "RuntimeError: x"}) == "FAILED (RuntimeError: x)"
+    assert fault_matrix.outcome(run) == "ok; lost 0, duplicates 14; resumed after 3.30 s; 1.5 ms CPU/msg"
+    assert fault_matrix.outcome({"success": False, "error": "RuntimeError: x"}) == "FAILED (RuntimeError: x)"
 
 
 # --- the tables ------------------------------------------------------------------------------------
@@ -225,8 +226,8 @@ def _rabbit_kill() -> dict[str, Any]:
 
 
 def test_an_old_fault_block_tabulates_with_nan_where_the_runner_did_not_measure() -> None:
-    row = faults.cell_row(_old_wal_dead(), {"wal": 2.0})
-    assert list(row) == list(faults.COLUMNS)
+    row = fault_matrix.cell_row(_old_wal_dead(), {"wal": 2.0})
+    assert list(row) == list(fault_matrix.COLUMNS)
     got = (row["pipeline"], row["fault"], row["spec"], row["success"])
     assert got == ("wal", "consumer-dead", "consumer-dead:1@3s+4s", True)
     assert (row["lost"], row["duplicates"], row["max_burst"], row["resume_s"]) == (0, 0, 0, 0.16)
@@ -241,8 +242,8 @@ def test_an_old_fault_block_tabulates_with_nan_where_the_runner_did_not_measure(
 
 
 def test_the_new_keys_fill_backlog_lag_recovery_and_the_cpu_of_recovery() -> None:
-    row = faults.cell_row(_new_kafka_dead(), {"kafka": 1.5})
-    assert faults.fault_window(_new_kafka_dead()) == (3.0, 7.0)  # the "during" phase, not the events
+    row = fault_matrix.cell_row(_new_kafka_dead(), {"kafka": 1.5})
+    assert fault_matrix.fault_window(_new_kafka_dead()) == (3.0, 7.0)  # the "during" phase, not the events
     assert row["backlog_where"] == "broker" and row["broker_backlog_peak"] == 800
     assert row["healthy_lag_peak"] == 40 and row["healthy_lag_peak_s"] == 0.2  # consumer 0 only: 1 was hit
     assert row["recovery_s"] == 2.4 and row["p99_during_ms"] == 4100.0
@@ -252,37 +253,37 @@ def test_the_new_keys_fill_backlog_lag_recovery_and_the_cpu_of_recovery() -> Non
     run = _new_kafka_dead()  # the runner's own total, when it stores one, is the one used
     run["fault"]["phases"]["after"]["cpu_ms_per_msg_total"] = 3.0
     run["fault"]["phases"]["before"]["cpu_ms_per_msg_total"] = None  # nothing delivered: the sum
-    assert faults.cell_row(run)["recovery_cpu_ms"] == pytest.approx(3.0 - 1.5)
+    assert fault_matrix.cell_row(run)["recovery_cpu_ms"] == pytest.approx(3.0 - 1.5)
     run["fault"]["phases"]["during"] = {"t0_s": 3.0, "t1_s": 7.0, "cpu_ms_per_msg": None, "latency_ms": None}
-    assert math.isnan(faults.cell_row(run)["p99_during_ms"])
+    assert math.isnan(fault_matrix.cell_row(run)["p99_during_ms"])
 
 
 def test_where_the_backlog_lives() -> None:
     run = _new_kafka_dead()
     run["fault"]["wal"] = _wal({"dbz_quorum_slot": lambda t: (0, 900_000 if t >= 3 else 2000)}, range(12))
-    assert faults.backlog_where(run)[0] == "source+broker"
+    assert fault_matrix.backlog_where(run)[0] == "source+broker"
     run["fault"]["backlog"] = [{"t_s": float(t), "where": "kafka", "messages": 30} for t in range(12)]
-    assert faults.backlog_where(run)[0] == "source"
+    assert fault_matrix.backlog_where(run)[0] == "source"
     run["fault"]["wal"] = _wal({"dbz_quorum_slot": lambda t: (0, 2000)}, range(12))
-    assert faults.backlog_where(run)[0] == "none"
-    assert faults.backlog_where({"fault": {"start_s": 3.0}})[0] == "—"  # nothing sampled
+    assert fault_matrix.backlog_where(run)[0] == "none"
+    assert fault_matrix.backlog_where({"fault": {"start_s": 3.0}})[0] == "—"  # nothing sampled
     del run["fault"]["backlog"]  # an older runner on a broker pipeline: the broker side is unknown
     run["pipeline_settings"] = {"debezium_sink": "kafka"}
-    assert faults.backlog_where(run)[0] == "none (broker not sampled)"
+    assert fault_matrix.backlog_where(run)[0] == "none (broker not sampled)"
     run["fault"]["wal"] = _wal({"dbz_quorum_slot": lambda t: (0, 900_000 if t >= 3 else 2000)}, range(12))
-    assert faults.backlog_where(run)[0] == "source (broker not sampled)"
-    assert faults.backlog_where({})[0] == "—"
+    assert fault_matrix.backlog_where(run)[0] == "source (broker not sampled)"
+    assert fault_matrix.backlog_where({})[0] == "—"
 
 
 def test_sink_outage_has_no_healthy_consumer() -> None:
     run = _new_kafka_dead()
     run["fault"]["kind"], run["fault"]["target"] = "sink-outage", None  # recorded before hit_consumers
-    assert math.isnan(faults.cell_row(run)["healthy_lag_peak"]) and faults.cell_row(run)["hit"] == "all"
+    assert math.isnan(fault_matrix.cell_row(run)["healthy_lag_peak"]) and fault_matrix.cell_row(run)["hit"] == "all"
     run = _new_kafka_dead()  # what the fault recorded decides, not its kind
     run["fault"].update(family="consumer_stop", stops_service=False, stops_source=False, hit_consumers=[0, 1])
-    assert math.isnan(faults.cell_row(run)["healthy_lag_peak"])
+    assert math.isnan(fault_matrix.cell_row(run)["healthy_lag_peak"])
     run["fault"]["hit_consumers"] = [1]
-    row = faults.cell_row(run)
+    row = fault_matrix.cell_row(run)
     assert not math.isnan(row["healthy_lag_peak"]) and (row["family"], row["hit"]) == ("consumer_stop", "one")
 
 
@@ -290,27 +291,27 @@ def test_matrix_table_a_failed_cell_and_a_cell_that_never_stored_a_run() -> None
     raised = {"run_id": None, "scenario": _scenario("wal", "consumer-kill:1@3s"), "success": False,
               "error": "RuntimeError: stack not up"}
     results = [_clean("wal", 2.0), _clean("kafka", 1.5), _old_wal_dead(), _new_kafka_dead(), _rabbit_kill(), raised]
-    t = faults.matrix_table(results)
-    assert list(t.columns) == list(faults.COLUMNS) and len(t) == 6
+    t = fault_matrix.matrix_table(results)
+    assert list(t.columns) == list(fault_matrix.COLUMNS) and len(t) == 6
     assert list(t["fault"]) == ["none", "none", "consumer-dead", "consumer-dead", "consumer-kill", "consumer-kill"]
     assert t.loc[2, "cpu_vs_clean_ms"] == pytest.approx(0.5) and t.loc[3, "cpu_vs_clean_ms"] == pytest.approx(0.4)
     assert math.isnan(t.loc[4, "cpu_vs_clean_ms"])  # no clean rabbitmq cell
     assert t.loc[4, "lost"] == 24 and not t.loc[4, "success"] and t.loc[4, "backlog_where"] == "—"  # no samples
     assert t.loc[5, "error"] == "RuntimeError: stack not up" and pd.isna(t.loc[5, "lost"])
     assert str(t["lost"].dtype) == "Int64" and str(t["duplicates"].dtype) == "Int64"  # counts stay whole
-    shown = faults.shown(t)
+    shown = fault_matrix.shown(t)
     assert shown.loc[5, "lost"] == "—" and shown.loc[4, "lost"] == 24
-    wal = faults.wal_table(results)
+    wal = fault_matrix.wal_table(results)
     assert list(wal["slot"]) == ["load_test_slot_0", "load_test_slot_1", "dbz_quorum_slot"]
     assert wal.loc[1, "slope_kb_s"] == pytest.approx(100_000 / 1024) and wal.loc[1, "back_in_band_s"] == 2.0
     assert wal.loc[2, "wal_status"] == "reserved"  # read from the samples when the summary has none
 
 
 def test_by_pipeline_sums_what_each_architecture_cost() -> None:
-    t = faults.matrix_table([_clean("wal", 2.0), _old_wal_dead(), _new_kafka_dead(), _rabbit_kill(),
+    t = fault_matrix.matrix_table([_clean("wal", 2.0), _old_wal_dead(), _new_kafka_dead(), _rabbit_kill(),
                              {**_rabbit_kill(), "run_id": "again",
                               "scenario": _scenario("rabbitmq", "sink-outage@3s+4s")}])
-    by = faults.by_pipeline(t).set_index("pipeline")
+    by = fault_matrix.by_pipeline(t).set_index("pipeline")
     assert list(by.index) == ["wal", "kafka", "rabbitmq"]  # the clean cell is not a fault cell
     assert by.loc["rabbitmq", "fault_cells"] == 2 and by.loc["rabbitmq", "cells_with_loss"] == 2
     assert by.loc["rabbitmq", "lost"] == 48 and by.loc["rabbitmq", "dead_consumer_backlog"] == "—"
@@ -320,9 +321,9 @@ def test_by_pipeline_sums_what_each_architecture_cost() -> None:
 
 
 def test_the_reading_is_computed_from_the_table() -> None:
-    t = faults.matrix_table([_clean("wal", 2.0), _clean("kafka", 1.5), _old_wal_dead(), _new_kafka_dead(),
+    t = fault_matrix.matrix_table([_clean("wal", 2.0), _clean("kafka", 1.5), _old_wal_dead(), _new_kafka_dead(),
                              _rabbit_kill()])
-    text = "\n".join(faults.reading(t))
+    text = "\n".join(fault_matrix.reading(t))
     assert "2 of 3 accounted cells lost nothing" in text and "rabbitmq consumer-kill (24)" in text
     assert "Duplicates** (re-worked, at-least-once): none in any cell." in text
     assert "wal: 0.77 MB at 97.7 KB/s, backlog in source" in text
@@ -331,28 +332,28 @@ def test_the_reading_is_computed_from_the_table() -> None:
     assert "median 2.4 s over 1 cells" in text and "wal +0.500" in text and "kafka +0.400" in text
     assert "load average of 3.0-5.0" in text
     t.loc[t["pipeline"] == "rabbitmq", "lost"] = 0
-    assert "3 of 3 accounted cells lost nothing." in "\n".join(faults.reading(t))
-    assert faults.reading(faults.matrix_table([_clean("wal", 2.0)])) == ["No fault cell has run yet."]
+    assert "3 of 3 accounted cells lost nothing." in "\n".join(fault_matrix.reading(t))
+    assert fault_matrix.reading(fault_matrix.matrix_table([_clean("wal", 2.0)])) == ["No fault cell has run yet."]
 
 
 def test_slope() -> None:
-    assert faults.slope([(0.0, 10.0), (1.0, 12.0), (2.0, 14.0)]) == pytest.approx(2.0)
-    assert math.isnan(faults.slope([(1.0, 3.0)])) and math.isnan(faults.slope([(1.0, 3.0), (1.0, 5.0)]))
+    assert fault_matrix.slope([(0.0, 10.0), (1.0, 12.0), (2.0, 14.0)]) == pytest.approx(2.0)
+    assert math.isnan(fault_matrix.slope([(1.0, 3.0)])) and math.isnan(fault_matrix.slope([(1.0, 3.0), (1.0, 5.0)]))
     kill = _old_wal_dead()  # a kill is over in 0.4 s: the slope still gets the samples of 3..6 s
     kill["fault"]["events"] = [{"what": "kill", "t_s": 3.0}, {"what": "replacement ready", "t_s": 3.4},
                                {"what": "continued by cleanup", "t_s": 11.0}]  # a cleanup is not the fault
-    assert faults.fault_window(kill) == (3.0, 3.4)
-    assert faults.cell_row(kill)["wal_slope_kb_s"] == pytest.approx(100_000 / 1024)
+    assert fault_matrix.fault_window(kill) == (3.0, 3.4)
+    assert fault_matrix.cell_row(kill)["wal_slope_kb_s"] == pytest.approx(100_000 / 1024)
 
 
 def test_figures_draw_what_was_sampled() -> None:
     results = [_old_wal_dead(), _new_kafka_dead(), _rabbit_kill()]
-    fig = faults.wal_figure(results)
+    fig = fault_matrix.wal_figure(results)
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["wal", "kafka"]
     assert len(fig.axes[0].get_lines()) == 2  # one line per slot
-    lag = faults.lag_figure(results)
+    lag = fault_matrix.lag_figure(results)
     assert len(lag.axes) == 1 and len(lag.axes[0].get_lines()) == 3  # two consumers and the broker
-    assert faults.lag_figure([_old_wal_dead()]) is None and faults.wal_figure([_rabbit_kill()]) is None
+    assert fault_matrix.lag_figure([_old_wal_dead()]) is None and fault_matrix.wal_figure([_rabbit_kill()]) is None
 
 
 # --- the CLI -----------------------------------------------------------------------------------------
@@ -394,6 +395,6 @@ def test_lab_faults_runs_the_matrix_prints_it_and_fails_only_when_a_cell_could_n
     assert main(["faults", "--profile", "smoke", "--series-id", "cli"]) == 0  # resumed: only kafka ran
     err = capsys.readouterr().err
     assert "[1/4] wal consumer-dead:1@2s+2s (done before): ok" in err and "2 failed" in err
-    table = faults.matrix_table(faults.stored(faults.plan("smoke"), settings, series_id="cli"))
+    table = fault_matrix.matrix_table(fault_matrix.stored(fault_matrix.plan("smoke"), settings, series_id="cli"))
     assert list(table["pipeline"]) == ["wal", "kafka", "wal", "kafka"] and table["duplicates"].eq(3).all()
     assert isinstance(table, pd.DataFrame)
