@@ -1,7 +1,7 @@
 """``debezium-kill@T`` (a pipeline with a CDC sink): SIGKILL Debezium Server, start it again
 through the stack from the slot and offsets file it kept (a fault run's Debezium is ``durable``,
 :data:`lab.stack.debezium.DURABLE`), wait until its slot streams. It resumes when the restarted
-Debezium holds its slot (for :data:`lab.faults.services.HELD_S` in a row)."""
+Debezium holds its slot (for :data:`lab.faults.supervision.HELD_S` in a row)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lab.faults.base import BaseFault, FaultContext, FaultState, RunStopped
-from lab.faults.services import held_again, start_debezium_again
+from lab.faults.supervision import held_again, start_debezium_again
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import SLOT

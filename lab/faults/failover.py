@@ -3,7 +3,7 @@ copy on the standby, stop the primary (MODE ``immediate``, the default: a crash,
 asynchronous standby had not received is gone; ``fast``: a fast shutdown streams every commit
 first, a planned switchover) and promote the standby. The direct readers, the consumers' claim
 connections, the web service's pool and the runner find the new primary through the DSN's host
-list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.services`);
+list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.supervision`);
 Debezium, which takes one host, is killed and started again pointed at the new primary, from
 its synced slot and its offsets. After the run's cleanup it fails back (:meth:`PostgresFailover.undo`:
 the promoted standby stops, the primary starts, the standby is rebuilt from it). Its resume
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import psycopg
 
 from lab.faults.base import RESUME_WAIT_S, BaseFault, FaultContext, FaultState, RunStopped
-from lab.faults.services import held_again, start_debezium_again, supervise
+from lab.faults.supervision import held_again, start_debezium_again, supervise
 from lab.measure.recovery import longest_stall_after
 from lab.scenario import FaultSpec, Scenario
 from lab.settings import Settings

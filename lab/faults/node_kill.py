@@ -3,7 +3,7 @@ broker node NODE (1..3, default 1: RabbitMQ's quorum leader, where every client 
 Kafka node leading about a third of the partitions), start it again through its cluster after D
 (default 0). The other two hold a majority (Kafka's ISR of 2 with ``min.insync.replicas`` 2;
 RabbitMQ's quorum queue elects a leader among them): a client that lost its node reconnects,
-and one that exits is replaced once the node is back (the supervision of :mod:`lab.faults.services`).
+and one that exits is replaced once the node is back (the supervision of :mod:`lab.faults.supervision`).
 Its resume figure is the longest stop of delivery after the kill (the others go on)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lab.faults.base import BaseFault, FaultContext, FaultState
-from lab.faults.services import supervise
+from lab.faults.supervision import supervise
 from lab.measure.recovery import longest_stall_after
 from lab.scenario import Scenario
 from lab.settings import Settings

@@ -5,7 +5,7 @@ started again after D (default 0). One code with a parameter (which service), tw
 Stop through the stack, wait D, start again and wait until it serves (after PostgreSQL's, until
 Debezium holds its slot again). Debezium is left to recover by itself (its retriable errors
 restart its task); from the stop to the end of the drain the lab supervises
-(:mod:`lab.faults.services`). A service that it stopped and did not start again (the run failed
+(:mod:`lab.faults.supervision`). A service that it stopped and did not start again (the run failed
 or was cancelled meanwhile) is started by :meth:`BaseFault.restore`; a restarted service's
 processes are moved into their participant's cgroup. It resumes at the first work call after
 the service started."""
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lab.faults.base import BaseFault, FaultContext, FaultState
-from lab.faults.services import held_again, supervise
+from lab.faults.supervision import held_again, supervise
 from lab.measure.recovery import first_call_after
 from lab.pipelines import PIPELINES
 from lab.scenario import Scenario

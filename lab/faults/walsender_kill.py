@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import psycopg
 
 from lab.faults.base import BaseFault, FaultContext, FaultState, RunStopped
-from lab.faults.services import held_again, holder
+from lab.faults.supervision import held_again, holder
 from lab.pipelines import PIPELINES
 from lab.pipelines.wal import slot_name
 from lab.scenario import Scenario

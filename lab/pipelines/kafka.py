@@ -84,7 +84,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
 from lab.stack.debezium import SLOT, TOPIC_PREFIX
-from lab.stack.kafka import replication
+from lab.stack.kafka_broker import replication
 from lab.workload.inbox import CLAIMS_APPLICATION, take_lease
 from lab.workload.watermark import Watermark
 

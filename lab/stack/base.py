@@ -10,7 +10,7 @@ import psutil
 
 if TYPE_CHECKING:
     from lab.settings import Settings
-    from lab.stack.rabbitmq import RabbitMQService
+    from lab.stack.rabbitmq_broker import RabbitMQService
     from lab.stack.rabbitmq_cluster import RabbitMQCluster
     from lab.stack.standby import PostgresStandby
 

@@ -122,7 +122,7 @@ def _base_image(settings: Settings, client: Any, say: Say) -> Any:
 def _inputs(settings: Settings) -> dict[str, dict[str, Any]]:
     """Per image: what goes into its build context (name -> source path) and its template values."""
     from lab.stack.debezium import provision_dist
-    from lab.stack.kafka import KafkaService
+    from lab.stack.kafka_broker import KafkaService
     from lab.stack.postgres import bin_dir, binary_version
     from lab.stack.provision import java_home, java_version
 

@@ -4,7 +4,7 @@ PostgreSQL, Kafka and RabbitMQ run for as long as the stack is up (an idle broke
 participant); each Debezium Server instance runs only during its own run.
 
 ``settings.topology`` chooses the nodes: ``single`` (one of each, the reference's stack) or
-``ha``: three Kafka KRaft nodes (:class:`lab.stack.kafka.KafkaCluster`), three
+``ha``: three Kafka KRaft nodes (:class:`lab.stack.kafka_broker.KafkaCluster`), three
 clustered RabbitMQ nodes (:class:`lab.stack.rabbitmq_cluster.RabbitMQCluster`) and a PostgreSQL
 streaming standby with failover slots (:mod:`lab.stack.standby`), each node a participant of its
 own (``kafka-1``..``kafka-3``, ``rabbitmq-1``..``rabbitmq-3``, ``postgres-standby``). One stack
@@ -27,10 +27,10 @@ from lab.settings import Settings
 from lab.stack import children, hosts, proc, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
-from lab.stack.kafka import KafkaCluster, KafkaService
+from lab.stack.kafka_broker import KafkaCluster, KafkaService
 from lab.stack.postgres import PostgresService, reset_altered
 from lab.stack.provision import java_home
-from lab.stack.rabbitmq import RabbitMQService
+from lab.stack.rabbitmq_broker import RabbitMQService
 from lab.stack.rabbitmq_cluster import RabbitMQCluster
 from lab.stack.standby import PostgresStandby, configure_primary
 

@@ -1,6 +1,6 @@
 """The ``ha`` topology's RabbitMQ: three clustered nodes, quorum queues on all three.
 
-Nodes ``rabbitmq-1``..``rabbitmq-3`` are :class:`lab.stack.rabbitmq.RabbitMQService` instances,
+Nodes ``rabbitmq-1``..``rabbitmq-3`` are :class:`lab.stack.rabbitmq_broker.RabbitMQService` instances,
 each with its own state dir (``<stack_dir>/rabbitmq-<i>``), node name (``<name>-<i>@<host>``
 from ``LAB_RABBITMQ_NODE``), AMQP and distribution ports (the configured ones + 10·i), and its
 own memory limit; all register with one epmd (node 1's, on ``LAB_RABBITMQ_EPMD_PORT``) and share
@@ -29,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from lab.settings import Settings
-from lab.stack import proc, rabbitmq
+from lab.stack import proc
+from lab.stack import rabbitmq_broker as rabbitmq
 from lab.stack.base import ServiceStatus, StackError
-from lab.stack.rabbitmq import HA_MEMORY_WATERMARK, RabbitMQService
+from lab.stack.rabbitmq_broker import HA_MEMORY_WATERMARK, RabbitMQService
 
 log = logging.getLogger(__name__)
 

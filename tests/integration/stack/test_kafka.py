@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from lab.settings import Settings
 from lab.stack import proc
-from lab.stack.kafka import KafkaService
+from lab.stack.kafka_broker import KafkaService
 from tests.integration.checks import delete_group, delete_topics
 
 pytestmark = pytest.mark.integration

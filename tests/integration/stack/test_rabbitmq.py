@@ -24,7 +24,7 @@ import pytest
 
 from lab.settings import Settings
 from lab.stack import proc
-from lab.stack.rabbitmq import RabbitMQService
+from lab.stack.rabbitmq_broker import RabbitMQService
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)

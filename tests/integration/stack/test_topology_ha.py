@@ -63,8 +63,8 @@ def ha() -> Iterator[NativeStack]:
         # three more JVMs on two shared cores: starts take longer (Debezium needed 101 s of its
         # 120 s under load); these tests check the topology, not how fast it starts
         mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
-        mp.setattr("lab.stack.rabbitmq.START_TIMEOUT", 300.0)  # read by each node's wait
-        mp.setattr("lab.stack.kafka.HA_START_TIMEOUT", 300.0)
+        mp.setattr("lab.stack.rabbitmq_broker.START_TIMEOUT", 300.0)  # read by each node's wait
+        mp.setattr("lab.stack.kafka_broker.HA_START_TIMEOUT", 300.0)
         yield from _ha_stack(settings)
 
 

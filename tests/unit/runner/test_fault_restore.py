@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from lab.faults.services import supervise
+from lab.faults.supervision import supervise
 from lab.measure.disk import Limits, Reading, SlotReading, trip
 from lab.runner.fault_driver import FaultInjector
 from lab.scenario import Scenario

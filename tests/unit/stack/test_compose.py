@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from lab.settings import ROOT, Settings
-from lab.stack import debezium, kafka
+from lab.stack import debezium
+from lab.stack import kafka_broker as kafka
 from lab.stack.compose import ComposeStack
 from lab.stack.containers import container_usage
 from lab.stack.engine import compose_command, compose_env

@@ -12,7 +12,7 @@ import pytest
 from lab.settings import Settings
 from lab.stack import rootfs
 from lab.stack.base import StackError
-from lab.stack.rabbitmq import RabbitMQService
+from lab.stack.rabbitmq_broker import RabbitMQService
 
 
 def test_root_path_depends_on_suite_and_package_set_not_order(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ def hook(event, args):
 sys.addaudithook(hook)
 os.umask(0)
 from lab.settings import Settings
-from lab.stack.rabbitmq import RabbitMQService, write_cookie
+from lab.stack.rabbitmq_broker import RabbitMQService, write_cookie
 base = Path(sys.argv[1])
 s = Settings().replace(stack_dir=base / "stack", data_dir=base / "data")
 s.connect_env()  # secrets.json, pgpass, amqp-url

@@ -10,12 +10,12 @@ from lab.cli import build_parser
 from lab.measure.services import stack_record
 from lab.pipelines.rabbitmq import queue_arguments
 from lab.settings import Settings, settings_env
-from lab.stack import kafka
+from lab.stack import kafka_broker as kafka
 from lab.stack.base import StackError
 from lab.stack.compose import ComposeStack
 from lab.stack.debezium import render_properties
 from lab.stack.native import NativeStack
-from lab.stack.rabbitmq import HA_MEMORY_WATERMARK, RabbitMQService
+from lab.stack.rabbitmq_broker import HA_MEMORY_WATERMARK, RabbitMQService
 from lab.stack.rabbitmq_cluster import RabbitMQCluster, queue_replicas, running_nodes
 from lab.stack.standby import STANDBY_SLOT, standby_flags
 

@@ -12,7 +12,7 @@ import pytest
 
 from lab.settings import Settings
 from lab.stack.native import NativeStack
-from lab.stack.rabbitmq import root_needed
+from lab.stack.rabbitmq_broker import root_needed
 
 
 def test_root_needed_names_the_reason() -> None:
