@@ -23,7 +23,6 @@ killed outright takes every child with it (parent-death SIGKILL, which also ends
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -119,7 +118,7 @@ class FaultInjector:
         self.state = FaultState()
         self.ctx = RunFaultContext(run, self.state)
         self.samplers = FaultSampling(run.settings, run.scenario.fault, self.state,
-                                      tolerate_pg_down=fault.stops_source, on_trip=self._guard_tripped)
+                                      tolerate_pg_down=fault.stops_source)
         self.injected = False
         self.over_mono = 0.0  # when the injection ended (resumed, replaced, reconnected)
         self._inject: asyncio.Task[None] | None = None
@@ -201,24 +200,19 @@ class FaultInjector:
         """The run's disk guard tripped (:mod:`lab.measure.disk`, called on the loop): the stopped
         processes continue at once, the rest of the fault's end follows as a task; the run fails with
         the guard's line at its next :meth:`check`."""
-        if self.samplers.guard is not None:
-            return
+        if not self.samplers.record_trip(tripped):
+            return  # a second trip
         self.state.continue_stopped("continued by the disk guard")  # at once, before the cancel lands
-        self._guard_task = asyncio.get_running_loop().create_task(self.samplers.disk_guard_tripped(tripped))
+        self._guard_task = asyncio.get_running_loop().create_task(self._guard_tripped())
 
     async def _guard_tripped(self) -> None:
         """The disk guard tripped during the fault: end the injection (its own finally continues what it
-        stopped), have the fault restore what it holds, and kill the senders (the load writes the WAL)."""
+        stopped) and have the fault restore what it holds (the runner has killed the senders)."""
         if self._inject is not None:
             self._inject.cancel()
         self.state.continue_stopped("continued by the disk guard")
         # the rest (services started, a lowered keep size reset) may block: off the loop
         await asyncio.to_thread(self.fault.restore, self.ctx, "the disk guard")
-        senders = self.run.procs.get("senders")
-        if senders is not None and senders.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                senders.kill()
-            self.state.event("senders killed by the disk guard", pid=senders.pid)
 
     def restore(self) -> None:
         """First thing in the run's cleanup: cancel what is pending, have the fault restore what it

@@ -10,10 +10,10 @@ after phases (rate, CPU per message per participant, latency) and the recovery t
 (:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
 
 Disk guard (Safety): every run, fault or not, is guarded by :mod:`lab.measure.disk` (retained WAL
-per slot, spill, free disk). When it trips during a fault run, :meth:`FaultSampling.disk_guard_tripped`
-records it and ends the fault through ``on_trip`` (its task cancelled, the fault's restoration: every
-stopped process continued, a lowered keep size restored, the senders killed), and the run fails with
-the guard's line.
+per slot, spill, free disk). When it trips during a fault run, :meth:`FaultSampling.record_trip`
+records it and the fault driver ends the fault (its task cancelled, the fault's restoration: every
+stopped process continued, a lowered keep size restored, the senders killed); the run fails with the
+guard's line.
 
 :class:`FaultSampling` is a component the runner's fault driver owns
 (:class:`lab.runner.fault_driver.FaultInjector`), not a part of any fault.
@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -48,18 +47,15 @@ SLOT_SQL = (
 
 
 class FaultSampling:
-    """The WAL and backlog samplers of one fault run and the disk guard's end of the fault (module
-    docstring). ``tolerate_pg_down``: the fault stops PostgreSQL, so the WAL sampler reconnects
-    instead of ending; ``on_trip``: what the run does once the disk guard has tripped and it is
-    recorded (end the fault, restore what it holds, end the load)."""
+    """The WAL and backlog samplers of one fault run, and the record of the disk guard's trip during it
+    (module docstring). ``tolerate_pg_down``: the fault stops PostgreSQL, so the WAL sampler
+    reconnects instead of ending."""
 
-    def __init__(self, settings: Settings, spec: str, state: FaultState, *, tolerate_pg_down: bool,
-                 on_trip: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, settings: Settings, spec: str, state: FaultState, *, tolerate_pg_down: bool) -> None:
         self.settings = settings
         self.spec = spec
         self.state = state
         self.tolerate_pg_down = tolerate_pg_down
-        self.on_trip = on_trip
         self.sampling = True  # the samplers run until stop() turns this off
         self.wal: list[dict[str, Any]] = []
         self.guard: dict[str, Any] | None = None  # the disk guard's trip, once it tripped during the fault
@@ -172,14 +168,14 @@ class FaultSampling:
             with contextlib.suppress(Exception):
                 await reader.aclose()
 
-    async def disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
-        """The run's disk guard tripped (:mod:`lab.measure.disk`): record it and end the fault now
-        (``on_trip``); the run fails with the guard's line. A second trip is ignored."""
+    def record_trip(self, tripped: dict[str, Any]) -> bool:
+        """The run's disk guard tripped (:mod:`lab.measure.disk`): record it (False for a second
+        trip, which is ignored); the fault driver then ends the fault."""
         if self.guard is not None:
-            return
+            return False
         self.guard = tripped
         self.state.event("disk guard", **{k: v for k, v in tripped.items() if k not in ("error", "t_s")})
-        await self.on_trip()
+        return True
 
 
 def _int(value: Any) -> int | None:

@@ -94,7 +94,7 @@ def _start_run(settings: Settings, pipeline: str, messages: int) -> subprocess.P
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("pipeline", ["kafka", "wal"])
+@pytest.mark.parametrize("pipeline", [pytest.param("kafka", marks=pytest.mark.matrix), "wal"])
 def test_sigkill_of_the_runner_leaves_nothing(stack: object, settings: Settings, pipeline: str) -> None:
     runs = settings.stack_dir / "runs"
     before = set(runs.glob("*")) if runs.exists() else set()

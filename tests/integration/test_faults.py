@@ -61,8 +61,7 @@ CASES = [(p, k) for p in PIPELINES for k in FAULTS
 # `make test-full` (and the study's `lab faults`).
 DEFAULT_CELLS = {("wal", "consumer-kill"), ("wal", "big-transaction"), ("wal-sharded", "walsender-kill"),
                  ("wal-sharded", "postgres-restart"), ("kafka", "debezium-kill"), ("kafka", "consumer-dead"),
-                 ("rabbitmq", "broker-restart"), ("rabbitmq", "sink-outage"), ("rabbitmq", "consumer-slow"),
-                 ("poll", "consumer-kill")}
+                 ("rabbitmq", "broker-restart"), ("rabbitmq", "sink-outage"), ("rabbitmq", "consumer-slow")}
 assert {k for _, k in DEFAULT_CELLS} == set(FAULTS)
 
 
@@ -314,6 +313,7 @@ def test_slot_invalidation_of_a_lone_reader_loses_every_later_message(stack: obj
     assert min(t for i, t in rows if i in lost) >= worked_last - 5.0, "the loss is the stream's tail"
 
 
+@pytest.mark.matrix  # the family's default run is the lone reader's
 def test_slot_invalidation_under_fan_out_loses_nothing(stack: object, settings: Settings) -> None:
     """Two fan-out readers: reader 1's slot is invalidated, reader 0 sees every row and claims it:
     0 lost, while reader 1 is gone for good and slot 0 was never at risk of invalidation."""
@@ -333,6 +333,7 @@ def test_slot_invalidation_under_fan_out_loses_nothing(stack: object, settings: 
     assert _keep_size(settings) == ("4096MB", "configuration file")
 
 
+@pytest.mark.matrix  # the family's default run is the lone reader's
 def test_slot_invalidation_of_a_sharded_reader_loses_rows_of_its_shards(stack: object, settings: Settings) -> None:
     """wal-sharded: reader 1, stopped, keeps its shards' locks, so reader 0 filters their rows out
     (and confirms them) until reader 1 is gone and it takes the shards over. Every lost message is

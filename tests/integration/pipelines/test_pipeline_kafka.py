@@ -127,7 +127,7 @@ def runs(stack: object, settings: Settings) -> Runs:
     return Runs(settings)
 
 
-N_CASES = [pytest.param(1, marks=pytest.mark.matrix), 2, 4]
+N_CASES = [pytest.param(1, marks=pytest.mark.matrix), pytest.param(2, marks=pytest.mark.matrix), 4]
 
 
 @pytest.mark.parametrize("n", N_CASES)

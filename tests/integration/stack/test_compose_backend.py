@@ -82,12 +82,12 @@ def test_up_and_status(compose: object) -> None:
 
 
 # The default tier runs on containers what differs there: each container service (PostgreSQL with a direct
-# reader, Kafka, RabbitMQ, Kafka with share groups) and the relay, a local process beside the containers.
-# wal-sharded, poll and wal-filtered read PostgreSQL as wal does (their native tests cover them); they and
-# the other consumer counts are the matrix's.
+# reader, Kafka, RabbitMQ, Kafka with share groups). wal-sharded, poll, wal-filtered and wal-relay read
+# PostgreSQL as wal does (their native tests cover them; the relay is a local process either way); they
+# and the other consumer counts are the matrix's.
 CASES = [(p, n) for p in ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay",
                           "kafka-share") for n in (1, 2)]
-DEFAULT = {("wal", 2), ("kafka", 2), ("rabbitmq", 1), ("wal-relay", 2), ("kafka-share", 2)}
+DEFAULT = {("wal", 2), ("kafka", 2), ("rabbitmq", 1), ("kafka-share", 2)}
 BROKER = {"kafka": "kafka", "rabbitmq": "rabbitmq", "kafka-share": "kafka"}  # the pipeline's broker participant
 
 
