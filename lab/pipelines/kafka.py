@@ -65,8 +65,9 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from confluent_kafka import (
@@ -97,6 +98,7 @@ GROUP_PREFIX = "dbz-kafka-"
 DIRECT_GROUP_PREFIX = "kafka-"
 METADATA_TIMEOUT = 10.0  # seconds per cluster-wide metadata request
 POLL_INTERVAL = 0.5  # topic absent / partitions present
+T = TypeVar("T")
 GATE_CHECKS = 3  # consecutive passing assignment checks
 GATE_INTERVAL = 0.2
 _MASK64 = (1 << 64) - 1
@@ -150,8 +152,31 @@ def replica_counts(admin: AdminClient, topic: str, timeout: float = METADATA_TIM
             "isr_min": min(len(p.isr) for p in desc.partitions)}
 
 
-def _poll(check: Any, deadline: float, what: str) -> None:
-    while not check():
+# A broker that has not yet applied a new topic's metadata answers "unknown topic" while another
+# broker already lists it (KRaft propagates metadata to each broker on its own; seen on the
+# three-node topology). Such an answer means "not yet", never "failed".
+_NOT_YET = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE})
+
+
+def _not_yet(exc: KafkaException) -> bool:
+    return bool(exc.args) and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in _NOT_YET
+
+
+def settled(fetch: Callable[[], T], deadline: float, what: str) -> T:
+    """``fetch()``, asked again while a broker still answers that the topic is unknown."""
+    while True:
+        try:
+            return fetch()
+        except KafkaException as exc:
+            if not _not_yet(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: {exc}") from exc
+        time.sleep(POLL_INTERVAL)
+
+
+def _poll(check: Callable[[], bool], deadline: float, what: str) -> None:
+    while not settled(check, deadline, what):
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         time.sleep(POLL_INTERVAL)
@@ -238,8 +263,10 @@ class KafkaPipeline:
         rf = self.replication["replication_factor"]
         _poll(lambda: replica_counts(admin, topic)["isr_min"] >= rf, deadline,
               f"topic {topic} has partitions with fewer than {rf} replicas in sync")
-        self.replicas = replica_counts(admin, topic)  # what the cluster reports (run.json)
-        self.group = group_id(admin, METADATA_TIMEOUT, topic, self.prefix)
+        self.replicas = settled(lambda: replica_counts(admin, topic), deadline,
+                                f"replicas of topic {topic}")  # what the cluster reports (run.json)
+        self.group = settled(lambda: group_id(admin, METADATA_TIMEOUT, topic, self.prefix), deadline,
+                             f"id of topic {topic}")
         log.info("topic %s: %d partitions, %s, group %s", topic, n, self.replicas, self.group)
 
     def _delete_topic(self) -> None:
@@ -355,7 +382,8 @@ class KafkaSource:
         _poll(lambda: partition_count(admin, self.topic) is not None, deadline,
               f"topic {self.topic} does not exist; "
               "the runner creates it before the consumers start")
-        return group_id(admin, METADATA_TIMEOUT, self.topic, self._prefix)
+        return settled(lambda: group_id(admin, METADATA_TIMEOUT, self.topic, self._prefix), deadline,
+                       f"id of topic {self.topic}")
 
     # rebalance callbacks: served inside consume(), i.e. between batches ------------------------
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

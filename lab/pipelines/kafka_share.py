@@ -66,6 +66,7 @@ from lab.pipelines.kafka import (
     _poll,
     group_id,
     partition_count,
+    settled,
 )
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -196,7 +197,8 @@ class KafkaShareSource:
         deadline = time.monotonic() + self.scenario.ready_timeout_s
         _poll(lambda: partition_count(admin, self.topic) is not None, deadline,
               f"topic {self.topic} does not exist; the runner creates it before the consumers start")
-        return group_id(admin, METADATA_TIMEOUT, self.topic, GROUP_PREFIX)
+        return settled(lambda: group_id(admin, METADATA_TIMEOUT, self.topic, GROUP_PREFIX), deadline,
+                       f"id of topic {self.topic}")
 
     async def fill(self, max_items: int, first_wait: float, flush_wait: float) -> list[Item]:
         consumer = self._consumer
