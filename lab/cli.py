@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import shlex
 import signal
 import sys
@@ -558,7 +559,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every command that changes the stack or its data holds the stack's lock throughout:
         # one that would disturb a run (or another such command) is refused, naming it and its pid
         with exclusive(settings.run_lock, "the stack"):
-            return handler(args, settings)
+            # the children that run under this command (a report's notebook kernel) share its lock
+            return handler(args, settings.replace(lock_owner=os.getpid()))
     except (StackError, ValueError) as exc:
         sys.stderr.write(f"lab: error: {one_line(exc)}\n")
         return 2

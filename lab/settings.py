@@ -123,6 +123,9 @@ class Settings:
     # a network namespace on a private bridge (lab.stack.hosts; the native single topology, root)
     hosts: str = "loopback"
     link_delay_ms: float = 0.0  # netem delay on every host's link (LAB_HOSTS=netns only); 0: none
+    # The pid of the lab command that holds this stack's lock for its children (a report's notebook
+    # kernel runs its series under the report's lock). Set by the command itself, never by hand.
+    lock_owner: int | None = None
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
     docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
@@ -170,6 +173,7 @@ class Settings:
             hosts=env.get("LAB_HOSTS", d.hosts) or d.hosts,
             link_delay_ms=(parse_delay(env["LAB_LINK_DELAY"], "LAB_LINK_DELAY")
                            if env.get("LAB_LINK_DELAY") else d.link_delay_ms),
+            lock_owner=_int(env, "LAB_LOCK_OWNER", 0) or None,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
@@ -450,7 +454,7 @@ _ENV_NAMES = {
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
     "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
     "min_free_disk": "LAB_MIN_FREE_DISK", "topology": "LAB_TOPOLOGY",
-    "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY",
+    "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY", "lock_owner": "LAB_LOCK_OWNER",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

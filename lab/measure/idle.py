@@ -100,7 +100,7 @@ def measure_idle(settings: Settings, *, seconds: float = IDLE_SECONDS, debezium:
     """
     if seconds <= 0:
         raise ValueError(f"the idle window must be positive, got {seconds}")
-    with exclusive(settings.run_lock, "the stack"):
+    with exclusive(settings.run_lock, "the stack", settings.lock_owner):
         return _measure_idle(settings, seconds=seconds, debezium=debezium, say=say)
 
 

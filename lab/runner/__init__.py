@@ -227,7 +227,7 @@ async def run_scenario(
     """
     check_fault(scenario, settings)  # a fault that does not apply here: refused before the stack starts
     stack = get_stack(settings)
-    with exclusive(settings.run_lock, "the stack"):
+    with exclusive(settings.run_lock, "the stack", settings.lock_owner):
         await asyncio.to_thread(stack.up)
         await asyncio.to_thread(check_clean, settings, stack)
         server = await asyncio.to_thread(_server_settings, settings)

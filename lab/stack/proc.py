@@ -314,13 +314,26 @@ def lock_holder(text: str) -> str:
     return f"`{label}` (pid {pid})" if label else f"another lab process (pid {pid})"
 
 
+def inherited(text: str, owner: int | None) -> bool:
+    """Whether the lock file's ``"<pid> <command>"`` names ``owner`` and ``owner`` is an ancestor of
+    this process: a command that holds the lock for its children (``lab report`` and the notebook
+    kernel that runs its series)."""
+    pid = text.strip().partition(" ")[0]
+    if owner is None or pid != str(owner):
+        return False
+    with contextlib.suppress(psutil.Error):
+        return owner in {p.pid for p in psutil.Process().parents()}
+    return False
+
+
 @contextlib.contextmanager
-def exclusive(path: Path, what: str) -> Iterator[None]:
+def exclusive(path: Path, what: str, owner: int | None = None) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` for the block, or fail at once with one line.
 
     Two runs on one stack would truncate each other's tables and stop each other's Debezium, so
     every run, series and idle baseline holds the stack's lock. Re-entrant within a process (a
-    series holds it around its runs); the holder's pid is written into the file for the message.
+    series holds it around its runs) and for the descendants of ``owner`` when ``owner`` holds it
+    (:func:`inherited`); the holder's pid is written into the file for the message.
     """
     held = _held.get(path)
     if held is not None:
@@ -335,8 +348,12 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
         os.close(fd)
+        if inherited(text, owner):
+            yield  # the owner holds the lock around this block
+            return
+        holder = lock_holder(text)
         raise StackError(f"{what} is in use by {holder}: wait for it to "
                          "finish, or give this one its own LAB_STACK_DIR and ports") from None
     os.ftruncate(fd, 0)

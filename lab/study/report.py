@@ -112,10 +112,10 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
              "control": {"messages": 20_000, "consumers": "2,4,8", "pipelines": "kafka,rabbitmq,wal",
                          "cooldown_s": 20.0}},
 }
-# The insulation matrix (lab.study.fault_matrix) at the profile's size: smoke's 4 runs (wal and
-# kafka x a dead and a killed consumer, ~2-3 min), quick's publishable 47 runs (~25-30 min on 2
-# cores), full's 60 s faults. The reference profile is the article's sweep, which had no faults: it
-# gets the quick matrix (full's would more than double its time).
+# The insulation matrix (lab.study.fault_matrix) at the profile's size: smoke's 2 runs (wal and
+# kafka x a dead consumer, about a minute), quick's publishable 61 runs (~35-40 min on 2 cores),
+# full's 60 s faults. The reference profile is the article's sweep, which had no faults: it gets the
+# quick matrix (full's would more than double its time).
 for _name in ("smoke", "quick", "full"):
     EXTRAS[_name]["faults"] = {"profile": _name}
 EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"},

@@ -286,7 +286,7 @@ async def run_series(
     """
     if idle_s < 0:
         raise ValueError(f"idle_s must not be negative, got {idle_s}")
-    with exclusive(settings.run_lock, "the stack"):
+    with exclusive(settings.run_lock, "the stack", settings.lock_owner):
         return await _run_series(plan, settings, series_id=series_id, force=force, progress=progress,
                                  idle_s=idle_s)
 

@@ -212,6 +212,13 @@ def test_one_stack_serves_one_lab_process_at_a_time(tmp_path: Path) -> None:
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
         assert other.returncode == 3, other.stderr
         assert "is in use by `" in other.stdout and f"(pid {os.getpid()})" in other.stdout  # its command, its pid
+        # a child of the holder that is told so runs under its lock (a report's notebook kernel) ...
+        child = code.replace("s = Settings()", f"s = Settings(lock_owner={os.getpid()})")
+        ran = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=False)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        # ... and naming another owner than the holder gets nothing (pid 1 is everyone's ancestor)
+        foreign = code.replace("s = Settings()", "s = Settings(lock_owner=1)")
+        assert subprocess.run([sys.executable, "-c", foreign], capture_output=True, check=False).returncode == 3
     free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert free.returncode == 0, free.stdout + free.stderr  # released: the empty series runs
     with pytest.raises(ValueError, match="idle_s"):
