@@ -11,11 +11,13 @@ to the point:
   it paid during its own closed-loop window);
 * at rate R: ``figure − 1000·F/M_run − 1000·a·window/M_run + 1000·F/M + 1000·a/R``: the floor of its
   own window taken out, the floor of R msg/s spread over R messages put in. R above the fastest
-  sustainable step measured at that N is not measured.
+  sustainable step measured at that N (an achieved rate, within the staircase's 5 % of its target)
+  is not measured.
 
 F comes from the most reliable source the series has, as in :func:`lab.study.crossover.by_volume`:
 the cell fitted across volumes at every N, else F(N) as a line through the volume arm's N, else
-each run's own split; without any split a run is used only at its own M.
+each run's own split; a run without a split (too short to split) is used only at its own M, where
+its figure is the point's.
 
 The figure at the point is the **median of the moved runs at N**, with the order-statistic interval
 of that median and its exact coverage (:func:`lab.study.intervals.median_interval`: 50 % with 2 runs,
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from lab.measure.staircase import RATE_TOLERANCE
 from lab.scenario import PIPELINE_NAMES
 from lab.study import crossover
 from lab.study.costmodel import METRIC
@@ -159,9 +162,8 @@ def _cell_values(runs: pd.DataFrame, fixed: _Fixed, point: Point, floor: float |
     f = fixed.per_run
     base = fixed.steady if fixed.steady is not None else y - 1000 * f / m_run
     spread = 0.0 if math.isinf(point.messages) else 1000 / point.messages
-    out = base + f * spread
-    if not fixed.movable:
-        out = np.where(m_run == point.messages, y, np.nan)
+    out = base + f * spread if fixed.movable else np.full(len(runs), np.nan)
+    out = np.where(m_run == point.messages, y, out)  # at its own M a run's figure is the point's, split or not
     if point.rate:
         window = pd.to_numeric(runs.get("window_s", pd.Series(np.nan, index=runs.index)),
                                errors="coerce").to_numpy(float)
@@ -176,7 +178,8 @@ def _row(pipeline: str, runs: pd.DataFrame, point: Point, arm: pd.DataFrame | No
     empty: dict[str, object] = {"pipeline": pipeline, "ms_per_msg": math.nan, "lo": math.nan, "hi": math.nan,
                                 "coverage": 0.0, "runs": 0, "basis": ""}
     n = point.consumers
-    if runs.empty:
+    runs = runs[np.isfinite(pd.to_numeric(runs[METRIC], errors="coerce").to_numpy(float))] if not runs.empty else runs
+    if runs.empty:  # none, or none with a figure (costmodel.measured leaves those out too)
         return empty | {"note": "no measured runs"}
     cells = _bracket(runs["consumers"].astype(int).tolist(), n)
     if cells is None:
@@ -193,7 +196,8 @@ def _row(pipeline: str, runs: pd.DataFrame, point: Point, arm: pd.DataFrame | No
                 where = f"staircases at N = {_ns(list(a))}" if a else "no staircase"
                 return empty | {"note": f"not measured at N = {n} at {point.rate:,.0f} msg/s: no floor at N = {c} "
                                         f"({where})"}
-            if fastest is not None and point.rate > fastest[0] * (1 + 1e-9):
+            # the staircases' rates are achieved ones; a step held when it achieved (1 - RATE_TOLERANCE) of its target
+            if fastest is not None and point.rate * (1 - RATE_TOLERANCE) > fastest[0] * (1 + 1e-9):
                 return empty | {"note": f"not measured at {point.rate:,.0f} msg/s: the fastest step sustained at "
                                         f"N = {c} is {fastest[0]:,.0f} msg/s"}
             floor = got[0]

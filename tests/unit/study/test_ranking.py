@@ -98,6 +98,8 @@ def test_at_a_fixed_rate_the_floor_is_spread_over_the_rate() -> None:
     assert mid["ms_per_msg"] == pytest.approx(2.4 + (3.2 - 2.4) / 3)
     fast = ranking.cost_ranking(runs, Point(1, rate=600.0), floors=floors).iloc[0]
     assert fast["note"] == "not measured at 600 msg/s: the fastest step sustained at N = 1 is 500 msg/s"
+    held = floors.assign(rates=[[240, 480], [240, 480]])  # achieved rates: 480 held a 500 msg/s step
+    assert ranking.cost_ranking(runs, Point(1, rate=500.0), floors=held)["rank"].tolist() == [1]
     none = ranking.cost_ranking(runs, Point(4, rate=200.0)).iloc[0]
     assert none["note"] == "not measured at N = 4 at 200 msg/s: no floor at N = 4 (no staircase)"
     only1 = ranking.cost_ranking(runs, Point(4, rate=200.0), floors=floors.iloc[:1]).iloc[0]
@@ -112,15 +114,24 @@ def test_edges_no_runs_nan_and_no_split() -> None:
     t = ranking.cost_ranking(runs, Point(4, 5000), pipelines=["poll"])
     assert list(t["pipeline"]) == ["wal", "kafka", "poll"] and t["rank"].tolist()[0] == 1
     assert t["rank"].isna().tolist() == [False, True, True]
-    assert t.loc[1, "note"] == "not measured at N = 4: no usable run"
+    assert t.loc[1, "note"] == "not measured at N = 4 (measured at N = 1, 2)"  # its runs there have no figure
     assert t.loc[2, "note"] == "no measured runs"
-    assert ranking.cost_ranking(runs, Point(1, 5000)).set_index("pipeline").loc["wal", "runs"] == 3
+    assert ranking.cost_ranking(runs, Point(1, 5000)).set_index("pipeline").loc["wal", "runs"] == 2
+    no_split = runs.assign(steady_ms_per_msg=np.nan)  # a figure, but no split to move it to another M
+    assert ranking.cost_ranking(no_split, Point(1, 100_000)).loc[0, "note"] == (
+        "not measured at N = 1: no cost split to move its runs to this M")
     bare = runs.drop(columns=["steady_ms_per_msg", "fixed_cpu_s"])  # runs stored before the split
     at_own = ranking.cost_ranking(bare, Point(2, 5000)).set_index("pipeline")
     assert at_own.loc["wal", "ms_per_msg"] == pytest.approx(1.1 + 0.2)  # at their own M: as measured
     assert at_own.loc["wal", "basis"] == "measured at N = 2; as measured (no cost split)"
     moved = ranking.cost_ranking(bare, Point(2, 100_000))
     assert moved["note"].str.endswith("no cost split to move its runs to this M").all()
+    unsplit = runs.copy()  # a run too short to split: NaN split, its figure stands at its own M
+    unsplit.loc[unsplit["pipeline"] == "wal", ["steady_ms_per_msg", "fixed_cpu_s"]] = np.nan
+    unsplit.loc[unsplit.index[1], ["steady_ms_per_msg", "fixed_cpu_s"]] = (1.0, 1.0)  # one of them could
+    at_m = ranking.cost_ranking(unsplit, Point(2, 5000)).set_index("pipeline")
+    assert at_m.loc["wal", "runs"] == 3 and at_m.loc["wal", "ms_per_msg"] == pytest.approx(1.3)
+    assert ranking.cost_ranking(unsplit, Point(1, 100_000)).set_index("pipeline").loc["wal", "runs"] == 1
     empty = ranking.for_study(runs.iloc[0:0], Point(4), pipelines=["wal"])
     assert empty.loc[0, "note"] == "no measured runs" and math.isnan(empty.loc[0, "x_cheapest"])
     assert ranking.shown(empty).columns[0] == "pipeline"
