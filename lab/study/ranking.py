@@ -207,7 +207,9 @@ def _row(pipeline: str, runs: pd.DataFrame, point: Point, arm: pd.DataFrame | No
         values = _cell_values(runs[mask], sub, point, floor)
         values = values[np.isfinite(values)]
         if values.size == 0:
-            why = "no cost split to move its runs to this M" if not fixed.movable else "no usable run"
+            own_m = set(pd.to_numeric(runs.loc[mask, "messages"], errors="coerce")) if "messages" in runs else set()
+            other_m = point.messages not in own_m
+            why = "no cost split to move its runs to this M" if other_m else "no usable run"
             return empty | {"note": f"not measured at N = {n}: {why}"}
         lo, hi, cov = median_interval(values)
         found.append((c, float(np.median(values)), lo, hi, cov, values.size))
