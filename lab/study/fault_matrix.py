@@ -170,7 +170,7 @@ def cell_label(s: Scenario) -> str:
     return f"{s.pipeline} {s.fault or 'no fault'}"
 
 
-def _stored(series_id: str, settings: Settings) -> dict[Scenario, list[dict[str, Any]]]:
+def _stored(series_id: str, settings: Settings | None) -> dict[Scenario, list[dict[str, Any]]]:
     """Every stored run of the series (failed ones too), per scenario, oldest first."""
     out: dict[Scenario, list[dict[str, Any]]] = {}
     names = set(Scenario.field_names())
@@ -196,6 +196,13 @@ def stored(plan: Sequence[Scenario], settings: Settings, *, series_id: str) -> l
     """The stored run of every cell of ``plan`` that has one in ``series_id`` (nothing is run)."""
     runs = _stored(series_id, settings)
     return [r for r in (_pick(runs.get(s, [])) for s in plan) if r is not None]
+
+
+def stored_series(series_id: str, settings: Settings | None = None) -> list[dict[str, Any]]:
+    """The run that stands for every cell stored in ``series_id`` (:func:`_pick`), in the order they
+    were run, whatever profile planned them: what a reader of the matrix needs without its plan."""
+    picked = [r for r in map(_pick, _stored(series_id, settings).values()) if r is not None]
+    return sorted(picked, key=lambda r: (r.get("series_index") is None, r.get("series_index") or 0))
 
 
 async def run_matrix(plan: Sequence[Scenario], settings: Settings, *, series_id: str, force: bool = False,
@@ -251,11 +258,13 @@ COLUMNS = (
     "pipeline", "fault", "spec", "family", "hit", "success", "lost", "duplicates", "max_burst", "resume_s",
     "recovery_s",
     "slots_back_s", "wal_peak_mb", "wal_slope_kb_s", "backlog_where", "source_backlog_peak_kb",
-    "broker_backlog_peak", "healthy_lag_peak", "healthy_lag_peak_s", "p99_during_ms", "cpu_ms_per_msg",
-    "cpu_vs_clean_ms", "recovery_cpu_ms", "excess_cpu_s", "loadavg_1m", "unattributed_ms", "run_id", "error",
+    "broker_backlog_peak", "healthy_lag_peak", "healthy_lag_peak_s", "hit_lag_peak", "waits", "delivered_during_pct",
+    "p99_during_ms", "cpu_ms_per_msg", "cpu_vs_clean_ms", "recovery_cpu_ms", "excess_cpu_s", "loadavg_1m",
+    "unattributed_ms", "run_id", "error",
 )
 NAN = float("nan")
-COUNTS = ("lost", "duplicates", "max_burst", "broker_backlog_peak", "healthy_lag_peak")  # whole numbers (or <NA>)
+# whole numbers (or <NA>)
+COUNTS = ("lost", "duplicates", "max_burst", "broker_backlog_peak", "healthy_lag_peak", "hit_lag_peak")
 
 
 def _num(value: Any) -> float:
@@ -388,6 +397,52 @@ def _healthy_lag(run: dict[str, Any], window: tuple[float, float] | None) -> tup
     return _peak([r.get("lag_messages") for r in rows]), _peak([r.get("lag_s") for r in rows])
 
 
+WAITED = 0.5  # a consumer's messages waited when its oldest one's lag reached this share of the fault
+
+
+def _lag_peaks(run: dict[str, Any], window: tuple[float, float], hit: bool) -> tuple[float, float, float]:
+    """(peak lag in messages over the fault, peak lag in seconds over the fault, peak lag in seconds
+    before it) of the consumers the fault hit (``hit``) or of the others; NaNs without samples."""
+    struck = set(recorded(run).get("hit_consumers") or ())
+    rows = [r for r in _rows(run, "consumer_lag") if (r.get("consumer") in struck) == hit]
+    during = [r for r in rows if window[0] <= r["t_s"] <= window[1]]
+    return (_peak([r.get("lag_messages") for r in during]), _peak([r.get("lag_s") for r in during]),
+            _peak([r.get("lag_s") for r in rows if r["t_s"] < window[0]]))
+
+
+def who_waits(run: dict[str, Any], window: tuple[float, float] | None = None) -> str:
+    """Whose messages waited while the fault lasted, from the per-consumer lag: ``its messages``
+    (those the hit consumer works after it is back: its partitions, shards, share or prefetched
+    batch), ``every consumer`` (the others' too), ``nobody`` (the others took its messages), ``—``
+    without lag samples. A side waited when its oldest message's lag over the fault reached
+    :data:`WAITED` x the fault's length and :data:`GROWTH` x its own peak before the fault."""
+    window = window or fault_window(run)
+    if window is None or not _rows(run, "consumer_lag"):
+        return "—"
+
+    def waited(hit: bool) -> bool:
+        _, during, before = _lag_peaks(run, window, hit)
+        bar = max(WAITED * (window[1] - window[0]), GROWTH * (0.0 if math.isnan(before) else before))
+        return not math.isnan(during) and during >= bar
+
+    if _hit(run, recorded(run)) == "all":
+        return "every consumer" if waited(True) else "nobody"
+    if waited(False):
+        return "every consumer"
+    return "its messages" if waited(True) else "nobody"
+
+
+def delivered_during_pct(run: dict[str, Any]) -> float:
+    """Messages delivered while the fault lasted, in % of what arrived meanwhile: the ``during``
+    phase's delivery rate over the run's open-loop rate (closed loop: over the ``before`` phase's);
+    NaN without phases."""
+    during = _num(_phase(run, "during").get("delivered_per_s"))
+    rate = _num((run.get("scenario") or {}).get("rate"))
+    if not rate > 0:
+        rate = _num(_phase(run, "before").get("delivered_per_s"))
+    return 100 * during / rate if rate > 0 else NAN
+
+
 def _phase(run: dict[str, Any], name: str) -> dict[str, Any]:
     phases = _fault(run).get("phases")
     p = phases.get(name) if isinstance(phases, dict) else None
@@ -432,6 +487,8 @@ def cell_row(run: dict[str, Any], clean: dict[str, float] | None = None) -> dict
         "wal_slope_kb_s": _peak([_slot_slope(v, window) for v in slots.values()]) / 1024,
         "backlog_where": where, "source_backlog_peak_kb": source_peak / 1024, "broker_backlog_peak": broker_peak,
         "healthy_lag_peak": lag, "healthy_lag_peak_s": lag_s,
+        "hit_lag_peak": _lag_peaks(run, window, True)[0] if window else NAN,
+        "waits": who_waits(run, window) if f else "—", "delivered_during_pct": delivered_during_pct(run) if f else NAN,
         "p99_during_ms": _num((_phase(run, "during").get("latency_ms") or {}).get("p99")),
         "cpu_ms_per_msg": cpu,
         "cpu_vs_clean_ms": cpu - (clean or {}).get(str(s.get("pipeline")), NAN) if f else NAN,

@@ -7,8 +7,11 @@ measures latency at a fixed rate and the maximum sustainable rate (a load stairc
 ``notebooks/control.ipynb`` the control experiment and ``notebooks/faults.ipynb`` the fault matrix
 (each resumable, under a series id derived from the study's); each writes its figures (PNG, SVG)
 and tables (CSV) into the report folder, and the five executed notebooks after the series become one
-``report.html`` (code cells hidden: the report reads as text, tables and figures; the executed
-``.ipynb`` files next to it keep the code). Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
+``report.html``, the analysis first. The analysis is executed last: the page's first table, every
+pipeline ranked at one point (:data:`RANKING`, :mod:`lab.study.ranking`), reads the staircases and
+the fault matrix beside the series (:func:`ranking_series`). The page has its code cells hidden (it
+reads as text, tables and figures; the executed ``.ipynb`` files next to it keep the code).
+Everything goes to ``data/reports/<UTC timestamp>-<profile>/``.
 
 Notebooks run on the Jupyter kernel ``fanout-lab`` (this venv's Python, registered by
 ``make setup``); the kernel gets the settings as ``LAB_*`` environment, like every other child.
@@ -157,9 +160,24 @@ def report_series(series_id: str, profile: str) -> dict[str, str]:
     its control experiment and its fault matrix (``faults-quick`` for the default study, the id
     ``lab faults --profile quick`` uses, so either resumes the other)."""
     rate = EXTRAS[profile]["latency"]["rate"]
-    return {"series": series_id, "latency": f"{series_id}-rate{rate:g}", "capacity": f"{series_id}-capacity",
-            "broker_native": f"{series_id}-broker-native", "control": f"{series_id}-control",
-            "faults": f"faults-{series_id}"}
+    return {"series": series_id, "latency": f"{series_id}-rate{rate:g}", "broker_native": f"{series_id}-broker-native",
+            "control": f"{series_id}-control", **ranking_series(series_id)}
+
+
+def ranking_series(series_id: str) -> dict[str, str]:
+    """The series beside the study that its ranking reads: the load staircases (the floor per
+    second at a fixed rate) and the fault matrix (a dead consumer), as :func:`report_series` names them."""
+    return {"capacity": f"{series_id}-capacity", "faults": f"faults-{series_id}"}
+
+
+# The point the report's first table ranks the pipelines at (lab.study.ranking; the analysis
+# notebook's parameters, which a reader changes in JupyterLab): N = 4, a Debezium start serving
+# 100,000 messages (the reference study's volume), closed loop. N = 4 is measured by every profile but
+# smoke, which measures N = 1 and 2 in runs too short to split into F and c: it ranks at N = 2 and its
+# own 300 messages per start, where each run's figure stands as measured.
+RANKING: dict[str, dict[str, Any]] = {
+    name: {"consumers": 4, "messages_per_start": 100_000, "rate": 0.0} for name in EXTRAS}
+RANKING["smoke"] = {"consumers": 2, "messages_per_start": 300, "rate": 0.0}
 
 
 def combine(notebooks: list[Path], out: Path) -> Path:
@@ -191,9 +209,6 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         "profile": profile, "repeats": repeats or 0, "seed": seed or 0, "pipelines": pipelines,
         "series_id": series_id, "force": force, "idle_s": -1.0 if idle_s is None else idle_s,
     }, settings=settings, echo=echo)
-    execute_notebook("analysis", out / "analysis.ipynb", {
-        "series_id": series_id, "report_dir": str(out),
-    }, settings=settings, echo=echo)
     chosen = DEFAULT_PARTS[profile] if parts is None else tuple(parts)
     if "latency" in chosen:
         execute_notebook("latency", out / "latency.ipynb", {
@@ -214,6 +229,11 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         execute_notebook("faults", out / "faults.ipynb", {
             **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
         }, settings=settings, echo=echo)
+    # the analysis last, though first on the page: its ranking reads the staircases and the fault matrix
+    execute_notebook("analysis", out / "analysis.ipynb", {
+        "series_id": series_id, "report_dir": str(out), **RANKING[profile],
+        "capacity_series_id": ids["capacity"], "faults_series_id": ids["faults"],
+    }, settings=settings, echo=echo)
     pages = [p for p in REPORT_PAGE if p == "analysis" or p in chosen]
     if settings.topology == "ha":  # the same study under single, stored beside it
         execute_notebook("topology", out / "topology.ipynb", {

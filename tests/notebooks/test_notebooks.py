@@ -22,7 +22,7 @@ import pytest
 
 import lab.cli
 from lab.settings import Settings
-from lab.study import crossover, fault_matrix, series
+from lab.study import crossover, fault_matrix, ranking, series
 from lab.study.report import execute_notebook
 
 pytestmark = pytest.mark.notebooks
@@ -31,7 +31,7 @@ FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "me
 TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
           "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "crossover_article",
           "throughput_vs_published", "participants_vs_published", "agreement", "latency", "broker_native",
-          "control", "capacity", "capacity_steps", "faults", "faults_wal", "faults_by_pipeline")
+          "control", "capacity", "capacity_steps", "faults", "faults_wal", "faults_by_pipeline", "ranking")
 
 
 def _outputs(nb_path: Path) -> str:
@@ -80,6 +80,26 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     out, _ = smoke_report
     html = (out / "report.html").read_text()
     assert "The headline: ms CPU per message" in html
+    # the first table: every pipeline ranked at the smoke report's point (N = 2, its 300 messages per
+    # start, closed loop), cheapest first, with the smoke fault matrix's dead consumer beside it
+    table = pd.read_csv(out / "ranking.csv")
+    assert list(table.columns) == [*ranking.COLUMNS, *ranking.DEAD_COLUMNS]
+    assert set(table["pipeline"]) == set(series.pipelines_of("smoke"))
+    assert table["rank"].tolist() == list(range(1, len(table) + 1)), table.to_string()  # all measured at N = 2
+    assert table["ms_per_msg"].is_monotonic_increasing and (table["ms_per_msg"] > 0).all()
+    assert table["x_cheapest"].iloc[0] == 1.0 and (table["x_cheapest"] >= 1.0).all()
+    assert table["basis"].str.startswith("measured at N = 2").all() and (table["coverage"] == 0).all()  # 1 run
+    dead = table.set_index("pipeline")
+    for p in ("wal", "kafka"):  # the smoke matrix's two cells
+        assert (dead.loc[p, "dead_lost"], dead.loc[p, "dead_duplicates"]) == (0, 0), p
+        assert dead.loc[p, "dead_waits"] in ("its messages", "every consumer", "nobody"), p
+        assert dead.loc[p, "dead_backlog"] in ("slot", "broker", "slot+broker", "none"), p
+        assert 0 <= dead.loc[p, "dead_delivered_pct"] <= 150, p
+    assert (dead.loc[["wal-sharded", "rabbitmq"], "dead_backlog"] == "—").all()  # not in the smoke matrix
+    first = re.search(r"<table.*?</table>", html, re.S)
+    assert first is not None and "whose messages wait" in first.group(0)
+    assert all(f"<td>{p}</td>" in first.group(0) for p in series.pipelines_of("smoke"))
+    assert "Every pipeline at N = 2, 300 messages per start, closed loop" in html
     headline = pd.read_csv(out / "headline.csv")
     cells = set(zip(headline["pipeline"], headline["consumers"], strict=True))
     assert cells == {(p, n) for p in series.pipelines_of("smoke") for n in (1, 2)}
@@ -95,7 +115,8 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     assert "costmodel.fit_fanout" not in html  # the code cells are hidden
     # one page: the study (ending with the article side by side), then latency at a fixed rate, the
     # broker-native stand, the control experiment and the fault matrix
-    at = [html.find(h) for h in ("The headline: ms CPU per message", "Against the article",
+    at = [html.find(h) for h in ("The pipelines ranked where you stand", "The headline: ms CPU per message",
+                                  "Against the article",
                                   "Latency at a fixed rate", "Maximum sustainable rate", "Broker-native experiment",
                                   "Control experiment", "Faults: how each architecture insulates")]
     assert -1 not in at and at == sorted(at), at
@@ -281,6 +302,32 @@ def test_faults_notebook_analyses_a_stored_matrix_without_running(
     assert sorted(p.name for p in runs.iterdir()) == before, "run=False runs nothing"
     assert f"fault matrix faults-{sid}: 2 of 2 cells" in text
     assert list(pd.read_csv(tmp_path / "faults.csv")["run_id"]) == list(pd.read_csv(out / "faults.csv")["run_id"])
+
+
+def test_analysis_notebook_ranks_a_stored_series_at_another_point(
+        smoke_report: tuple[Path, str], settings: Settings, tmp_path: Path) -> None:
+    """A reader's other point on the smoke report's stored series, nothing run: N = 1 at 100 msg/s,
+    where the staircases (50 and 100 msg/s at N = 1) give each pipeline its floor per second."""
+    out, sid = smoke_report
+    runs = settings.data_dir / "runs"
+    before = sorted(p.name for p in runs.iterdir())
+    params = {"series_id": sid, "report_dir": str(tmp_path), "n_boot": 200, "consumers": 1,
+              "messages_per_start": 300, "rate": 100.0}  # the staircases and the matrix by the series' names
+    text = _outputs(execute_notebook("analysis", tmp_path / "analysis.ipynb", params, settings=settings))
+    assert sorted(p.name for p in runs.iterdir()) == before, "the analysis runs nothing"
+    assert "Every pipeline at N = 1, 300 messages per start, 100 msg/s" in text
+    table = pd.read_csv(tmp_path / "ranking.csv").set_index("pipeline")
+    steps = pd.read_csv(out / "capacity_steps.csv")
+    held = steps[steps["sustainable"].astype(bool)].groupby("pipeline")["rate"].nunique()
+    floored = set(held[held >= 2].index)  # a floor needs two sustainable steps
+    assert floored, steps.to_string()
+    for p in series.pipelines_of("smoke"):
+        if p in floored:
+            assert table.loc[p, "basis"].endswith("floor from the staircases") and table.loc[p, "ms_per_msg"] > 0, p
+        else:
+            assert pd.isna(table.loc[p, "rank"]) and "msg/s" in table.loc[p, "note"], p
+    assert list(pd.read_csv(tmp_path / "ranking.csv")["dead_lost"].dropna()) == [0, 0]  # the same matrix
+    assert f"fault matrix `faults-{sid}`, 2 cells" in text
 
 
 def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Path) -> None:

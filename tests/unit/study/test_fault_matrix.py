@@ -399,3 +399,52 @@ def test_lab_faults_runs_the_matrix_prints_it_and_fails_only_when_a_cell_could_n
     table = fault_matrix.matrix_table(fault_matrix.stored(fault_matrix.plan("smoke"), settings, series_id="cli"))
     assert list(table["pipeline"]) == ["wal", "kafka"] and table["duplicates"].eq(3).all()
     assert isinstance(table, pd.DataFrame)
+
+
+def _lagging(hit_s: float, healthy_s: float) -> dict[str, Any]:
+    """kafka with consumer 1 stopped 3-7 s: the oldest lag of the hit consumer and of the other over the fault."""
+    run = _new_kafka_dead()
+    run["fault"]["consumer_lag"] = [
+        {"t_s": float(t), "consumer": c, "lag_messages": 400 if c == 1 and 3 <= t <= 7 else 20,
+         "lag_s": ({1: hit_s, 0: healthy_s}[c] if 3 <= t <= 7 else 0.3)} for t in range(12) for c in (0, 1)]
+    return run
+
+
+def test_who_waits_for_a_dead_consumer() -> None:
+    assert fault_matrix.who_waits(_lagging(3.9, 0.3)) == "its messages"  # its partitions waited
+    assert fault_matrix.who_waits(_lagging(0.3, 0.3)) == "nobody"  # the other took its messages
+    assert fault_matrix.who_waits(_lagging(3.9, 3.0)) == "every consumer"
+    assert fault_matrix.who_waits(_lagging(1.9, 0.3)) == "nobody"  # under half the fault's 4 s
+    run = _lagging(3.9, 0.3)
+    run["fault"]["consumer_lag"] = [dict(r, lag_s=r["lag_s"] + 5.0) for r in run["fault"]["consumer_lag"]]
+    assert fault_matrix.who_waits(run) == "nobody"  # 8.9 s is not twice its 5.3 s before the fault
+    assert fault_matrix.who_waits(_old_wal_dead()) == "—"  # no lag sampled
+    row = fault_matrix.cell_row(_lagging(3.9, 0.3))
+    assert (row["waits"], row["hit_lag_peak"]) == ("its messages", 400)
+
+
+def test_delivered_while_the_fault_lasted() -> None:
+    run = _new_kafka_dead()
+    run["fault"]["phases"]["during"]["delivered_per_s"] = 100.0
+    assert fault_matrix.delivered_during_pct(run) == pytest.approx(50.0)  # of the 200 msg/s sent
+    run["scenario"]["rate"] = 0.0  # closed loop: against the rate before the fault
+    assert fault_matrix.delivered_during_pct(run) == pytest.approx(50.0)
+    run["fault"]["phases"]["before"]["delivered_per_s"] = 400.0
+    assert fault_matrix.delivered_during_pct(run) == pytest.approx(25.0)
+    assert math.isnan(fault_matrix.delivered_during_pct(_old_wal_dead()))
+    assert math.isnan(fault_matrix.cell_row(_clean("wal", 2.0))["delivered_during_pct"])
+
+
+def test_stored_series_reads_every_cell_of_a_matrix_without_its_plan(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", stack_dir=tmp_path / "stack")
+    first = {**_rabbit_kill(), "run_id": "a", "started_at": "2026-12-04T00:00:01", "series_id": "faults-x",
+             "series_index": 1}
+    again = {**_old_wal_dead(), "run_id": "b", "started_at": "2026-12-04T00:00:02", "series_id": "faults-x",
+             "series_index": 0}
+    retried = {**first, "run_id": "c", "started_at": "2026-12-04T00:00:03", "success": True}
+    other = {**_new_kafka_dead(), "run_id": "d", "started_at": "2026-12-04T00:00:04", "series_id": "faults-y"}
+    for run in (first, again, retried, other):
+        write_run(run, settings=settings)
+    got = fault_matrix.stored_series("faults-x", settings)
+    assert [r["run_id"] for r in got] == ["b", "c"]  # in the order run; a cell's successful retry stands for it
+    assert fault_matrix.stored_series("none-such", settings) == []

@@ -101,7 +101,12 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     settings = Settings().replace(data_dir=tmp_path)
     report.build_report("smoke", settings, series_id="s1")
     params = dict(calls)
-    assert [name for name, _ in calls] == ["series", "analysis", "latency", "broker_native", "control", "faults"]
+    # the analysis last (its ranking reads the staircases and the fault matrix), first on the page
+    assert [name for name, _ in calls] == ["series", "latency", "broker_native", "control", "faults", "analysis"]
+    assert params["analysis"] == {"series_id": "s1", "report_dir": params["control"]["report_dir"], "consumers": 2,
+                                  "messages_per_start": 300, "rate": 0.0, "capacity_series_id": "s1-capacity",
+                                  "faults_series_id": "faults-s1"}
+    assert params["analysis"]["capacity_series_id"] == params["latency"]["steps_series_id"]
     assert params["control"]["series_id"] == report.report_series("s1", "smoke")["control"] == "s1-control"
     assert (params["control"]["messages"], params["control"]["consumers"], params["control"]["pipelines"]) == (
         100, "2", "wal")
@@ -112,7 +117,8 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     calls.clear()
     page.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka")
-    assert [name for name, _ in calls] == ["series", "analysis", "latency", "broker_native"]  # the default study
+    assert [name for name, _ in calls] == ["series", "latency", "broker_native", "analysis"]  # the default study
+    assert dict(calls)["analysis"]["consumers"] == 4  # measured by every profile but smoke
     assert page == ["analysis", "latency", "broker_native"]
     calls.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka",
@@ -146,3 +152,14 @@ def test_report_parts_default_per_profile_and_with_adds() -> None:
     assert report.report_parts("smoke") == report.report_parts("full") == report.PARTS
     with pytest.raises(ValueError, match="unknown report part 'fault'"):
         report.report_parts("quick", "fault")
+
+
+def test_every_profile_ranks_at_an_n_it_measures() -> None:
+    from lab.study import series
+
+    assert set(report.RANKING) == set(report.EXTRAS) == set(series.PROFILES)
+    for name, point in report.RANKING.items():
+        assert point["consumers"] in series.profile(name).consumers, name
+        assert point["rate"] == 0.0, name  # closed loop
+        # the reference study's volume; smoke's runs, too short to split, at their own
+        assert point["messages_per_start"] == (series.profile(name).messages if name == "smoke" else 100_000), name
