@@ -29,7 +29,8 @@ from lab.settings import Settings, get_settings
 # kind (``family``, ``stops_service``, ``stops_source``, ``hit_consumers``: lab.faults), so that
 # readers need not know kinds by name; everything of 2 is still there. 4: ``disk`` (bytes each
 # participant wrote and read over the window, lab.measure.diskio), ``disk_io_controller`` and ``wal``
-# (WAL generated over the window, lab.measure.walstats); everything of 3 is still there.
+# (WAL generated over the window, lab.measure.walstats) and ``disk_host`` (the host's disks over
+# the window); everything of 3 is still there.
 SCHEMA_VERSION = 4
 SAMPLE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 
@@ -166,6 +167,8 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
             row.update({f"pg.{k}": v for k, v in (value.get("cpu_s") or {}).items()})
         elif key == "disk" and isinstance(value, Mapping):  # lab.measure.diskio
             row.update(disk_columns(value))
+        elif key == "disk_host" and isinstance(value, Mapping):  # the host's disks over the window
+            row["disk_host_write_bytes_per_msg"] = value.get("write_bytes_per_msg")
         elif key == "wal" and isinstance(value, Mapping):  # lab.measure.walstats
             row.update({"wal_bytes_per_msg": value.get("per_msg"),
                         "wal_stats_bytes_per_msg": value.get("stats_per_msg"),

@@ -20,12 +20,19 @@ per participant, recorded with its figure:
   consumers, and what a root writes after that (its log's last lines, its result file) is not
   counted. The runner itself counts its own threads only (``/proc/<pid>/task/*/io``), never what
   it reaped.
+* the host's disks (``/proc/diskstats``, sectors written and read by every whole disk): what
+  reached the devices over the window from everything on the host, the filesystem's journal and
+  other work included, as run.json's ``disk_host``: the bound the participants' figures are read
+  against.
 * ``not measured``: a container of the compose backend (its block I/O is the engine's
   ``blkio_stats``, which its stats endpoint serves from a once-a-second collector; not read).
 
 ``write_bytes`` is what a process sent towards the storage layer: a buffered write counts when the
-page is dirtied, not when it reaches the device, and a page dirtied twice before writeback counts
-twice. PostgreSQL writes its data pages at checkpoints, so a window holds its WAL and whatever was
+page is dirtied, not when it reaches the device, and a page dirtied, written back and dirtied again
+counts twice. The kernel counts whole folios: where a filesystem caches a file in large folios
+(ext4 on Linux 6.18 here), a 200-byte write followed by ``fdatasync`` counted 2 MiB, so a WAL
+flushed at every commit reads far above the bytes it holds (``disk_host`` is the bound).
+PostgreSQL writes its data pages at checkpoints, so a window holds its WAL and whatever was
 evicted, not the data pages the next checkpoint writes.
 """
 
@@ -74,6 +81,32 @@ def parse_proc_io(text: str) -> Bytes:
         with contextlib.suppress(ValueError):
             fields[key.strip()] = int(value)
     return fields.get("write_bytes", 0) - fields.get("cancelled_write_bytes", 0), fields.get("read_bytes", 0)
+
+
+def parse_diskstats(text: str, disks: Iterable[str]) -> Bytes:
+    """(bytes written, bytes read) summed over the whole disks ``disks`` of one ``/proc/diskstats``
+    (sectors of 512 bytes, whatever the device's own sector size)."""
+    wanted, w, r = set(disks), 0, 0
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 10 and f[2] in wanted:
+            r, w = r + int(f[5]) * 512, w + int(f[9]) * 512
+    return w, r
+
+
+def whole_disks(names: Iterable[str]) -> list[str]:
+    """The block devices of ``/sys/block`` that are disks, not loop, RAM or compressed-RAM devices."""
+    return sorted(n for n in names if not n.startswith(("loop", "ram", "zram")))
+
+
+def host_reading() -> Bytes | None:
+    """The host's disks' (bytes written, bytes read) since boot, or None without ``/proc/diskstats``."""
+    try:
+        disks = whole_disks(os.listdir("/sys/block"))
+        with open("/proc/diskstats") as f:
+            return parse_diskstats(f.read(), disks)
+    except OSError:
+        return None
 
 
 def add(a: Bytes, b: Bytes) -> Bytes:
@@ -193,6 +226,8 @@ class DiskWindow:
         self.first: dict[str, Reading] | None = None
         self.last: dict[str, Reading] = {}
         self.end: dict[str, Reading] = {}
+        self.host_first: Bytes | None = None
+        self.host_last: Bytes | None = None
         self.closed = False
 
     def _method(self, p: Participant) -> str:
@@ -232,6 +267,7 @@ class DiskWindow:
         return out
 
     def start(self) -> None:
+        self.host_first = host_reading()
         self.first = self.read()
         self.last = seen({}, self.first)
 
@@ -245,6 +281,7 @@ class DiskWindow:
         if self.first is not None and not self.closed:
             self.end = self.read()
             self.last = seen(self.last, self.end)
+            self.host_last = host_reading()
             self.closed = True
 
     def record(self) -> dict[str, Any] | None:
@@ -265,7 +302,11 @@ class DiskWindow:
             gone = len(set(last) - set(self.end.get(p.name, {})))
             parts[p.name] = {"write_bytes": w, "read_bytes": r, "method": method, "group": p.group,
                              **({"roots_exited": gone} if method == "proc-io" else {})}
-        return {"io_controller": self.io_refused or "enabled", "participants": parts}
+        host = None
+        if self.host_first is not None and self.host_last is not None:
+            host = {"write_bytes": self.host_last[0] - self.host_first[0],
+                    "read_bytes": self.host_last[1] - self.host_first[1]}
+        return {"io_controller": self.io_refused or "enabled", "participants": parts, "host": host}
 
 
 def window_for(settings: Settings, participants: Sequence[Participant]) -> DiskWindow:
@@ -309,6 +350,16 @@ def disk_block(counted: Mapping[str, Any] | None, messages: int) -> dict[str, An
         out[g] = entry(sum(ws) if measured else None, sum(rs) if measured else None,
                        "+".join(sorted({m["method"] for m in members})), sum(exited) if exited else None)
     return out
+
+
+def host_block(counted: Mapping[str, Any] | None, messages: int) -> dict[str, Any] | None:
+    """run.json's ``disk_host``: what the host's disks wrote and read over the window
+    (``/proc/diskstats``: every process of the host, the lab's and any other, and the filesystem's
+    own journal), with ``write_bytes_per_msg``; None when not read."""
+    host = (counted or {}).get("host")
+    if not host or messages <= 0:
+        return None
+    return {**host, "write_bytes_per_msg": round(host["write_bytes"] / messages, 1)}
 
 
 def consumer_bytes(counted: Mapping[str, Any] | None, index: int) -> int | None:

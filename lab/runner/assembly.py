@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lab.measure import probe
-from lab.measure.diskio import consumer_bytes, disk_block
+from lab.measure.diskio import consumer_bytes, disk_block, host_block
 from lab.measure.idle import net_of_idle
 from lab.measure.latency import achieved_rate
 from lab.measure.network import network_block
@@ -137,7 +137,7 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         **({"network": network_block(record["network"], m)} if record.get("network") else {}),
         # disk bytes per participant and WAL generated over the window (lab.measure.diskio, walstats);
         # records older than them have neither
-        **({"disk": disk_block(record["disk"], m),
+        **({"disk": disk_block(record["disk"], m), "disk_host": host_block(record["disk"], m),
             "disk_io_controller": record["disk"].get("io_controller")} if record.get("disk") else {}),
         **({"wal": wal_block(record["wal"], m)} if record.get("wal") else {}),
         "idle": idle_block(record.get("idle_baseline"), cpu_s, span or 0.0, m),

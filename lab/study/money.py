@@ -72,10 +72,10 @@ def cpu_per_million(cpu_ms_per_msg: float, prices: Prices = Prices()) -> float:
 
 
 def crosses(pair: str, zones: Mapping[str, str]) -> bool:
-    """Whether hop ``from>to`` (or ``from_to``) leaves its zone; a host the placement does not name
-    is in a zone of its own."""
+    """Whether hop ``from>to`` (or ``from_to``) leaves its zone. A host the placement does not name
+    (the runner, whose reads and resets are the lab's, not the pipeline's) is never priced."""
     a, _, b = pair.replace(">", "_").partition("_")
-    return zones.get(a, f"own:{a}") != zones.get(b, f"own:{b}")
+    return a in zones and b in zones and zones[a] != zones[b]
 
 
 def transfer_per_million(bytes_per_msg: Mapping[str, float], zones: Mapping[str, str] = ZONES,

@@ -17,10 +17,13 @@ from lab.measure.diskio import (
     delta,
     disk_block,
     enable_io,
+    host_block,
+    parse_diskstats,
     parse_io_stat,
     parse_proc_io,
     seen,
     tree,
+    whole_disks,
 )
 from lab.measure.sampler import Participant
 
@@ -163,3 +166,20 @@ def test_the_runner_counts_its_own_threads_not_what_it_reaped(tmp_path: Path) ->
     window.stop()
     rec = window.record()
     assert rec is not None and rec["participants"]["runner"]["write_bytes"] < (1 << 20)
+
+
+DISKSTATS = """\
+   7       0 loop0 5 0 80 0 3 0 24 0 0 0 0 0 0 0 0 0 0
+ 254       0 vda 216278 34675 9544786 670634 309640 204522 26046504 1146287 0 167584 1907975 94522 99 13012880
+ 254       1 vda1 100 0 800 0 200 0 1600 0 0 0 0 0 0 0
+ 253       0 zram0 1 0 8 0 1 0 8 0 0 0 0 0 0 0
+"""
+
+
+def test_the_hosts_disks_are_its_whole_disks_in_512_byte_sectors() -> None:
+    disks = whole_disks(["loop0", "vda", "zram0", "ram1", "nvme0n1"])
+    assert disks == ["nvme0n1", "vda"]
+    assert parse_diskstats(DISKSTATS, disks) == (26046504 * 512, 9544786 * 512)  # vda1 is a partition of vda
+    counted = {"participants": {}, "host": {"write_bytes": 4_000_000, "read_bytes": 0}}
+    assert host_block(counted, 1_000) == {"write_bytes": 4_000_000, "read_bytes": 0, "write_bytes_per_msg": 4000.0}
+    assert host_block({"participants": {}, "host": None}, 1_000) is None and host_block(counted, 0) is None

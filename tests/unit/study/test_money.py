@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ def test_only_hops_that_leave_their_zone_are_priced() -> None:
     zones = {"postgres": "a", "consumers": "b", "web": "a"}
     assert money.crosses("postgres>consumers", zones) and money.crosses("consumers_postgres", zones)
     assert not money.crosses("web>postgres", zones)
-    assert money.crosses("web>broker", zones)  # a host the placement does not name: a zone of its own
+    assert not money.crosses("web>broker", zones) and not money.crosses("postgres>runner", zones)  # not placed
     p = Prices(cross_zone_gb=1.0)
     per_msg = {"postgres>consumers": GIB / MILLION, "web>postgres": 5 * GIB / MILLION}
     assert money.transfer_per_million(per_msg, zones, p) == pytest.approx(1.0)  # one GiB crossed
@@ -117,3 +118,38 @@ def test_runs_without_a_network_block_price_cpu_and_disk_only() -> None:
     shift = money.crossover_shift(df, "wal", "kafka", n_boot=20)
     assert not shift["transfer_measured"].any()
     assert np.allclose(shift["n_star"], shift["n_star"].iloc[0], rtol=1e-9)  # nothing to move it
+
+
+def test_the_report_tables_take_the_median_per_cell_and_name_the_parts() -> None:
+    from lab.study import report
+
+    df = _runs()
+    df["wal_bytes_per_msg"] = 800.0
+    df["disk_write_bytes_per_msg_postgres"] = df["disk_write_bytes_per_msg"]
+    df["disk_write_bytes_per_msg_kafka"] = None
+    table = report.bytes_table(df)
+    assert {"WAL", "disk, total", "disk, postgres", "net, postgres → consumers"} <= set(table.columns)
+    assert "disk, kafka" not in table.columns  # never measured
+    wal16 = table[(table["pipeline"] == "wal") & (table["consumers"] == 16)].iloc[0]
+    assert wal16["net, postgres → consumers"] == 9600.0 and wal16["WAL"] == 800.0
+    assert report.bytes_table(df.drop(columns=[c for c in df.columns if "bytes_per_msg" in c])).empty
+    usd = report.money_table(df)
+    row = usd[(usd["pipeline"] == "kafka") & (usd["consumers"] == 1)].iloc[0]
+    assert row["USD/M msg, cpu"] == pytest.approx(money.cpu_per_million(1.5), rel=0.02)
+    assert row["USD/M msg, total"] == pytest.approx(row["USD/M msg, cpu"] + row["USD/M msg, transfer"])
+
+
+def test_the_report_section_says_what_it_shows_and_saves_its_tables(tmp_path: Path) -> None:
+    from lab.study import report
+
+    df = _runs()
+    df["wal_bytes_per_msg"] = 800.0
+    parts = report.bytes_and_money(df, tmp_path, n_boot=20)
+    assert isinstance(parts[0], str) and parts[0].startswith("## Bytes per message")
+    tables = [p for p in parts if isinstance(p, pd.DataFrame)]
+    saved = {p.name for p in tmp_path.iterdir()}
+    assert len(tables) == 3 and {"bytes.csv", "money.csv", "crossover_money.csv"} <= saved
+    shift = pd.read_csv(tmp_path / "crossover_money.csv")
+    assert set(shift["condition"]) >= {"CPU", "money, no transfer", "money, one zone"}
+    bare = report.bytes_and_money(df.drop(columns=[c for c in df.columns if "bytes_per_msg" in c]), n_boot=20)
+    assert any(isinstance(p, str) and "No run of this series" in p for p in bare)
