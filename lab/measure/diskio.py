@@ -266,23 +266,36 @@ class DiskWindow:
                 out[p.name] = reading
         return out
 
+    def _read_safely(self, edge: str) -> dict[str, Reading] | None:
+        """A reading, or None with a warning: a measurement never fails a run."""
+        try:
+            return self.read()
+        except Exception as exc:
+            log.warning("disk bytes not read at %s: %s: %s", edge, type(exc).__name__, exc)
+            return None
+
     def start(self) -> None:
         self.host_first = host_reading()
-        self.first = self.read()
-        self.last = seen({}, self.first)
+        self.first = self._read_safely("the window's start")
+        self.last = seen({}, self.first or {})
 
     def observe(self) -> None:
         """A reading inside the window (after the drain, before the consumers stop): what a root
         read here keeps if it exits before the end edge."""
-        if self.first is not None and not self.closed:
-            self.last = seen(self.last, self.read())
+        if self.first is not None and not self.closed and (now := self._read_safely("the drain")) is not None:
+            self.last = seen(self.last, now)
 
     def stop(self) -> None:
-        if self.first is not None and not self.closed:
-            self.end = self.read()
-            self.last = seen(self.last, self.end)
-            self.host_last = host_reading()
-            self.closed = True
+        if self.first is None or self.closed:
+            return
+        end = self._read_safely("the window's end")
+        if end is None:
+            self.first = None  # no block rather than a half-read one
+            return
+        self.end = end
+        self.last = seen(self.last, end)
+        self.host_last = host_reading()
+        self.closed = True
 
     def record(self) -> dict[str, Any] | None:
         """Per participant ``write_bytes``, ``read_bytes``, ``method``, ``group`` and, for

@@ -183,3 +183,14 @@ def test_the_hosts_disks_are_its_whole_disks_in_512_byte_sectors() -> None:
     counted = {"participants": {}, "host": {"write_bytes": 4_000_000, "read_bytes": 0}}
     assert host_block(counted, 1_000) == {"write_bytes": 4_000_000, "read_bytes": 0, "write_bytes_per_msg": 4000.0}
     assert host_block({"participants": {}, "host": None}, 1_000) is None and host_block(counted, 0) is None
+
+
+def test_a_reading_that_fails_leaves_no_block_and_never_raises() -> None:
+    def gone() -> list[psutil.Process]:
+        raise psutil.NoSuchProcess(1)
+
+    window = DiskWindow([Participant("postgres", gone)], "no cgroups")
+    window.start()
+    window.observe()
+    window.stop()
+    assert window.record() is None
