@@ -27,8 +27,11 @@ from lab.settings import Settings, get_settings
 # shards and the rest, lab.measure.pgbackends) added beside ``cpu_s``; everything of 1 is still
 # there and read the same way. 3: a fault run's ``fault`` block says what the fault is beyond its
 # kind (``family``, ``stops_service``, ``stops_source``, ``hit_consumers``: lab.faults), so that
-# readers need not know kinds by name; everything of 2 is still there.
-SCHEMA_VERSION = 3
+# readers need not know kinds by name; everything of 2 is still there. 4: ``disk`` (bytes each
+# participant wrote and read over the window, lab.measure.diskio), ``disk_io_controller`` and ``wal``
+# (WAL generated over the window, lab.measure.walstats) and ``disk_host`` (the host's disks over
+# the window); everything of 3 is still there.
+SCHEMA_VERSION = 4
 SAMPLE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 
 
@@ -162,6 +165,18 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
                 row[f"steady.{name}"], row[f"fixed.{name}"] = part.get("steady_ms_per_msg"), part.get("fixed_cpu_s")
         elif key == "postgres_backends" and isinstance(value, Mapping):
             row.update({f"pg.{k}": v for k, v in (value.get("cpu_s") or {}).items()})
+        elif key == "disk" and isinstance(value, Mapping):  # lab.measure.diskio
+            row.update(disk_columns(value))
+        elif key == "disk_host" and isinstance(value, Mapping):  # the host's disks over the window
+            row["disk_host_write_bytes_per_msg"] = value.get("write_bytes_per_msg")
+        elif key == "wal" and isinstance(value, Mapping):  # lab.measure.walstats
+            row.update({"wal_bytes_per_msg": value.get("per_msg"),
+                        "wal_stats_bytes_per_msg": value.get("stats_per_msg"),
+                        "wal_records_per_msg": value.get("records_per_msg"),
+                        "wal_fpi_per_msg": value.get("fpi_per_msg")})
+        elif key == "network" and isinstance(value, Mapping):  # lab.measure.network, LAB_HOSTS=netns
+            row.update({f"net_bytes_per_msg_{pair.replace('>', '_')}": v.get("bytes_per_msg")
+                        for pair, v in (value.get("pairs") or {}).items()})
         elif key == "slots" and isinstance(value, Mapping):
             row["decoded_mb"] = sum(v.get("total_bytes") or 0 for v in value.values()) / 2**20
             row["slots"] = len(value)
@@ -172,10 +187,36 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+def disk_columns(disk: Mapping[str, Any]) -> dict[str, Any]:
+    """run.json's ``disk`` as columns: ``disk_write_bytes_per_msg_<participant>`` and
+    ``disk_read_bytes_<participant>`` for every participant read, their sum
+    ``disk_write_bytes_per_msg`` (None when a participant was not measured) and ``disk_method``
+    (the participants' methods, ``+``-joined)."""
+    row: dict[str, Any] = {}
+    total: float | None = 0.0
+    methods = set()
+    for name, v in disk.items():
+        if not isinstance(v, Mapping):
+            continue
+        per = v.get("write_bytes_per_msg")
+        row[f"disk_write_bytes_per_msg_{name}"] = per
+        row[f"disk_read_bytes_{name}"] = v.get("read_bytes")
+        if v.get("method") == "not measured":
+            continue  # a container: nothing read, not in the sum
+        methods.add(str(v.get("method")))
+        total = total + per if total is not None and per is not None else None
+    row["disk_write_bytes_per_msg"] = round(total, 1) if total is not None else None
+    row["disk_method"] = "+".join(sorted(methods)) or None
+    return row
+
+
 def load_runs(*, settings: Settings | None = None, include_failed: bool = True) -> pd.DataFrame:
     """All stored runs, one row each: scenario fields, counters, ``cpu_s.<participant>``, the cost
     split (``steady_ms_per_msg``, ``fixed_cpu_s``, ``steady.<participant>``, ``fixed.<participant>``),
-    ``senders.<field>`` (send times, ``send_p95_ms``, ...), ...
+    ``senders.<field>`` (send times, ``send_p95_ms``, ...), the bytes per message: disk
+    (:func:`disk_columns`), WAL (``wal_bytes_per_msg`` from the LSN distance,
+    ``wal_stats_bytes_per_msg`` from ``pg_stat_wal``, ``wal_records_per_msg``, ``wal_fpi_per_msg``)
+    and, under ``LAB_HOSTS=netns``, per pair of hosts ``net_bytes_per_msg_<from>_<to>``, ...
 
     Sorted by start time. Empty (with no columns) when there are no runs.
     """

@@ -32,7 +32,7 @@ import aiohttp
 import psutil
 
 from lab.faults import check as check_fault
-from lab.measure import cgroups, decoders
+from lab.measure import cgroups, decoders, diskio
 from lab.measure.cgroups import choose_cpu_method
 from lab.measure.disk import DiskGuard, DiskGuardTripped, Limits
 from lab.measure.network import NetWindow
@@ -40,6 +40,7 @@ from lab.measure.preflight import check_clean
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Sampler, Snapshot
 from lab.measure.vacuum import AutovacuumWatch
+from lab.measure.walstats import WalWindow
 from lab.pipelines import PIPELINES
 from lab.results import new_run_id, write_run
 from lab.runner.assembly import assemble
@@ -86,6 +87,8 @@ class Run(RunContext):
         self.cpu_method = choose_cpu_method(settings.cpu_method)  # lab.measure.provenance
         self.host_window = HostWindow()
         self.net_window = NetWindow(settings) if settings.netns else None  # bytes per hop (lab.measure.network)
+        self.disk_window: diskio.DiskWindow | None = None  # disk bytes per participant (lab.measure.diskio)
+        self.wal_window = WalWindow(settings.pg_dsn)  # WAL generated (lab.measure.walstats)
         self.respawning: set[int] = set()  # consumers being replaced (consumer-kill)
         self.ended: set[int] = set()  # consumers a fault ended for good (slot-invalidation)
         self.injector = FaultInjector(self) if scenario.fault else None
@@ -167,8 +170,13 @@ class Run(RunContext):
             self.host_window.start()
             if self.net_window is not None:
                 self.net_window.start()
+            # disk and WAL bytes: read at the edges only, like the network's counters
+            disk = self.disk_window = diskio.window_for(self.settings, sampler.participants)
+            await asyncio.to_thread(disk.start)
+            await asyncio.to_thread(self.wal_window.start)
             sampler.start()
             sent = await phases.drain(sampler)
+            await asyncio.to_thread(disk.observe)  # before the consumers exit (lab.measure.diskio)
             consumer_results = await proc.stop_consumers()
             if self.pipeline.helpers:
                 self.helper_results = await proc.stop_helpers()
@@ -180,6 +188,8 @@ class Run(RunContext):
             self.host_window.stop()
             if self.net_window is not None:
                 self.net_window.stop()
+            await asyncio.to_thread(disk.stop)
+            await asyncio.to_thread(self.wal_window.stop)
             sampler.stop()
             self.slot_stats = await phases.read_slot_stats()
             self.vacuum = await phases.vacuum_record()

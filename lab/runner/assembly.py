@@ -17,6 +17,8 @@ fixture) holds:
   without a staircase), ``slots``, ``vacuum`` (:mod:`lab.measure.vacuum`; None when not read);
   ``network`` (bytes per host link and per pair of hosts over the
   window under ``LAB_HOSTS=netns``, absent or None otherwise: :mod:`lab.measure.network`);
+  ``disk`` (bytes each participant wrote and read over the window and how: :mod:`lab.measure.diskio`)
+  and ``wal`` (WAL generated over the window: :mod:`lab.measure.walstats`), absent or None when not read;
 * ``derived``: per-participant figures derived from the run's timelines (each a block of run.json
   under its own key, e.g. ``cost_split``); a new figure of that kind is one more key here;
 * ``provenance``: run.json's provenance and stack fields, ``harness``, ``lab_version``.
@@ -32,9 +34,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lab.measure import probe
+from lab.measure.diskio import consumer_bytes, disk_block, host_block
 from lab.measure.idle import net_of_idle
 from lab.measure.latency import achieved_rate
 from lab.measure.network import network_block
+from lab.measure.walstats import wal_block
 from lab.runner.verdict import FaultFacts, Verdict, consumer_errors, counters_of, judge, planned_messages
 
 SCHEMA_VERSION = 2  # of the record; 1: the first; 2: fault_facts.stops_source (absent: False)
@@ -95,6 +99,9 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
             if w:
                 c["cpu_s"], c["rss_mb_mean"] = w["cpu_s"], w["rss_mb_mean"]
         cpu_s["unattributed"] = window["unattributed_cpu_s"]
+    for c in consumers:  # each consumer's own disk bytes beside its CPU
+        if (wb := consumer_bytes(record.get("disk"), c["index"])) is not None:
+            c["disk_write_bytes"] = wb
     probe_cpu_s = cpu_s.pop("probe", None)  # its own participant, never in the totals
     mem_mb.pop("probe", None), mem_mb_max.pop("probe", None)
     speed = dict(record["speed"]) if record.get("speed") is not None else None
@@ -128,6 +135,11 @@ def assemble(record: Mapping[str, Any]) -> dict[str, Any]:
         **({"disk_guard": record["disk_guard"]} if "disk_guard" in record else {}),
         # LAB_HOSTS=netns only: bytes per hop (lab.measure.network)
         **({"network": network_block(record["network"], m)} if record.get("network") else {}),
+        # disk bytes per participant and WAL generated over the window (lab.measure.diskio, walstats);
+        # records older than them have neither
+        **({"disk": disk_block(record["disk"], m), "disk_host": host_block(record["disk"], m),
+            "disk_io_controller": record["disk"].get("io_controller")} if record.get("disk") else {}),
+        **({"wal": wal_block(record["wal"], m)} if record.get("wal") else {}),
         "idle": idle_block(record.get("idle_baseline"), cpu_s, span or 0.0, m),
         "latency_ms": record.get("latency_ms"),
         "latency_from_due_ms": record.get("latency_from_due_ms"),

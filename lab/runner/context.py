@@ -12,10 +12,12 @@ import psutil
 
 from lab.measure.decoders import DecodeOnly
 from lab.measure.disk import DiskGuard
+from lab.measure.diskio import DiskWindow
 from lab.measure.network import NetWindow
 from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Snapshot
 from lab.measure.vacuum import AutovacuumWatch
+from lab.measure.walstats import WalWindow
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -49,6 +51,8 @@ class RunContext:
     cpu_method: str
     host_window: HostWindow
     net_window: NetWindow | None  # LAB_HOSTS=netns: bytes per hop
+    disk_window: DiskWindow | None  # disk bytes per participant, once the sampler has its participants
+    wal_window: WalWindow  # WAL generated over the window
     respawning: set[int]  # consumers being replaced (consumer-kill)
     ended: set[int]  # consumers a fault ended for good (slot-invalidation)
     injector: FaultInjector | None

@@ -71,6 +71,8 @@ class RunReadings:
             "vacuum": self.run.vacuum,
             "disk_guard": self.run.disk_guard.record(),
             "network": self.run.net_window.record() if self.run.net_window is not None else None,
+            "disk": self.run.disk_window.record() if self.run.disk_window is not None else None,
+            "wal": self.run.wal_window.record(),
             "derived": derived,
             "provenance": {
                 **provenance(root=self.run.settings.root, cpu_method=self.run.cpu_method, services=self._versions(),

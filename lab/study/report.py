@@ -332,3 +332,96 @@ def consumer_table(result: dict[str, Any]) -> pd.DataFrame:
     cols = ["index", "processed", "skipped", "failures", "db_ops", "cpu_s", "rss_mb_mean", "error"]
     rows = [{k: c.get(k) for k in cols} for c in result.get("consumers", [])]
     return pd.DataFrame(rows, columns=cols).set_index("index")
+
+
+# Bytes and money (lab.measure.diskio, lab.measure.walstats, lab.measure.network, lab.study.money) ----
+
+def bytes_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per pipeline and N (median over the runs that have the figure): WAL bytes per message (LSN
+    distance), disk bytes written per message per participant and in total, and, under
+    ``LAB_HOSTS=netns``, bytes per message on every hop between hosts. Columns absent from every
+    run are left out; an empty frame when no run has any of them."""
+    cols = [c for c in runs.columns if c == "wal_bytes_per_msg" or c.startswith("disk_write_bytes_per_msg")
+            or c.startswith("net_bytes_per_msg_")]
+    if runs.empty or not cols:
+        return pd.DataFrame()
+    present = [c for c in cols if runs[c].notna().any()]
+    if not present:
+        return pd.DataFrame()
+    table = (runs.groupby(["pipeline", "consumers"])[present].median().round(1)
+             .dropna(how="all").reset_index())
+    names = {"wal_bytes_per_msg": "WAL", "disk_write_bytes_per_msg": "disk, total"}
+    for c in present:
+        if c.startswith("disk_write_bytes_per_msg_"):
+            names[c] = f"disk, {c.removeprefix('disk_write_bytes_per_msg_')}"
+        elif c.startswith("net_bytes_per_msg_"):
+            a, _, b = c.removeprefix("net_bytes_per_msg_").partition("_")
+            names[c] = f"net, {a} → {b}"
+    return table.rename(columns=names)
+
+
+def money_table(runs: pd.DataFrame, prices: Any = None, zones: Any = None) -> pd.DataFrame:
+    """Per pipeline and N the median USD per million messages (:func:`lab.study.money.price_table`):
+    CPU, cross-zone transfer (where the network was measured), disk writes and their total."""
+    from lab.study import money
+
+    if runs.empty or "cpu_ms_per_msg" not in runs:
+        return pd.DataFrame()
+    ok = runs.dropna(subset=["cpu_ms_per_msg"])
+    if ok.empty:
+        return pd.DataFrame()
+    prices = prices if prices is not None else money.Prices()
+    table = money.price_table(ok, prices, zones if zones is not None else money.ZONES)
+    both = pd.concat([ok[["pipeline", "consumers"]], table], axis=1)
+    out = both.groupby(["pipeline", "consumers"]).median(numeric_only=True).reset_index()
+    return out.rename(columns=lambda c: c.replace("usd_per_million.", "USD/M msg, ") if "." in c else c)
+
+
+BYTES_TEXT = """## Bytes per message and the cost in money
+
+**Bytes.** Per pipeline and N (median over runs): the WAL PostgreSQL generated per message (the LSN
+distance over the window, `lab.measure.walstats`), the bytes each participant wrote to the storage
+layer per message (`lab.measure.diskio`: cgroup `io.stat` where the io controller is offered, else
+`/proc/<pid>/io`; PostgreSQL's data pages are written at the next checkpoint, outside the window) and,
+for runs under `LAB_HOSTS=netns`, the bytes per message on every hop between hosts."""
+
+MONEY_TEXT = """**Money.** Each run's price per million messages at public list prices (`lab.study.money`, defaults
+cited in `docs/method.md`): its CPU-seconds at an on-demand vCPU price, the bytes of every hop that
+leaves its availability zone (default placement: PostgreSQL, Debezium and the web service in one zone,
+the broker and the consumers in another) at the inter-zone transfer price, and its disk writes
+(general-purpose block storage: no charge per write by default). Then N\\* in money beside N\\* in
+CPU, with and without the transfer, under three placements: where cross-zone traffic moves the
+crossover. Without network bytes (runs on loopback) the transfer is not priced and N\\* in money is
+N\\* in CPU."""
+
+
+def bytes_and_money(measured: pd.DataFrame, out_dir: str | Path = "", *, n_boot: int = 200,
+                    seed: int = 0) -> list[Any]:
+    """The report's bytes and money section, in order: text (str, Markdown) and tables; the tables
+    are also saved (``bytes.csv``, ``money.csv``, ``crossover_money.csv``)."""
+    from lab.study import crossover, money
+
+    parts: list[Any] = [BYTES_TEXT]
+    table = bytes_table(measured)
+    save_table(table, out_dir, "bytes")
+    parts.append(table.set_index(["pipeline", "consumers"]) if not table.empty
+                 else "*No run of this series read its disk and WAL bytes (runs older than the figures).*")
+    parts.append(MONEY_TEXT)
+    usd = money_table(measured)
+    save_table(usd, out_dir, "money")
+    if not usd.empty:
+        parts.append(usd.set_index(["pipeline", "consumers"]).round(4))
+    direct, brokers = crossover.sides(measured["pipeline"]) if not measured.empty else ([], [])
+    shifts = []
+    for b in brokers:
+        for d in direct:
+            try:
+                shift = money.crossover_shift(measured, d, b, n_boot=n_boot, seed=seed)
+                shifts.append(shift.assign(direct=d, broker=b))
+            except ValueError as exc:
+                parts.append(f"*{d} vs {b}: no crossover ({exc}).*")
+    if shifts:
+        both = pd.concat(shifts, ignore_index=True)
+        save_table(both, out_dir, "crossover_money")
+        parts.append(both.set_index(["direct", "broker", "condition"]).round(2))
+    return parts

@@ -54,6 +54,17 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int, layout: str) -> 
     assert g["tripped"] is None and g["db_errors"]["count"] == 0 and g["samples"] >= 1
     assert {f"load_test_slot_{i}" for i in range(n)} <= set(g["slots"])
     assert all(v > 2**20 for v in g["free_bytes_min"].values()) and g["cost"]["runner_cpu_s"] > 0
+    # disk bytes per participant and the WAL generated over the window (lab.measure.diskio, walstats)
+    disk, wal = r["disk"], r["wal"]
+    assert {"postgres", "web", "senders", "consumers", "runner", "kafka", "rabbitmq"} <= set(disk)
+    assert all(v["method"] in ("cgroup-io", "proc-io") for v in disk.values())
+    assert r["disk_io_controller"] == "enabled" or disk["postgres"]["method"] == "proc-io"
+    # every message is one INSERT and one claim, each committed and its WAL flushed by PostgreSQL
+    assert disk["postgres"]["write_bytes_per_msg"] >= wal["per_msg"] * 0.5
+    assert 100 < wal["per_msg"] < 20_000 and wal["lsn_bytes"] == pytest.approx(wal["per_msg"] * M, rel=0.01)
+    assert wal["records"] >= 2 * M and wal["server_changed"] is False
+    assert 0 < wal["stats_per_msg"] <= wal["per_msg"] * 1.05
+    assert r["disk_host"]["write_bytes"] > 0  # the WAL reached the host's disk
     # the default layout is tasks: one process, its CPU on the first consumer's row; processes: one each
     assert r["consumer_layout"] == ("tasks" if layout == "auto" else layout)
     pids = {x["pid"] for x in r["consumers"]}
