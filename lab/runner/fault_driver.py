@@ -194,7 +194,26 @@ class FaultInjector:
         self.check()
         for task in self.state.helpers:  # a restart's supervision ends with the drain
             task.cancel()
+        self.exited_unreplaced()
         await self.samplers.stop()
+
+    def exited_unreplaced(self) -> list[int]:
+        """Consumers a supervised fault ended and the drain outran: on a slow machine a broker's
+        stop can take longer than the rest of the messages, so every message is worked before the
+        supervision sees the consumers whose connection the stop broke. Each is recorded as an exit
+        (not replaced: nothing was left to work) and ended by the fault, not failed; the accounting
+        still proves that nothing was lost."""
+        if not self.state.supervising:
+            return []
+        run, gone = self.run, []
+        for i, c in enumerate(run.consumers):
+            if i in run.respawning or i in run.ended or c.poll() is None:
+                continue
+            self.state.event("consumer exited", consumer=i, pid=c.pid, code=c.returncode,
+                             error=self.ctx.consumer_error(i), replaced=False)
+            self.ctx.expect_exit(i)
+            gone.append(i)
+        return gone
 
     def disk_guard_tripped(self, tripped: dict[str, Any]) -> None:
         """The run's disk guard tripped (:mod:`lab.measure.disk`, called on the loop): the stopped

@@ -169,3 +169,38 @@ def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object)
         for p in spawned:
             p.kill()
             p.wait()
+
+
+def test_consumers_a_supervised_stop_ended_after_the_drain_are_ended_not_failed(tmp_path: object) -> None:
+    """A broker's stop that outlasts the messages: the drain is complete before the supervision saw
+    the consumers whose connection broke. They are recorded and ended by the fault, once."""
+    from pathlib import Path
+
+    from lab.runner.verdict import consumer_errors
+
+    scratch = Path(str(tmp_path))
+    alive = psutil.Popen(["sleep", "60"], stdout=subprocess.DEVNULL)
+    dead = psutil.Popen(["true"])
+    dead.wait()
+    error = "ConnectionError: AMQP channel to load-dbz-quorum closed"
+    (scratch / "consumer-1.json").write_text(f'{{"error": "{error}"}}')
+    run = SimpleNamespace(scenario=Scenario(consumers=2, pipeline="rabbitmq", fault="broker-restart@3s+2s"),
+                          consumers=[alive, dead], procs={}, settings=SimpleNamespace(max_retained_wal=1000),
+                          stack=None, pipeline=None, respawning=set(), ended=set(), scratch=scratch)
+    try:
+        inj = FaultInjector(run)  # type: ignore[arg-type]
+        inj.state.start(time.monotonic())
+        assert inj.exited_unreplaced() == []  # no supervision: an exit stays the run's failure
+        inj.state.supervising = True
+        assert inj.exited_unreplaced() == [1]
+        assert run.ended == {1}
+        exits = [e for e in inj.state.events if e["what"] == "consumer exited"]
+        assert len(exits) == 1 and exits[0]["consumer"] == 1 and exits[0]["error"] == error
+        assert exits[0]["replaced"] is False
+        assert inj.exited_unreplaced() == []  # recorded once
+        results = [{"index": 0, "error": None}, {"index": 1, "error": error}]
+        assert consumer_errors(results, sorted(run.ended)) == []
+        assert consumer_errors(results) == [f"consumer 1: {error}"]
+    finally:
+        alive.kill()
+        alive.wait()
