@@ -250,14 +250,19 @@ def down(settings: Settings, *, purge: bool = False) -> list[str]:
         if proc.terminate(e.state_dir / f"{name}.run", timeout=STOP_TIMEOUT):
             done.append(name)
     e.pidfile.unlink(missing_ok=True)
+    killed = 0
     for pid in sorted(_namespace_pids(e) | _cgroup_pids(e)):  # a crash's shims, proxies, containers
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-            done.append(f"pid {pid}")
-    proc.wait_gone([p for p in _procs(_namespace_pids(e) | _cgroup_pids(e))], timeout=10)
+            killed += 1
+    if killed:
+        done.append(f"{killed} processes left by a stopped engine killed")
+    proc.wait_gone(_procs(_namespace_pids(e) | _cgroup_pids(e)), timeout=10)
+    unmounted = 0
     for path in _mounts(e):  # overlays, shm and netns files of containers dockerd never stopped
-        if subprocess.run(["umount", "-l", path], capture_output=True).returncode == 0:
-            done.append(f"umount {path}")
+        unmounted += subprocess.run(["umount", "-l", path], capture_output=True).returncode == 0
+    if unmounted:
+        done.append(f"{unmounted} mounts left by a stopped engine unmounted")
     _remove_cgroups(e)
     errors = []
     if e.namespace in hosts.netns_names():  # takes its eth0 and with it its veth pair
