@@ -88,6 +88,27 @@ def test_engine_listens_on_its_address_only(engine: Settings) -> None:
         os.stat(f"/run/netns/{info['namespace']}").st_ino
 
 
+def test_the_participant_hosts_come_and_go_beside_the_engine(engine: Settings) -> None:
+    """The netns hosts of the same stack dir share the engine's bridge: making and removing them
+    leaves the engine, its link and the switch alone."""
+    from lab.stack import hosts
+    from lab.stack.proc import port_open
+
+    participants = engine.replace(docker_host="", backend="native", hosts="netns")
+    lay = hosts.layout(participants)
+    hosts.create(participants)
+    try:
+        assert hosts.complete(participants)
+        assert port_open(2375, engine.address("engine"))
+        with hosts.entered(lay.namespaces["consumers"]):  # a host reaches the engine over the bridge
+            assert port_open(2375, engine.address("engine"))
+    finally:
+        hosts.remove(participants)
+    assert not set(lay.namespaces.values()) & set(hosts.netns_names())
+    assert {lay.engine_ns, lay.switch} <= set(hosts.netns_names())
+    assert port_open(2375, engine.address("engine"))
+
+
 def test_wal_run_through_the_engine(engine: Settings) -> None:
     from lab.runner import run_scenario
     from lab.scenario import Scenario
