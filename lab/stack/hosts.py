@@ -15,6 +15,10 @@ cleanup removes exactly this stack's namespaces and links, found by name, even a
 between two steps of :func:`create`. The layout is recorded in ``<stack_dir>/hosts.json`` before
 anything is created; :func:`remove` (``lab stack down``) deletes whatever exists by those names.
 
+The stack's own Docker engine (:mod:`lab.stack.remote_engine`) is one more host on the same bridge,
+``fl-<id>-engine``, with a lifecycle of its own: while its namespace exists, :func:`leftovers` and
+:func:`remove` leave it, its link, the switch and the runner's link alone (:meth:`Layout.engine_kept`).
+
 A process is started inside a namespace by switching the starting thread into it
 (``setns(2)``), forking, and switching back (:func:`entered`): the child inherits the namespace,
 and keeps its parent-death signal and pid. Byte counters of each host's link are read from the
