@@ -110,7 +110,7 @@ def _stack_engine(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"engine up in {time.monotonic() - t0:.1f} s; point the compose backend at it:")
         sys.stdout.write(f"export LAB_DOCKER_HOST={engine.url}\n")
     elif args.action == "down":
-        gone = remote_engine.down(settings, purge=args.purge)
+        gone = remote_engine.down(settings, purge=args.purge_data)
         _say("engine down" + (f": {', '.join(gone)}" if gone else " (nothing was running)"))
     else:
         info = remote_engine.status(settings)
@@ -421,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     esub.add_parser("up", help="start it (idempotent) and copy the local images in when missing").set_defaults(
         handler=_stack_engine, locks=True)
     edown = esub.add_parser("down", help="stop it and remove its host, also after a crash")
-    edown.add_argument("--purge", action="store_true", help="also delete its data root (images, volumes)")
+    edown.add_argument("--purge", dest="purge_data", action="store_true",  # not `purge`: the stack dir's
+                       help="also delete its data root (images, volumes)")
     edown.set_defaults(handler=_stack_engine, locks=True)
     estatus = esub.add_parser("status", help="running or not, address, pids, images, containers")
     estatus.add_argument("--json", action="store_true", help="machine-readable output")

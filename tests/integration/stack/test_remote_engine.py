@@ -113,6 +113,7 @@ def test_wal_run_through_the_engine(engine: Settings) -> None:
     from lab.runner import run_scenario
     from lab.scenario import Scenario
     from lab.stack.compose import ComposeStack
+    from lab.stack.containers import LocalCgroup, container_usage
     from lab.stack.proc import port_open
 
     stack = ComposeStack(engine)
@@ -135,6 +136,13 @@ def test_wal_run_through_the_engine(engine: Settings) -> None:
     assert result["container_cpu"] == {"postgres": "cgroup", "kafka": "cgroup", "rabbitmq": "cgroup"}
     parent = f"{engine.stack_id}-engine"
     assert result["container_cgroups"] == [f"fl-{parent}/{{id}}"]
+    # the cgroup found is the container's own: its counter is the one the engine API reports
+    # (which answers from a once-a-second collector: up to ~1 s of an idle container behind)
+    c = stack.container("postgres")
+    local = LocalCgroup.find(c.id, tuple(result["container_cgroups"]))
+    assert local is not None
+    api_cpu, _ = container_usage(stack.client.api.stats(c.id, stream=False, one_shot=True))
+    assert local.read()[0] == pytest.approx(api_cpu, abs=0.25) and api_cpu > 0.5
     cpu = result["cpu_s"]
     assert cpu["postgres"] > 0 and cpu["consumers"] > 0 and cpu["web"] > 0
     assert result["mem_mb"]["postgres"] > 10

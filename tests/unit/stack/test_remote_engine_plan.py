@@ -125,3 +125,14 @@ def test_the_participant_hosts_leave_the_engine_and_its_switch_alone() -> None:
     kept = lay.engine_kept([lay.switch, lay.engine_ns])
     assert kept == {lay.engine_ns, lay.engine_link, lay.engine_link + "p", lay.switch, lay.runner_link}
     assert kept.isdisjoint(lay.namespaces.values())
+
+
+def test_engine_down_purge_names_its_data_root_not_the_stack_dir() -> None:
+    """``--purge`` of ``lab stack engine down`` is not ``lab stack down --purge`` (which checks and
+    deletes the whole stack dir)."""
+    from lab.cli import build_parser
+
+    args = build_parser().parse_args(["stack", "engine", "down", "--purge"])
+    assert args.purge_data and not getattr(args, "purge", False)
+    assert args.locks  # like `lab stack down`: refused while a run holds the stack
+    assert not getattr(build_parser().parse_args(["stack", "engine", "status"]), "locks", False)
