@@ -276,6 +276,8 @@ def down(settings: Settings, *, purge: bool = False) -> list[str]:
         subprocess.run(["ip", "-n", lay.switch, "link", "del", e.link], capture_output=True)
     done += hosts.release_switch(settings)
     shutil.rmtree(e.exec_root, ignore_errors=True)
+    with contextlib.suppress(OSError):  # /run/fanout-lab, once no other stack's engine uses it
+        e.exec_root.parent.rmdir()
     if purge:
         shutil.rmtree(e.state_dir, ignore_errors=True)
         done.append(f"purged {e.state_dir}")
