@@ -101,6 +101,23 @@ def _stack_images(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _stack_engine(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.stack import remote_engine
+
+    if args.action == "up":
+        t0 = time.monotonic()
+        engine = remote_engine.up(settings, say=_say)
+        _say(f"engine up in {time.monotonic() - t0:.1f} s; point the compose backend at it:")
+        sys.stdout.write(f"export LAB_DOCKER_HOST={engine.url}\n")
+    elif args.action == "down":
+        gone = remote_engine.down(settings, purge=args.purge_data)
+        _say("engine down" + (f": {', '.join(gone)}" if gone else " (nothing was running)"))
+    else:
+        info = remote_engine.status(settings)
+        sys.stdout.write(json.dumps(info) + "\n" if args.json else remote_engine.status_text(info))
+    return 0
+
+
 def _run(args: argparse.Namespace, settings: Settings) -> int:
 
     from lab.runner import run_scenario
@@ -398,6 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
     images = ssub.add_parser("images", help="the compose backend's local images (no registry needed)")
     images.add_argument("action", choices=["build"], help="build: debootstrap + the four service images (cached)")
     images.set_defaults(handler=_stack_images)
+    engine = ssub.add_parser("engine", help="the stack's own Docker engine on a host of its own (root): "
+                             "LAB_DOCKER_HOST for the compose backend")
+    esub = engine.add_subparsers(dest="action", required=True)
+    esub.add_parser("up", help="start it (idempotent) and copy the local images in when missing").set_defaults(
+        handler=_stack_engine, locks=True)
+    edown = esub.add_parser("down", help="stop it and remove its host, also after a crash")
+    edown.add_argument("--purge", dest="purge_data", action="store_true",  # not `purge`: the stack dir's
+                       help="also delete its data root (images, volumes)")
+    edown.set_defaults(handler=_stack_engine, locks=True)
+    estatus = esub.add_parser("status", help="running or not, address, pids, images, containers")
+    estatus.add_argument("--json", action="store_true", help="machine-readable output")
+    estatus.set_defaults(handler=_stack_engine)
     run = sub.add_parser("run", help="one measured run of a pipeline")
     _scenario_options(run)
     _topology_option(run)

@@ -230,8 +230,15 @@ class Settings:
     # Endpoints -------------------------------------------------------------------------
     @property
     def service_host(self) -> str:
-        """Where PostgreSQL, Kafka and RabbitMQ listen: ``services_host``, else ``host``."""
-        return self.services_host or self.host
+        """Where PostgreSQL, Kafka and RabbitMQ are reached: ``services_host``, else the host of
+        the engine ``docker_host`` names (its published ports), else ``host``."""
+        return self.services_host or docker_host_address(self.docker_host) or self.host
+
+    @property
+    def engine_url(self) -> str:
+        """The ``DOCKER_HOST`` of this stack's own engine (``lab stack engine up``): tcp on its
+        address on the stack's private bridge, and only there."""
+        return f"tcp://{self.address('engine')}:{ENGINE_PORT}"
 
     # Hosts -----------------------------------------------------------------------------
     @property
@@ -251,8 +258,8 @@ class Settings:
 
     def address(self, host: str) -> str:
         """The address of one host of the netns layout (:data:`NETNS_HOSTS`; ``runner``: the
-        bridge, the runner's own side)."""
-        octet = RUNNER_OCTET if host == "runner" else NETNS_HOSTS[host]
+        bridge, the runner's own side; ``engine``: the stack's own Docker engine)."""
+        octet = {"runner": RUNNER_OCTET, "engine": ENGINE_OCTET}.get(host) or NETNS_HOSTS[host]
         return self.hosts_subnet.rsplit(".", 1)[0] + f".{octet}"
 
     @property
@@ -392,6 +399,21 @@ RUNNER_OCTET = 1  # the bridge's own address: the runner's side of the lab netwo
 #: the hosts of the netns layout, each a participant group: name -> last octet of its address.
 #: The web host runs the web service and the senders; the probe and the runner stay outside.
 NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers": 6}
+ENGINE_OCTET = 7  # the stack's own Docker engine (lab stack engine up), one more host on the bridge
+ENGINE_PORT = 2375  # its API, plain tcp: reachable only on the stack's private bridge
+
+
+def docker_host_address(url: str) -> str | None:
+    """The host a ``DOCKER_HOST``-style URL names (``tcp://10.231.7.7:2375`` -> ``10.231.7.7``,
+    ``ssh://user@big-host`` -> ``big-host``): where that engine's published ports are reached;
+    None for a local socket (``unix://``, ``npipe://``) or no URL."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep or scheme not in ("tcp", "ssh", "http", "https"):
+        return None
+    netloc = rest.split("/", 1)[0].rpartition("@")[2]
+    if netloc.startswith("["):  # [::1]:2375
+        return netloc[1:].split("]", 1)[0] or None
+    return netloc.split(":", 1)[0] or None
 HA_PORT_STEP = 10
 
 

@@ -111,7 +111,9 @@ class ComposeStack:
         if self.settings.compose_images == "local":
             missing = missing_images(self.client, self.settings)
             if missing:
-                raise StackError(f"local images missing ({', '.join(missing)}): run `lab stack images build`")
+                how = ("`lab stack engine up` (copies them from this machine's engine)"
+                       if self.settings.docker_host else "`lab stack images build`")
+                raise StackError(f"local images missing ({', '.join(missing)}) on the engine: run {how}")
         self._compose("up", "--no-start", *SERVICES)
         for service in SERVICES:
             c = self.container(service)
@@ -255,11 +257,16 @@ class ComposeStack:
                 "rabbitmq": f"{s.service_host}:{s.amqp_port}"}.get(service, "")
 
     def record(self) -> dict[str, Any]:
-        """What a run stores about this stack: images by content digest, engine, how CPU was read."""
+        """What a run stores about this stack: images by content digest, the engine (its version,
+        ``engine_host``: ``LAB_DOCKER_HOST`` or ``local``, where its ports were reached), and how
+        each container's CPU was read (``container_cpu``: ``cgroup`` or ``engine api``;
+        ``container_cgroups``: where on this host the cgroups were found beyond the usual places)."""
         from lab.stack.engine import engine_version
 
         return {"images": self.image_digests(), "engine": engine_version(self.client),
-                "container_cpu": dict(self._board.modes) if self._board else {}}
+                "engine_host": self.settings.docker_host or "local", "services_host": self.settings.service_host,
+                "container_cpu": dict(self._board.modes) if self._board else {},
+                "container_cgroups": list(self._board.templates) if self._board else []}
 
     def image_digests(self) -> dict[str, str]:
         """Service -> image id (sha256 content digest) of every container of this project."""

@@ -6,10 +6,15 @@ read it, the same counter either way:
 
 * **Local engine** (the container's cgroup is visible on this host): straight from the cgroup
   file (``cpuacct.usage``, or ``usage_usec`` in ``cpu.stat`` on cgroup v2). Instant and exact at
-  the moment it is read. The engine's stats endpoint is not used here because it answers from a
-  collector that ticks once a second: every call blocks up to ~1 s (measured: 0.95 s with
-  ``one-shot``, 2 s without, Docker 20.10) and its value is up to 1 s old, which would move a
-  window edge by as much.
+  the moment it is read. This includes an engine reached over the network that runs on this
+  kernel (the lab's own engine in a network namespace, ``lab stack engine up``): its containers'
+  cgroups are found through the container's main pid (``/proc/<pid>/cgroup``, whose path must
+  carry the container's id, so a remote engine's pid never names a local process's cgroup) and
+  the path learnt there (its ``--cgroup-parent``) serves every other container.
+  The engine's stats endpoint is not used here because it answers from a collector that
+  ticks once a second: every call blocks up to ~1 s (measured: 0.95 s with ``one-shot``, 2 s
+  without, Docker 20.10) and its value is up to 1 s old, which would move a window edge by as
+  much.
 * **Remote engine** (``LAB_DOCKER_HOST``, Docker Desktop's VM): the engine API
   (``stats?stream=false&one-shot=true``) through the Docker SDK, every container at once in
   parallel, so one reading costs ~1 s of wall time and each value is at most ~1 s old
@@ -49,6 +54,23 @@ def _stat_field(path: Path, name: str) -> int:
     return 0
 
 
+DEFAULT_TEMPLATES = ("docker/{id}", "system.slice/docker-{id}.scope")
+
+
+def cgroup_template(proc_cgroup: str, container_id: str) -> str | None:
+    """Where an engine puts its containers' cgroups, as a relative path with ``{id}``, from the
+    ``/proc/<pid>/cgroup`` text of one container's main process (the ``cpuacct`` line of cgroup
+    v1, or v2's single line); None unless that path carries the container's id (the pid is not
+    that container's on this kernel)."""
+    lines = [ln.split(":", 2) for ln in proc_cgroup.splitlines() if ln.count(":") >= 2]
+    v1 = [path for _, controllers, path in lines if "cpuacct" in controllers.split(",")]
+    v2 = [path for hier, controllers, path in lines if hier == "0" and controllers == ""]
+    for path in v1 or v2:
+        if container_id in path:
+            return path.strip("/").replace(container_id, "{id}")
+    return None
+
+
 class LocalCgroup:
     """The cgroup files of one container on this host (v1 cgroupfs/systemd or v2)."""
 
@@ -56,8 +78,11 @@ class LocalCgroup:
         self.cpu, self.mem, self.v2 = cpu, mem, v2
 
     @classmethod
-    def find(cls, container_id: str) -> LocalCgroup | None:
-        for rel in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope"):
+    def find(cls, container_id: str, templates: tuple[str, ...] = ()) -> LocalCgroup | None:
+        """The cgroup of ``container_id`` at one of the engines' usual places, or at one of
+        ``templates`` (relative paths with ``{id}``, learnt by :func:`cgroup_template`)."""
+        for template in (*DEFAULT_TEMPLATES, *templates):
+            rel = template.format(id=container_id)
             if (CGROUP / "cpuacct" / rel / "cpuacct.usage").exists():
                 return cls(CGROUP / "cpuacct" / rel, CGROUP / "memory" / rel, v2=False)
             if (CGROUP / rel / "cpu.stat").exists():
@@ -85,7 +110,9 @@ class StatsBoard:
     def __init__(self, client: Any, find: Any, services: tuple[str, ...]) -> None:
         self.client, self.find, self.services = client, find, services
         self._ids: dict[str, str] = {}
+        self._pids: dict[str, int] = {}
         self._local: dict[str, LocalCgroup | None] = {}
+        self.templates: tuple[str, ...] = ()  # cgroup places learnt from a container's pid
         self._values: dict[str, tuple[float, float]] = {}
         self._at = float("-inf")
         self._lock = threading.Lock()
@@ -99,8 +126,24 @@ class StatsBoard:
             if c is None:
                 return None
             cid = self._ids[service] = c.id
-            self._local[service] = LocalCgroup.find(cid)
+            self._pids[service] = int(c.attrs.get("State", {}).get("Pid") or 0)
+            self._local[service] = self._locate(service, cid)
         return cid
+
+    def _locate(self, service: str, cid: str) -> LocalCgroup | None:
+        """The container's cgroup on this host: at a known place, else learnt from its main pid."""
+        found = LocalCgroup.find(cid, self.templates)
+        pid = self._pids.get(service, 0)
+        if found is not None or pid <= 0 or "engine api" in self.modes.values():
+            return found
+        try:
+            template = cgroup_template(Path(f"/proc/{pid}/cgroup").read_text(), cid)
+        except OSError:
+            template = None
+        if template is None or template in self.templates:
+            return None
+        self.templates = (*self.templates, template)
+        return LocalCgroup.find(cid, self.templates)
 
     def _api(self, service: str, cid: str) -> tuple[float, float] | None:
         try:
@@ -119,7 +162,7 @@ class StatsBoard:
                 cid = self._id(service)
                 if cid is None:
                     continue
-                local = self._local.get(service) or LocalCgroup.find(cid)  # exists once started
+                local = self._local.get(service) or LocalCgroup.find(cid, self.templates)  # once started
                 self._local[service] = local
                 if local is None:
                     if "cgroup" in self.modes.values():  # a local engine: not running, reads 0

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from lab.settings import Settings, child_env
+from lab.settings import Settings, child_env, docker_host_address
 from lab.stack.base import StackError
 
 NO_ENGINE_HINT = "start Docker (or set LAB_DOCKER_HOST) or use the native backend (LAB_BACKEND=native)"
@@ -64,11 +64,25 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def compose_bind(settings: Settings) -> str:
+    """The address the services' ports are published on, on the engine's side: 127.0.0.1 for
+    services reached on loopback; the engine's own address when the lab reaches the services at
+    the address it reaches the engine at (an IP, as the lab's own engine's); else every interface."""
+    host = settings.service_host
+    if _loopback(host):
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "0.0.0.0"
+    return host if docker_host_address(settings.docker_host) == host else "0.0.0.0"
+
+
 def compose_env(settings: Settings) -> dict[str, str]:
     """The environment docker-compose.yml is interpolated with: ports, credentials, engine.
 
     Passwords travel in the environment, never on a command line. Ports bind 127.0.0.1 unless
-    the services are reached from elsewhere (``LAB_SERVICES_HOST`` not loopback): then 0.0.0.0.
+    the services are reached from elsewhere (:func:`compose_bind`).
     """
     s = settings
     extra = {
@@ -77,7 +91,7 @@ def compose_env(settings: Settings) -> dict[str, str]:
         "LAB_AMQP_PORT": str(s.amqp_port),
         "LAB_RABBITMQ_USER": s.rabbitmq_user, "LAB_RABBITMQ_PASSWORD": s.secret("rabbitmq"),
         "LAB_SERVICES_HOST": s.service_host,
-        "LAB_COMPOSE_BIND": "127.0.0.1" if _loopback(s.service_host) else "0.0.0.0",
+        "LAB_COMPOSE_BIND": compose_bind(s),
     }
     env = child_env(s, **extra)
     if s.docker_host:

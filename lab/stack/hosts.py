@@ -15,6 +15,10 @@ cleanup removes exactly this stack's namespaces and links, found by name, even a
 between two steps of :func:`create`. The layout is recorded in ``<stack_dir>/hosts.json`` before
 anything is created; :func:`remove` (``lab stack down``) deletes whatever exists by those names.
 
+The stack's own Docker engine (:mod:`lab.stack.remote_engine`) is one more host on the same bridge,
+``fl-<id>-engine``, with a lifecycle of its own: while its namespace exists, :func:`leftovers` and
+:func:`remove` leave it, its link, the switch and the runner's link alone (:meth:`Layout.engine_kept`).
+
 A process is started inside a namespace by switching the starting thread into it
 (``setns(2)``), forking, and switching back (:func:`entered`): the child inherits the namespace,
 and keeps its parent-death signal and pid. Byte counters of each host's link are read from the
@@ -40,7 +44,11 @@ log = logging.getLogger(__name__)
 
 PREFIX = "fl"
 #: a short code per host, for link names (at most 15 bytes: ``fl`` + 6 hex + ``-`` + code + ``p``)
-SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "consumers": "con", "runner": "run"}
+SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "consumers": "con", "runner": "run",
+         "engine": "eng"}
+#: the stack's own Docker engine (lab.stack.remote_engine): one more host on the bridge, with its own
+#: lifecycle (``lab stack engine up|down``), so the participant hosts' create and remove leave it alone
+ENGINE = "engine"
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 RECORD = "hosts.json"
@@ -78,6 +86,24 @@ class Layout:
     @property
     def runner_link(self) -> str:
         return self.peer("runner")
+
+    @property
+    def engine_ns(self) -> str:
+        """The namespace of the stack's own Docker engine."""
+        return f"{self.prefix_ns}{ENGINE}"
+
+    @property
+    def engine_link(self) -> str:
+        """The switch-side end of the engine's veth pair (its other end is the engine's ``eth0``)."""
+        return f"{self.prefix_link}{SHORT[ENGINE]}"
+
+    def engine_kept(self, namespaces: list[str]) -> set[str]:
+        """What the participant hosts' :func:`leftovers` and :func:`remove` leave alone: while the
+        engine's namespace exists, that namespace, its link and the switch with the runner's link
+        it reaches the engine by (``namespaces``: the names that exist now)."""
+        if self.engine_ns not in namespaces:
+            return set()
+        return {self.engine_ns, self.engine_link, self.engine_link + "p", self.switch, self.runner_link}
 
     def as_record(self) -> dict[str, object]:
         return {"stack_id": self.stack_id, "subnet": self.subnet, "switch": self.switch, "bridge": self.bridge,
@@ -139,9 +165,11 @@ def link_names(netns: str | None = None) -> list[str]:
 
 
 def leftovers(settings: Settings) -> list[str]:
-    """This stack's namespaces and root-namespace links that exist now."""
+    """This stack's namespaces and root-namespace links that exist now (not the engine's)."""
     lay = layout(settings)
-    return [*ours(netns_names(), lay.prefix_ns), *ours(link_names(), lay.prefix_link)]
+    names = netns_names()
+    kept = lay.engine_kept(names)
+    return [n for n in [*ours(names, lay.prefix_ns), *ours(link_names(), lay.prefix_link)] if n not in kept]
 
 
 def complete(settings: Settings) -> bool:
@@ -216,24 +244,25 @@ def create(settings: Settings) -> Layout:
 
 
 def _build(lay: Layout) -> None:
-    sw, bits = lay.switch, plen(lay.subnet)
-    _ip("netns", "add", sw)
-    _sysctl(sw)
-    _ip("-n", sw, "link", "add", lay.bridge, "type", "bridge")
-    _ip("-n", sw, "link", "set", "lo", "up")
-    _ip("-n", sw, "link", "set", lay.bridge, "up")
+    ensure_switch(lay)
     for host, ns in lay.namespaces.items():
-        _ip("netns", "add", ns)
-        _sysctl(ns)
-        _ip("link", "add", lay.links[host], "type", "veth", "peer", "name", lay.peer(host))
-        _ip("link", "set", lay.links[host], "netns", sw)
-        _ip("link", "set", lay.peer(host), "netns", ns)
-        _ip("-n", ns, "link", "set", lay.peer(host), "name", "eth0")
-        _ip("-n", ns, "addr", "add", f"{lay.addresses[host]}/{bits}", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", ns, "link", "set", "eth0", "up")
-        _ip("-n", sw, "link", "set", lay.links[host], "master", lay.bridge)
-        _ip("-n", sw, "link", "set", lay.links[host], "up")
+        add_host(lay, ns, lay.links[host], lay.addresses[host])
+    for host, ns in lay.namespaces.items():
+        _nft(ns, counter_rules(lay, host))
+
+
+def ensure_switch(lay: Layout) -> None:
+    """The switch namespace with its bridge, and the runner's veth pair into it (what is missing
+    of them; the engine may have made them already)."""
+    sw, bits = lay.switch, plen(lay.subnet)
+    if sw not in netns_names():
+        _ip("netns", "add", sw)
+        _sysctl(sw)
+        _ip("-n", sw, "link", "add", lay.bridge, "type", "bridge")
+        _ip("-n", sw, "link", "set", "lo", "up")
+        _ip("-n", sw, "link", "set", lay.bridge, "up")
+    if lay.runner_link in link_names():
+        return
     # the runner's side: its end stays here, the other one is a port of the bridge
     _ip("link", "add", lay.runner_link, "type", "veth", "peer", "name", lay.links["runner"])
     _ip("link", "set", lay.links["runner"], "netns", sw)
@@ -242,8 +271,38 @@ def _build(lay: Layout) -> None:
     _ip("link", "set", lay.runner_link, "up")
     _ip("-n", sw, "link", "set", lay.links["runner"], "master", lay.bridge)
     _ip("-n", sw, "link", "set", lay.links["runner"], "up")
-    for host, ns in lay.namespaces.items():
-        _nft(ns, counter_rules(lay, host))
+
+
+def add_host(lay: Layout, ns: str, link: str, address: str) -> None:
+    """A namespace ``ns`` whose ``eth0`` (at ``address``) is one end of a veth pair; the other
+    end, ``link``, a port of the switch's bridge."""
+    sw, bits = lay.switch, plen(lay.subnet)
+    peer = link + "p"
+    _ip("netns", "add", ns)
+    _sysctl(ns)
+    _ip("link", "add", link, "type", "veth", "peer", "name", peer)
+    _ip("link", "set", link, "netns", sw)
+    _ip("link", "set", peer, "netns", ns)
+    _ip("-n", ns, "link", "set", peer, "name", "eth0")
+    _ip("-n", ns, "addr", "add", f"{address}/{bits}", "dev", "eth0")
+    _ip("-n", ns, "link", "set", "lo", "up")
+    _ip("-n", ns, "link", "set", "eth0", "up")
+    _ip("-n", sw, "link", "set", link, "master", lay.bridge)
+    _ip("-n", sw, "link", "set", link, "up")
+
+
+def release_switch(settings: Settings) -> list[str]:
+    """Delete the switch and the runner's link once no host of this stack uses them (neither a
+    participant host nor the engine); returns what was deleted."""
+    lay = layout(settings)
+    if [n for n in ours(netns_names(), lay.prefix_ns) if n != lay.switch]:
+        return []
+    gone = []
+    if lay.switch in netns_names() and _ip("netns", "del", lay.switch, check=False).returncode == 0:
+        gone.append(lay.switch)
+    if lay.runner_link in link_names() and _ip("link", "del", lay.runner_link, check=False).returncode == 0:
+        gone.append(lay.runner_link)
+    return gone
 
 
 def delay(settings: Settings, lay: Layout) -> None:
@@ -318,10 +377,11 @@ def remove(settings: Settings) -> list[str]:
     lay = layout(settings)
     gone: list[str] = []
     errors: list[str] = []
-    for ns in ours(netns_names(), lay.prefix_ns):  # takes each host's eth0 and with it its veth pair
+    kept = lay.engine_kept(netns_names())  # the engine's, and the switch it needs, stay
+    for ns in [n for n in ours(netns_names(), lay.prefix_ns) if n not in kept]:  # each host's eth0 and its pair
         done = _ip("netns", "del", ns, check=False)
         (gone if done.returncode == 0 else errors).append(ns if done.returncode == 0 else done.stderr.strip())
-    for link in ours(link_names(), lay.prefix_link):  # the runner's end, or a pair a crash left here
+    for link in [n for n in ours(link_names(), lay.prefix_link) if n not in kept]:  # the runner's end, or a pair
         done = _ip("link", "del", link, check=False)
         if done.returncode == 0:
             gone.append(link)

@@ -220,3 +220,44 @@ def missing_images(client: Any, settings: Settings) -> list[str]:
         except docker.errors.ImageNotFound:
             missing.append(tag)
     return missing
+
+
+def copy_images(settings: Settings, target: Any, *, say: Say = lambda _: None) -> list[str]:
+    """Copy the local images from the engine of ``settings`` (the host's) into the engine
+    ``target`` (an SDK client), only those it lacks or holds at another id: one ``docker save``
+    of them all (layers they share travel once) streamed into ``docker load``. Returns the tags
+    copied."""
+    import docker.errors
+
+    tags = [local_tag(settings, name) for name in LOCAL_IMAGES]
+    missing = missing_images(target, settings)
+    try:
+        source = docker_client(settings)
+    except StackError:
+        if missing:
+            raise
+        return []  # all there; the host's engine is not needed to tell whether they are current
+    want = []
+    for tag in tags:
+        try:
+            have = source.images.get(tag).id
+        except docker.errors.ImageNotFound:
+            raise StackError(f"{tag} is not on this machine's engine: run `lab stack images build` "
+                             "(without LAB_DOCKER_HOST) first") from None
+        if tag in missing or target.images.get(tag).id != have:
+            want.append(tag)
+    if not want:
+        say("local images: all present on the target engine")
+        return []
+    say(f"copying {', '.join(want)} (docker save | docker load)")
+    api = source.api
+    url = f"{api.base_url}/v{api.api_version}/images/get"
+    with api.get(url, params={"names": want}, stream=True, timeout=600) as res:
+        res.raise_for_status()
+        for line in target.api.load_image(res.iter_content(1 << 20)):
+            if isinstance(line, dict) and line.get("error"):
+                raise StackError(f"loading the images failed: {line['error']}")
+    still = [t for t in missing_images(target, settings) if t in want]
+    if still:
+        raise StackError(f"images not there after the copy: {', '.join(still)}")
+    return want
