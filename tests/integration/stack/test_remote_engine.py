@@ -27,7 +27,8 @@ from lab.settings import Settings
 from lab.stack.base import StackError
 from tests.conftest import test_settings as native_test_settings
 
-pytestmark = pytest.mark.integration
+# 80-130 s with the image copy: `make test-full`, so that `make test` keeps its half hour
+pytestmark = [pytest.mark.integration, pytest.mark.matrix]
 OFFSET = 250  # host-side ports (web, Debezium HTTP) apart from the native (+300) and compose (+200) tests
 TIMINGS: dict[str, float] = {}
 
