@@ -164,8 +164,8 @@ def move_to(group: Path | None, pid: int | None = None) -> None:
         log.warning("could not move pid %s back into %s: %s", pid or os.getpid(), group, exc)
 
 
-def tree_pids(root_pid: int) -> list[int]:
-    """``root_pid`` and all its live descendants, from one pass over ``/proc``."""
+def children_map() -> dict[int, list[int]]:
+    """ppid -> pids, from one pass over ``/proc``."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -177,6 +177,12 @@ def tree_pids(root_pid: int) -> list[int]:
             continue
         ppid = int(raw[raw.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def tree_pids(root_pid: int) -> list[int]:
+    """``root_pid`` and all its live descendants, from one pass over ``/proc``."""
+    children = children_map()
     out, todo = [], [root_pid]
     while todo:
         pid = todo.pop()

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lab.measure.cgroups import PREFIX, cgroup2_mount, cgroup_scope
+from lab.measure.cgroups import PREFIX, cgroup2_mount, cgroup_scope, children_map
 from lab.measure.sampler import Participant
 from lab.settings import Settings
 
@@ -151,22 +151,6 @@ def enable_io(parents: Sequence[Path]) -> str | None:
         except OSError as exc:
             return f"could not enable io at {path}: {exc.strerror or exc}"
     return None
-
-
-def children_map() -> dict[int, list[int]]:
-    """ppid -> pids, from one pass over ``/proc``."""
-    out: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        ppid = int(raw[raw.rindex(b")") + 2:].split()[1])
-        out.setdefault(ppid, []).append(int(entry))
-    return out
 
 
 def tree(root: int, children: Mapping[int, list[int]], stop: Iterable[int] = ()) -> list[int]:
