@@ -33,7 +33,11 @@ quiet_host_broker() {
     systemctl disable rabbitmq-server.service >/dev/null 2>&1 || true
     systemctl mask rabbitmq-server.service >/dev/null 2>&1 || true
   elif [ -x "$root/etc/init.d/rabbitmq-server" ]; then
-    "$root/etc/init.d/rabbitmq-server" stop >/dev/null 2>&1 || true
+    # only a running service is stopped: the init script's stop asks rabbitmqctl, whose Erlang
+    # leaves an epmd daemon on every interface (port 4369) behind when nothing ran
+    if [ -s "$root/run/rabbitmq/pid" ] || [ -s "$root/var/run/rabbitmq/pid" ]; then
+      "$root/etc/init.d/rabbitmq-server" stop >/dev/null 2>&1 || true
+    fi
     if command -v update-rc.d >/dev/null 2>&1; then
       update-rc.d rabbitmq-server disable >/dev/null 2>&1 || true
     fi

@@ -64,10 +64,11 @@ def _tool(bin_dir: Path, name: str, text: str) -> None:
 
 
 def run_script(tmp_path: Path, *, version: str | None, uid: int = 0, present: bool = False,
-               broker: bool = False, init: str = "systemd", policy: str | None = None) -> Result:
+               broker: bool = False, init: str = "systemd", policy: str | None = None,
+               running: bool = False) -> Result:
     """Run the script: ``present``: every tool it looks for is there; ``broker``: the packaged
     broker is installed already; ``init``: ``systemd``, ``sysv`` or none; ``policy``: an existing
-    policy-rc.d of the machine's."""
+    policy-rc.d of the machine's; ``running``: the distribution's service has its pid file."""
     root, bin_dir, log = tmp_path / "root", tmp_path / "bin", tmp_path / "log"
     for d in (root / "usr" / "sbin", bin_dir):
         d.mkdir(parents=True)
@@ -92,6 +93,9 @@ def run_script(tmp_path: Path, *, version: str | None, uid: int = 0, present: bo
     elif init == "sysv":
         (root / "etc" / "init.d").mkdir(parents=True)
         _tool(root / "etc" / "init.d", "rabbitmq-server", RECORD)
+    if running:
+        (root / "run" / "rabbitmq").mkdir(parents=True)
+        (root / "run" / "rabbitmq" / "pid").write_text("4242\n")
     if policy is not None:
         _tool(root / "usr" / "sbin", "policy-rc.d", policy)
     env = {"PATH": str(bin_dir), "SYSDEPS_ROOT": str(root), "LOG": str(log), "HOME": str(tmp_path)}
@@ -141,10 +145,17 @@ def test_with_everything_present_nothing_is_installed_but_a_present_broker_is_ma
     assert r.log == MASKED
 
 
-def test_under_sysv_init_the_broker_is_stopped_and_disabled(tmp_path: Path) -> None:
-    r = run_script(tmp_path, version="3.10", present=True, broker=True, init="sysv")
+def test_under_sysv_init_a_running_broker_is_stopped_and_disabled(tmp_path: Path) -> None:
+    r = run_script(tmp_path, version="3.10", present=True, broker=True, init="sysv", running=True)
     assert r.status == 0, r.stderr
     assert r.log == ["rabbitmq-server stop", "update-rc.d rabbitmq-server disable"]
+
+
+def test_under_sysv_init_a_broker_not_running_is_only_disabled(tmp_path: Path) -> None:
+    # its init script's stop would start an epmd on every interface just to ask
+    r = run_script(tmp_path, version="3.10", present=True, broker=True, init="sysv")
+    assert r.status == 0, r.stderr
+    assert r.log == ["update-rc.d rabbitmq-server disable"]
 
 
 def test_without_root_it_names_the_missing_packages_and_installs_nothing(tmp_path: Path) -> None:
