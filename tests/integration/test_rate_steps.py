@@ -49,17 +49,18 @@ def test_a_staircase_is_sent_and_measured_step_by_step(stack: object, settings: 
 
 def test_a_runaway_lag_stops_the_staircase_and_the_run_still_works_every_message(
         stack: object, settings: Settings) -> None:
-    # 20 ms of work per message: one consumer works about 50 msg/s, far below the second step
-    r = run(settings, rate_steps="10,400,800", step_s=4.0, work_delay_ms=20.0)
+    # 20 ms of work per message: one consumer works about 50 msg/s, far below the second step (its
+    # rates are as low as keep that plain: the backlog left to work after the stop is the test's time)
+    r = run(settings, rate_steps="10,300,600", step_s=4.0, work_delay_ms=20.0)
     assert r["success"], r["error"]
     stair = r["staircase"]
     assert stair["stopped_early"] and stair["stop"]["after_step"] == 1 and stair["steps_run"] == 2
-    assert r["senders"]["steps_sent"] == 2 and r["senders"]["planned"] == 40 + 1600
-    assert r["counters"]["sent"] == r["counters"]["work_distinct"] == r["counters"]["distinct_ids"] == 1640
+    assert r["senders"]["steps_sent"] == 2 and r["senders"]["planned"] == 40 + 1200
+    assert r["counters"]["sent"] == r["counters"]["work_distinct"] == r["counters"]["distinct_ids"] == 1240
     first, second = r["steps"]
     assert first["sustainable"], first["failed"]
     assert not second["sustainable"] and second["lag_slope"] > 150
     assert second["delivered_per_s"] < 100
     assert r["max_sustainable_rate"] == 10.0 and stair["limit_found"]
     total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
-    assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / 1640, rel=1e-3)  # the messages really sent
+    assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / 1240, rel=1e-3)  # the messages really sent

@@ -169,6 +169,7 @@ def test_nothing_is_left_behind(runs: dict[int, dict[str, Any]], n: int) -> None
     assert runs[n]["result"]["pipeline_settings"]["group_id"] not in runs[n]["groups"]  # deleted
 
 
+@pytest.mark.matrix  # it needs the runs at N = 2 and 4; the group's name is asserted fresh (uuid) above
 def test_each_run_has_its_own_group(runs: dict[int, dict[str, Any]]) -> None:
     groups = {runs[n]["result"]["pipeline_settings"]["group_id"] for n in (2, 4)}
     assert len(groups) == 2

@@ -194,7 +194,7 @@ def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: Nativ
 @pytest.mark.parametrize("pipeline", [pytest.param("wal", marks=pytest.mark.matrix),
                                       pytest.param("wal-sharded", marks=pytest.mark.matrix),
                                       pytest.param("wal-relay", marks=pytest.mark.matrix),
-                                      "kafka", "rabbitmq"])
+                                      pytest.param("kafka", marks=pytest.mark.matrix), "rabbitmq"])
 def test_pipeline_at_n2_succeeds_with_every_node_measured(ha: NativeStack, pipeline: str) -> None:
     r = run(ha.settings, pipeline=pipeline, consumers=2)
     per = {k: round(v * 1000 / M, 3) for k, v in r["cpu_s"].items()}
@@ -246,6 +246,12 @@ def test_a_killed_broker_node_loses_nothing(ha: NativeStack, pipeline: str) -> N
     assert r["success"], r["error"]
     assert acc["adds_up"] and acc["lost"] == 0 and acc["distinct"] == m, acc
     assert acc["time_to_resume_s"] is not None and acc["time_to_resume_s"] >= 0
+    ps = r["pipeline_settings"]  # (the default tier's kafka run under ha: its replication is asserted here)
+    if pipeline == "kafka":
+        assert ps["replication_factor"] == 3 and ps["min_insync_replicas"] == 2
+        assert ps["replicas_at_start"]["replicas_min"] == 3 and ps["replicas_at_start"]["isr_min"] >= 2
+    else:
+        assert ps["queue_arguments"]["x-quorum-initial-group-size"] == 3
     with psycopg.connect(ha.settings.pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == m
     (after,) = ha.service(node).processes()[:1]

@@ -105,7 +105,9 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     assert [name for name, _ in calls] == ["series", "latency", "broker_native", "control", "faults", "analysis"]
     assert params["analysis"] == {"series_id": "s1", "report_dir": params["control"]["report_dir"], "consumers": 2,
                                   "messages_per_start": 300, "rate": 0.0, "capacity_series_id": "s1-capacity",
-                                  "faults_series_id": "faults-s1"}
+                                  "faults_series_id": "faults-s1", "n_boot": 200}
+    # latency and the staircases on one pipeline of each side, unless the report names its pipelines
+    assert params["latency"]["pipelines"] == "wal,kafka" and params["latency"]["consumers"] == "1"
     assert params["analysis"]["capacity_series_id"] == params["latency"]["steps_series_id"]
     assert params["control"]["series_id"] == report.report_series("s1", "smoke")["control"] == "s1-control"
     assert (params["control"]["messages"], params["control"]["consumers"], params["control"]["pipelines"]) == (
@@ -119,6 +121,7 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka")
     assert [name for name, _ in calls] == ["series", "latency", "broker_native", "analysis"]  # the default study
     assert dict(calls)["analysis"]["consumers"] == 4  # measured by every profile but smoke
+    assert "n_boot" not in dict(calls)["analysis"] and dict(calls)["latency"]["pipelines"] == "wal,kafka"
     assert page == ["analysis", "latency", "broker_native"]
     calls.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka",
