@@ -340,18 +340,20 @@ def by_rate(lines: pd.DataFrame, direct: str, broker: str, *, rates: Sequence[fl
 
 
 def answer_table(answers: Iterable[Answer]) -> pd.DataFrame:
-    """One row per condition and model: condition, model, n_star, lo, hi, inside; and per condition
-    a row ``model="range over models"`` with the lowest and highest point estimate."""
+    """One row per pair, condition and model: direct, broker, condition, model, n_star, lo, hi,
+    inside; and per pair and condition a row ``model="range over models"`` with the lowest and
+    highest point estimate."""
     rows = []
     for ans in answers:
+        pair = {"direct": ans.direct, "broker": ans.broker, "condition": ans.condition}
         for m in ans.models:
-            rows.append({"condition": ans.condition, "model": m.model, "n_star": m.n_star,
-                         "lo": m.ci[0], "hi": m.ci[1], "inside": m.inside})
+            rows.append({**pair, "model": m.model, "n_star": m.n_star, "lo": m.ci[0], "hi": m.ci[1],
+                         "inside": m.inside})
         r = ans.range
         if r is not None:
-            rows.append({"condition": ans.condition, "model": "range over models", "n_star": None,
-                         "lo": r[0], "hi": r[1], "inside": ans.measured})
-    return pd.DataFrame(rows, columns=["condition", "model", "n_star", "lo", "hi", "inside"])
+            rows.append({**pair, "model": "range over models", "n_star": None, "lo": r[0], "hi": r[1],
+                         "inside": ans.measured})
+    return pd.DataFrame(rows, columns=["direct", "broker", "condition", "model", "n_star", "lo", "hi", "inside"])
 
 
 PARTS = ("pg.walsenders", "pg.claims", "pg.inserts", "pg.shards", "pg.relay", "pg.other", "cpu_s.consumers",

@@ -84,7 +84,11 @@ def test_rate_lines_and_n_star_by_rate() -> None:
     n_fast = next(m for m in fast.models if m.model == crossover.MODELS[0]).n_star
     # at a low rate the broker's idle JVM and pollers are paid over few messages: the broker pays off later
     assert n_slow > n_fast
-    assert crossover.answer_table([slow, fast])["model"].str.contains("range over models").sum() == 2
+    table = crossover.answer_table([slow, fast])
+    assert table["model"].str.contains("range over models").sum() == 2
+    # every row names its pair: a saved table is read without the answers beside it
+    assert table[["direct", "broker"]].notna().all().all()
+    assert list(table.columns[:3]) == ["direct", "broker", "condition"]
 
 
 def test_volume_fit_recovers_a_fixed_part_only_where_there_is_one() -> None:
