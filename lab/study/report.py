@@ -99,14 +99,17 @@ def export_html(notebook: Path, html: Path, *, title: str) -> Path:
 # What else a report measures, per profile: the latency at a fixed rate, the
 # broker-native stand and the control experiment. Sizes grow with the profile like
 # the main series; smoke measures latency and the staircases on one pipeline of each side (a
-# report's --pipelines overrides that); quick's control (6 runs of 1,500 messages with 15 ms of work) takes about 3-4
-# minutes on 2 cores, full's is the reference's 20,000 messages at N = 2, 4, 8.
+# report's --pipelines overrides that); quick runs no fixed-rate series (an empty ``consumers``):
+# its load staircases give the latency of every step, at 50 to 800 msg/s, so a series at one rate
+# would add 9 runs (about 6 minutes on a slow day) for a figure the staircases already hold; quick's
+# control (6 runs of 1,500 messages with 15 ms of work) takes about 3-4 minutes on 2 cores, full's is
+# the reference's 20,000 messages at N = 2, 4, 8.
 EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {"latency": {"rate": 100.0, "consumers": "1", "pipelines": "wal,kafka"},
               "broker_native": {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0},
               "control": {"messages": 100, "consumers": "2", "pipelines": "wal", "senders": 20,
                           "cooldown_s": 0.0}},
-    "quick": {"latency": {"rate": 500.0, "consumers": "1,4"},
+    "quick": {"latency": {"rate": 500.0, "consumers": ""},
               "broker_native": {"messages": 20_000, "consumers": 8, "producers": 200, "cooldown_s": 5.0},
               "control": {"messages": 1_500, "consumers": "2,8", "pipelines": "kafka,rabbitmq,wal",
                           "cooldown_s": 5.0}},
@@ -126,12 +129,13 @@ EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers":
                        "faults": {"profile": "quick"}}
 # Which of them a report runs unless told otherwise (`lab report --with faults,control` adds, `make
 # report WITH=...`). quick is the default study and must stay within half an hour on 2 cores: it answers
-# the question (the series with its volume arm, latency and the load staircases that give N* by rate, the
-# broker-native stand beside the article's) and leaves out the fault matrix (~20-25 more minutes) and the
-# control experiment (~3-4), which are studies of their own (`lab faults`, `lab report --with control`).
+# the question (the series with its volume arm, and the load staircases that give latency per rate and
+# N* by rate) and leaves out the fault matrix (~20-25 more minutes), the broker-native stand (~2.5)
+# and the control experiment (~3-4), which are studies of their own (`lab faults`, `lab report
+# --with broker-native,control`).
 EXTRAS["decision"] = {**EXTRAS["quick"], "latency": {"rate": 500.0, "consumers": "1,16"}}
 PARTS = ("latency", "broker_native", "control", "faults")
-DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency", "broker_native"),
+DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency",),
                                              "full": PARTS, "reference": PARTS, "decision": ("latency",)}
 
 
@@ -149,10 +153,11 @@ def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
 # steps of every pipeline, so the staircases start low: on 2 cores on a slow day (2026-12-04) Kafka
 # and RabbitMQ could not carry 500 msg/s, and a staircase from 250 left them with one step or none.
 # quick: 8 runs of at most 40 s of sending each (a staircase stops at its first step it cannot
-# carry), about 7 minutes on 2 cores; smoke: 2 runs of 2 x 2 s.
+# carry), about 7 minutes on 2 cores, at N = 1 and 16 so that N* by rate is read between measured N
+# (with N = 1 and 4 it was a straight line drawn beyond them); smoke: 2 runs of 2 x 2 s.
 CAPACITY: dict[str, dict[str, Any]] = {
     "smoke": {"rate_steps": "50,100", "step_s": 2.0, "steps_consumers": "1"},
-    "quick": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,4"},
+    "quick": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
     "full": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,16"},
     "reference": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8"},
     "decision": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},

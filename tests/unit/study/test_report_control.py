@@ -119,10 +119,12 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     calls.clear()
     page.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka")
-    assert [name for name, _ in calls] == ["series", "latency", "broker_native", "analysis"]  # the default study
+    assert [name for name, _ in calls] == ["series", "latency", "analysis"]  # the default study
     assert dict(calls)["analysis"]["consumers"] == 4  # measured by every profile but smoke
     assert "n_boot" not in dict(calls)["analysis"] and dict(calls)["latency"]["pipelines"] == "wal,kafka"
-    assert page == ["analysis", "latency", "broker_native"]
+    # quick's latency is the staircases' (per step and rate): no fixed-rate series
+    assert dict(calls)["latency"]["consumers"] == "" and dict(calls)["latency"]["steps_consumers"] == "1,16"
+    assert page == ["analysis", "latency"]
     calls.clear()
     report.build_report("quick", settings, series_id="s2", pipelines="wal,kafka",
                         parts=report.report_parts("quick", "faults,control"))
@@ -149,8 +151,8 @@ def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> Non
 
 
 def test_report_parts_default_per_profile_and_with_adds() -> None:
-    assert report.report_parts("quick") == ("latency", "broker_native")
-    assert report.report_parts("quick", "faults") == ("latency", "broker_native", "faults")
+    assert report.report_parts("quick") == ("latency",)
+    assert report.report_parts("quick", "faults") == ("latency", "faults")
     assert report.report_parts("quick", "control, broker-native") == ("latency", "broker_native", "control")
     assert report.report_parts("smoke") == report.report_parts("full") == report.PARTS
     with pytest.raises(ValueError, match="unknown report part 'fault'"):

@@ -34,9 +34,9 @@ def test_plan_is_warmup_then_every_cell_then_drift_probe() -> None:
 
 def test_profiles() -> None:
     quick, full = series.profile("quick"), series.profile("full")
-    assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 2, 4, 8, 16))
+    assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 4, 8, 16))
     assert quick.repeats == 2 and series.plan("quick")[1].seed == 1  # an interval per cell, shuffled
-    assert quick.volume_arm == (20_000, (1, 16), 2)
+    assert quick.volume_arm == (20_000, (1, 16), 1)
     assert (full.messages, full.senders, full.cooldown_s, full.repeats) == (100_000, 200, 20.0, 3)
     assert set(quick.consumers) < set(full.consumers) and max(full.consumers) == 16  # measured, not extrapolated
     assert quick.idle_s == full.idle_s == 30.0
@@ -51,17 +51,21 @@ def test_repeats_are_blocks_and_the_volume_arm_rides_in_them() -> None:
     pipes = ["kafka", "wal"]
     plan = series.plan("quick", pipelines=pipes)
     body = plan[1:-1]
-    per_block = len(pipes) * len(series.QUICK_CONSUMERS) + len(pipes) * 2
-    assert len(body) == 2 * per_block
-    main = {(p, n) for p in pipes for n in series.QUICK_CONSUMERS}
+    cells = len(pipes) * len(series.QUICK_CONSUMERS)
     arm = {(p, n) for p in pipes for n in (1, 16)}
-    for block in (body[:per_block], body[per_block:]):  # each block: every cell once, the arm once
+    first = cells + len(arm)  # quick's arm rides in its first block only
+    assert len(body) == first + cells
+    main = {(p, n) for p in pipes for n in series.QUICK_CONSUMERS}
+    for block, with_arm in ((body[:first], True), (body[first:], False)):  # every cell once per block
         assert sorted((s.pipeline, s.consumers) for s in block if not s.warmup) == sorted(main)
         volume = [s for s in block if s.label == "volume"]
-        assert {(s.pipeline, s.consumers) for s in volume} == arm and len(volume) == len(arm)
+        assert {(s.pipeline, s.consumers) for s in volume} == (arm if with_arm else set())
+        assert len(volume) == (len(arm) if with_arm else 0)
         assert all(s.warmup and s.messages == 20_000 for s in volume)  # no table pools them with M = 5,000
-    assert body[:per_block] != body[per_block:]  # shuffled within each block, differently
+    assert [s for s in body[:first] if not s.warmup] != body[first:]  # shuffled within each block, differently
     assert plan[-1].label == "drift" and plan[-1].messages == 5000
+    full = series.plan("full", pipelines=pipes)[1:-1]  # full: the arm in two of its three blocks
+    assert sum(s.label == "volume" for s in full) == 2 * len(arm)
     assert not any(s.label == "volume" for s in series.plan("quick", pipelines=pipes, rate=500.0))
     assert not any(s.label == "volume" for s in series.plan("smoke", pipelines=pipes))
 
