@@ -203,8 +203,8 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     if prof.volume_arm is not None and not rate:
         arm_m, arm_n, arm_blocks = prof.volume_arm
         arm_n = tuple(n for n in arm_n if n in ns)
-        arm = [] if not arm_n else [[base.replace(pipeline=p, consumers=n, messages=arm_m, seed=seed or 0, warmup=True, label="volume")
-                for p in pipes for n in arm_n] for _ in range(arm_blocks)]
+        arm = [[base.replace(pipeline=p, consumers=n, messages=arm_m, seed=seed or 0, warmup=True, label="volume")
+                for p in pipes for n in arm_n] for _ in range(arm_blocks)] if arm_n else []
     cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
                                    repeats=repeats or prof.repeats, seed=seed, extra=arm) for c in block]
     first = "kafka" if "kafka" in pipes else pipes[0]
