@@ -42,7 +42,7 @@ def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _say_skipped(stack: object) -> None:
-    """One line naming what was left out and why (native backend: no root, or RabbitMQ under netns)."""
+    """One line naming what was left out and why (native backend: RabbitMQ without root)."""
     skipped = getattr(stack, "skipped", None) or {}
     if skipped:
         _say("not started: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))

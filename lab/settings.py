@@ -269,8 +269,14 @@ class Settings:
 
     @property
     def broker_host(self) -> str:
-        """Where Kafka and RabbitMQ listen."""
+        """Where Kafka listens (the ``broker`` host of the netns layout)."""
         return self.address("broker") if self.netns else self.service_host
+
+    @property
+    def rabbitmq_host(self) -> str:
+        """Where RabbitMQ's AMQP listener is reached (the ``rabbitmq`` host of the netns layout;
+        its node name and epmd stay on that host's own loopback)."""
+        return self.address("rabbitmq") if self.netns else self.service_host
 
     @property
     def web_host(self) -> str:
@@ -353,13 +359,13 @@ class Settings:
 
     @property
     def amqp_url(self) -> str:
-        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.broker_host}:"
+        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.rabbitmq_host}:"
                 f"{self.amqp_endpoint_port}/")
 
     @property
     def amqp_url_public(self) -> str:
         """The AMQP URL without its password (for logs and ``lab stack env``)."""
-        return f"amqp://{self.rabbitmq_user}@{self.broker_host}:{self.amqp_endpoint_port}/"
+        return f"amqp://{self.rabbitmq_user}@{self.rabbitmq_host}:{self.amqp_endpoint_port}/"
 
     def connect_env(self) -> dict[str, str]:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
@@ -397,8 +403,9 @@ HOST_LAYOUTS = ("loopback", "netns")
 SUBNET_PREFIX = "10.231"  # private (RFC 1918); nothing is routed beyond the namespaces
 RUNNER_OCTET = 1  # the bridge's own address: the runner's side of the lab network
 #: the hosts of the netns layout, each a participant group: name -> last octet of its address.
-#: The web host runs the web service and the senders; the probe and the runner stay outside.
-NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers": 6}
+#: ``broker`` runs Kafka, ``rabbitmq`` RabbitMQ (8: the engine took 7 first); the web host runs the
+#: web service and the senders; the probe and the runner stay outside.
+NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers": 6, "rabbitmq": 8}
 ENGINE_OCTET = 7  # the stack's own Docker engine (lab stack engine up), one more host on the bridge
 ENGINE_PORT = 2375  # its API, plain tcp: reachable only on the stack's private bridge
 

@@ -1,6 +1,6 @@
 """Participants on hosts of their own: network namespaces on a private bridge (``LAB_HOSTS=netns``).
 
-Each participant group of :data:`lab.settings.NETNS_HOSTS` (PostgreSQL, the broker, Debezium,
+Each participant group of :data:`lab.settings.NETNS_HOSTS` (PostgreSQL, Kafka, RabbitMQ, Debezium,
 the web service with its senders, the consumers) gets a network namespace with one interface,
 ``eth0``, at its address in the stack's /24 (:attr:`Settings.hosts_subnet`). The ``eth0`` of every
 host is one end of a veth pair whose other end is a port of a bridge; the bridge lives in a
@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 
 PREFIX = "fl"
 #: a short code per host, for link names (at most 15 bytes: ``fl`` + 6 hex + ``-`` + code + ``p``)
-SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "consumers": "con", "runner": "run",
-         "engine": "eng"}
+SHORT = {"postgres": "pg", "broker": "bk", "rabbitmq": "rmq", "debezium": "dz", "web": "web", "consumers": "con",
+         "runner": "run", "engine": "eng"}
 #: the stack's own Docker engine (lab.stack.remote_engine): one more host on the bridge, with its own
 #: lifecycle (``lab stack engine up|down``), so the participant hosts' create and remove leave it alone
 ENGINE = "engine"

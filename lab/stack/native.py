@@ -58,8 +58,6 @@ class NativeStack:
         uninstalled 3.10 is left out and recorded in :attr:`skipped` (the wal pipelines, Kafka
         and Debezium do not need it)."""
         why = self.rabbitmq.root_needed()
-        if self.settings.netns:  # its node name, epmd and chroot are tied to loopback
-            why = "not on a host of its own yet (LAB_HOSTS=netns runs the wal and kafka pipelines)"
         self.skipped = {self.rabbitmq.name: why} if why else {}
         return [s for s in self.services if s.name not in self.skipped]
 

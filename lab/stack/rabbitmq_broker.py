@@ -7,9 +7,16 @@ than Debian 12 has, so it runs from a minimal Debian 13 root the lab builds in i
 state directory bind-mounted at its own path. ``3.10`` is the host's Debian 12 package, as before.
 Both share the host's network and pids, so ports, pid files and stop work the same.
 
+Under ``LAB_HOSTS=netns`` the node runs on the ``rabbitmq`` host of :mod:`lab.stack.hosts`: epmd,
+the node and every CLI call (``rabbitmqctl``, ``erl_call``) are started inside that network
+namespace, where the node name ``@localhost``, epmd and the distribution port stay on the host's own
+loopback, while the AMQP listener binds the host's address (:attr:`Settings.rabbitmq_host`), which
+Debezium's RabbitMQ sink, the consumers and the runner connect to.
+
 The node shares nothing with a system node that the package may have started: its own node
 name, AMQP/distribution/epmd ports, ``HOME`` (hence its own ``.erlang.cookie``), config, data,
-log and plugin files, all under ``<stack_dir>/rabbitmq``; every listener binds 127.0.0.1.
+log and plugin files, all under ``<stack_dir>/rabbitmq``; every listener binds 127.0.0.1 (AMQP:
+its host's address under ``LAB_HOSTS=netns``).
 
 Choices written down here:
 
@@ -53,6 +60,7 @@ import psutil
 from lab.settings import Settings, child_env, is_root, write_private
 from lab.stack import proc, rootfs
 from lab.stack.base import ServiceStatus, StackError
+from lab.stack.hosts import NETNS_DIR, entered, namespace
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +146,10 @@ class RabbitMQService:
         self.logs = self.dir / "log"
         self.console_log = self.logs / "console.log"
         self.last_start_seconds: float | None = None
+        #: the network namespace the node, its epmd and its CLI calls run in (None: loopback), and
+        #: the address its AMQP listener binds
+        self.netns = namespace(settings, "rabbitmq")
+        self.host = settings.rabbitmq_host
         if settings.rabbitmq_version not in RELEASES:
             raise StackError(
                 f"unknown LAB_RABBITMQ_VERSION {settings.rabbitmq_version!r}: "
@@ -210,23 +222,29 @@ class RabbitMQService:
             self._kill()
         hint = "" if self.index is None else f" + {self.amqp_port - self.settings.amqp_port}"
         what = "RabbitMQ" if self.index is None else f"RabbitMQ node {self.name}"
-        proc.require_free(self.amqp_port, f"{what} AMQP", "LAB_AMQP_PORT" + hint)
-        proc.require_free(self.dist_port, f"{what} distribution", "LAB_RABBITMQ_DIST_PORT" + hint)
+        proc.require_free(self.amqp_port, f"{what} AMQP", "LAB_AMQP_PORT" + hint, self.host)
+        with entered(self.netns):  # the distribution port is on the node's own loopback
+            proc.require_free(self.dist_port, f"{what} distribution", "LAB_RABBITMQ_DIST_PORT" + hint)
         self._write_config()
         if self.owns_epmd:
             self._start_epmd()
-        elif not proc.port_open(self.settings.rabbitmq_epmd_port):
+        elif not self._local_port_open(self.settings.rabbitmq_epmd_port):
             raise StackError(f"{self.name} needs the epmd of rabbitmq-1 on port "
                              f"{self.settings.rabbitmq_epmd_port}; start the cluster together")
         return proc.spawn(
             self._argv(SCRIPTS / "rabbitmq-server"), state_dir=self.dir, log_path=self.console_log,
-            env=self._env(), cwd=self.dir,
+            env=self._env(), cwd=self.dir, netns=self.netns,
         )
+
+    def _local_port_open(self, port: int) -> bool:
+        """Whether ``port`` of the loopback the node sees (its host's own under netns) listens."""
+        with entered(self.netns):
+            return proc.port_open(port)
 
     def wait_ready(self, node: psutil.Process) -> None:
         """Until the node listens on its AMQP port and its ``rabbit`` app runs."""
         proc.wait_until(
-            lambda: proc.port_open(self.amqp_port), timeout=START_TIMEOUT,
+            lambda: proc.port_open(self.amqp_port, self.host), timeout=START_TIMEOUT,
             what=f"RabbitMQ node {self.node_name}", proc=node, log_path=self.console_log,
         )
         try:
@@ -268,13 +286,14 @@ class RabbitMQService:
             name=self.name,
             state="running" if running else "stopped",
             pids=pids,
-            endpoint=f"amqp://{s.rabbitmq_user}@{s.host}:{self.amqp_port}/",
+            endpoint=f"amqp://{s.rabbitmq_user}@{self.host}:{self.amqp_port}/",
             version=self.version(),
             rss_mb=proc.tree_rss_mb(roots) if running else None,
             detail={
                 "node": self.node_name,
                 "dist_port": self.dist_port,
                 "epmd_port": s.rabbitmq_epmd_port,
+                "netns": self.netns,
                 "state_dir": str(self.dir),
                 "log": str(self.logs / "rabbit.log"),
                 "last_start_seconds": self.last_start_seconds,
@@ -296,13 +315,17 @@ class RabbitMQService:
         """``(argv, env)`` that evaluate the Erlang expressions on stdin on our node with ``erl_call``
         (Erlang's ``erl_interface``: a small C program, no VM to boot, unlike ``rabbitmqctl``); the
         cookie is read from our ``HOME``, the node found through our epmd. The host's program, also
-        for a node in the Debian root (the distribution protocol is the same); None without it."""
+        for a node in the Debian root (the distribution protocol is the same), and inside the node's
+        network namespace under netns (``nsenter --net``: no fresh ``/sys``); None without it."""
         found = shutil.which("erl_call") or next(
             (str(p) for p in (Path("/usr/lib/erlang/bin/erl_call"),) if p.exists()), None)
         if found is None:
             return None
         env = child_env(HOME=str(self.home), ERL_EPMD_PORT=str(self.settings.rabbitmq_epmd_port))
-        return [found, "-sname", self.settings.rabbitmq_node, "-e"], env
+        argv = [found, "-sname", self.node_name, "-e"]
+        if self.netns is not None:
+            argv = ["nsenter", f"--net={NETNS_DIR / self.netns}", *argv]
+        return argv, env
 
     # Helpers -------------------------------------------------------------------------
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
@@ -312,9 +335,12 @@ class RabbitMQService:
     def cli(self, tool: str, *args: str, timeout: float = 60.0) -> str:
         """Run a CLI tool of the package (``rabbitmqctl``, ``rabbitmq-queues``) against this node."""
         argv = self._argv(SCRIPTS / tool, "-n", self.node_name, "-q", *args)
-        # its own process group: on a timeout the CLI's Erlang VM goes too, not only the wrapper
-        with subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) as p:
+        # its own process group: on a timeout the CLI's Erlang VM goes too, not only the wrapper;
+        # in the node's network namespace (its epmd and distribution port are on that loopback)
+        with entered(self.netns):
+            p = subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        with p:
             try:
                 out, err = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -366,7 +392,7 @@ class RabbitMQService:
         for path in (self.etc / "conf.d", self.home, self.logs, self.mnesia):
             path.mkdir(parents=True, exist_ok=True)
         definitions = self.etc / "definitions.json"
-        values = {"amqp_port": self.amqp_port, "user": s.rabbitmq_user,
+        values = {"amqp_host": self.host, "amqp_port": self.amqp_port, "user": s.rabbitmq_user,
                   "definitions": definitions}
         conf = Template(TEMPLATE.read_text()).substitute(values)
         if self.index is not None:
@@ -402,14 +428,15 @@ class RabbitMQService:
         s = self.settings
         if proc.running(self.epmd_dir) is not None:
             return
-        proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
+        with entered(self.netns):
+            proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
         epmd = "/usr/bin/epmd" if self.root is not None else shutil.which("epmd") or "/usr/bin/epmd"
         p = proc.spawn(
             self._argv(epmd, "-port", str(s.rabbitmq_epmd_port), "-address", "127.0.0.1"),
-            state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(),
+            state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(), netns=self.netns,
         )
         proc.wait_until(
-            lambda: proc.port_open(s.rabbitmq_epmd_port), timeout=15, what="epmd",
+            lambda: self._local_port_open(s.rabbitmq_epmd_port), timeout=15, what="epmd",
             proc=p, log_path=self.logs / "epmd.log",
         )
 

@@ -10,6 +10,7 @@ import pytest
 from lab.settings import NETNS_HOSTS, Settings, parse_delay, settings_env
 from lab.stack import hosts
 from lab.stack.base import StackError
+from lab.stack.rabbitmq_broker import RabbitMQService
 
 
 def test_hosts_come_from_the_environment_and_bad_values_are_refused_in_one_line() -> None:
@@ -36,8 +37,10 @@ def test_each_host_has_its_own_address_in_one_private_24_and_clients_use_them() 
     assert s.web_url == f"http://{s.address('web')}:30080"
     assert s.control_url == f"http://{s.address('web')}:30081"
     assert s.debezium_host == s.address("debezium")
+    assert s.rabbitmq_host == s.address("rabbitmq") != s.broker_host  # Kafka and RabbitMQ: a host each
+    assert s.amqp_url_public == f"amqp://lab@{s.address('rabbitmq')}:{s.amqp_port}/"
     loop = s.replace(hosts="loopback")
-    assert loop.pg_host == loop.broker_host == loop.web_host == loop.debezium_host == "127.0.0.1"
+    assert loop.pg_host == loop.broker_host == loop.rabbitmq_host == loop.web_host == loop.debezium_host == "127.0.0.1"
 
 
 def test_two_stack_dirs_get_two_identities_and_one_dir_always_the_same() -> None:
@@ -106,3 +109,21 @@ def test_without_the_ip_command_a_loopback_stack_finds_no_hosts(monkeypatch: pyt
     assert hosts.leftovers(s) == [] and not hosts.recorded(s)
     with pytest.raises(StackError, match="needs the ip command"):
         hosts.link_bytes(s.replace(hosts="netns"))
+
+
+def test_rabbitmq_on_its_host_listens_on_its_address_and_keeps_epmd_on_the_hosts_loopback(tmp_path: Path) -> None:
+    s = Settings(stack_dir=tmp_path, hosts="netns", amqp_port=30673, rabbitmq_epmd_port=30369, rabbitmq_password="pw")
+    node = RabbitMQService(s)
+    assert node.netns == hosts.layout(s).namespaces["rabbitmq"] and node.host == s.address("rabbitmq")
+    node._write_config()
+    assert f"listeners.tcp.1 = {s.address('rabbitmq')}:30673" in (node.etc / "rabbitmq.conf").read_text()
+    env = node._env()  # the node name @localhost, epmd and the distribution: the host's own loopback
+    assert env["ERL_EPMD_ADDRESS"] == "127.0.0.1" and "{127,0,0,1}" in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    called = node.erl_call()
+    if called is not None:  # erl_call reaches the node's epmd from inside its namespace
+        assert called[0][:2] == ["nsenter", f"--net=/run/netns/{node.netns}"]
+        assert called[0][called[0].index("-sname") + 1] == s.rabbitmq_node
+    loop = RabbitMQService(s.replace(hosts="loopback"))
+    assert loop.netns is None and loop.host == "127.0.0.1"
+    called = loop.erl_call()
+    assert called is None or called[0][0] != "nsenter"
