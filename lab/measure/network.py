@@ -14,9 +14,10 @@ from typing import Any
 from lab.settings import Settings
 from lab.stack import hosts
 
-#: the hosts a broker runs on: Kafka's (``broker``) and RabbitMQ's (``rabbitmq``); a run's pipeline
-#: uses one of them, the other one exchanges nothing with Debezium or the consumers
-BROKERS = ("broker", "rabbitmq")
+#: the hosts a broker node runs on: Kafka's (``broker``, and under ``ha`` ``broker-2``, ``broker-3``)
+#: and RabbitMQ's (``rabbitmq``, ``rabbitmq-2``, ``rabbitmq-3``); a run's pipeline uses one broker, the
+#: other one exchanges nothing with Debezium or the consumers
+BROKERS = ("broker", "broker-2", "broker-3", "rabbitmq", "rabbitmq-2", "rabbitmq-3")
 
 #: the hops named in results: label -> the pairs of hosts (from, to) whose bytes it sums. "broker"
 #: is the run's broker, whichever host it runs on.

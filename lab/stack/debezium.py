@@ -134,7 +134,9 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False, d
     values: dict[str, object] = {
         "http_port": http_port(s, sink),
         "http_host": s.debezium_host,
-        "pg_host": s.pg_host, "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
+        # the promoted standby on its own host under netns
+        "pg_host": s.pg_standby_host if pg_port == s.pg_standby_port else s.pg_host,
+        "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
         "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
         # ha: the slot is synchronised to the standby (PostgreSQL 17+ failover slot)

@@ -57,7 +57,7 @@ from string import Template
 
 import psutil
 
-from lab.settings import Settings, child_env, is_root, write_private
+from lab.settings import Settings, child_env, is_root, node_host, write_private
 from lab.stack import proc, rootfs
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.hosts import NETNS_DIR, entered, namespace
@@ -122,6 +122,20 @@ def root_needed(version: str, host_installed: bool) -> str | None:
     return None
 
 
+def erlang_address(address: str) -> str:
+    """An IPv4 address as an Erlang tuple: ``10.231.5.8`` -> ``{10,231,5,8}``."""
+    return "{" + ",".join(str(int(part)) for part in address.split(".")) + "}"
+
+
+def inetrc(settings: Settings) -> str:
+    """Erlang's resolver configuration (``ERL_INETRC``) of a spread cluster's node and its CLI
+    calls: each node's host name at its host's address, looked up before the system's resolver
+    (the Debian root's ``/etc/hosts`` knows only ``localhost``)."""
+    entries = "".join(f'{{host, {erlang_address(settings.rabbitmq_node_host(i))}, ["{node_host("rabbitmq", i)}"]}}.\n'
+                      for i, _, _, _ in settings.rabbitmq_nodes)
+    return entries + "{lookup, [file, native]}.\n"
+
+
 class RabbitMQService:
     """The lab's own RabbitMQ node: the ``single`` topology's broker (``node=None``), or node
     ``rabbitmq-<node>`` (1-3) of the ``ha`` cluster (start that with :class:`RabbitMQCluster`)."""
@@ -138,9 +152,12 @@ class RabbitMQService:
         else:
             _, self.node_name, self.amqp_port, self.dist_port = settings.rabbitmq_nodes[node - 1]
         self.dir = settings.stack_dir / self.name
-        #: node 1 starts and stops the epmd every node of the cluster registers with
-        self.owns_epmd = node in (None, 1)
-        self.epmd_dir = (self.dir if node is None else settings.stack_dir / "rabbitmq-1") / "epmd"
+        #: a cluster node on a host of its own (ha under netns): its own epmd, reached by its peers
+        self.spread = settings.rabbitmq_spread
+        #: node 1 starts and stops the epmd every node of the cluster registers with (each node its
+        #: own when spread)
+        self.owns_epmd = node in (None, 1) or self.spread
+        self.epmd_dir = (self.dir if node is None or self.spread else settings.stack_dir / "rabbitmq-1") / "epmd"
         self.etc = self.dir / "etc"
         self.home = self.dir / "home"
         self.logs = self.dir / "log"
@@ -148,8 +165,8 @@ class RabbitMQService:
         self.last_start_seconds: float | None = None
         #: the network namespace the node, its epmd and its CLI calls run in (None: loopback), and
         #: the address its AMQP listener binds
-        self.netns = namespace(settings, "rabbitmq")
-        self.host = settings.rabbitmq_host
+        self.netns = namespace(settings, node_host("rabbitmq", node or 1))
+        self.host = settings.rabbitmq_node_host(node or 1)
         if settings.rabbitmq_version not in RELEASES:
             raise StackError(
                 f"unknown LAB_RABBITMQ_VERSION {settings.rabbitmq_version!r}: "
@@ -364,7 +381,10 @@ class RabbitMQService:
 
     def _env(self) -> dict[str, str]:
         s, d = self.settings, self.dir
-        return child_env(
+        # the distribution on the host's own loopback; a spread node's on its host's address, where
+        # its peers reach it, their names resolved from the node's inetrc (:func:`inetrc`)
+        interface = erlang_address(self.host if self.spread else "127.0.0.1")
+        env = child_env(
             HOME=str(self.home),
             RABBITMQ_NODENAME=self.node_name,
             RABBITMQ_CONF_ENV_FILE=str(self.etc / "rabbitmq-env.conf"),
@@ -378,7 +398,7 @@ class RabbitMQService:
             RABBITMQ_PID_FILE=str(d / "beam.pid"),
             RABBITMQ_DIST_PORT=str(self.dist_port),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
-                "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1}"
+                f"-start_epmd false -kernel inet_dist_use_interface {interface}"
             ),
             RABBITMQ_CTL_ERL_ARGS="-start_epmd false",
             ERL_EPMD_PORT=str(s.rabbitmq_epmd_port),
@@ -386,6 +406,9 @@ class RabbitMQService:
             ERL_CRASH_DUMP=str(self.logs / "erl_crash.dump"),
             NOTIFY_SOCKET="",  # never let the script think it runs under systemd
         )
+        if self.spread:
+            env["ERL_INETRC"] = str(self.etc / "inetrc")
+        return env
 
     def _write_config(self) -> None:
         s = self.settings
@@ -400,6 +423,8 @@ class RabbitMQService:
         (self.etc / "rabbitmq.conf").write_text(conf)
         (self.etc / "rabbitmq-env.conf").write_text("# empty: settings come from the environment\n")
         (self.etc / "enabled_plugins").write_text("[].\n")
+        if self.spread:
+            (self.etc / "inetrc").write_text(inetrc(s))
         write_private(definitions, json.dumps(self._definitions(), indent=2))  # a password hash: 0600
         cookie = self.home / ".erlang.cookie"
         if self.index is not None:  # the cluster's nodes and CLI calls share one cookie
@@ -432,7 +457,8 @@ class RabbitMQService:
             proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
         epmd = "/usr/bin/epmd" if self.root is not None else shutil.which("epmd") or "/usr/bin/epmd"
         p = proc.spawn(
-            self._argv(epmd, "-port", str(s.rabbitmq_epmd_port), "-address", "127.0.0.1"),
+            self._argv(epmd, "-port", str(s.rabbitmq_epmd_port), "-address",
+                       "127.0.0.1" + (f",{self.host}" if self.spread else "")),
             state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(), netns=self.netns,
         )
         proc.wait_until(
