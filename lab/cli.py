@@ -42,7 +42,7 @@ def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _say_skipped(stack: object) -> None:
-    """One line naming what was left out and why (native backend: no root, or RabbitMQ under netns)."""
+    """One line naming what was left out and why (native backend: RabbitMQ without root)."""
     skipped = getattr(stack, "skipped", None) or {}
     if skipped:
         _say("not started: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
@@ -515,7 +515,7 @@ def _hosts_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", choices=HOST_LAYOUTS, default=None,
                         help="loopback: every participant on 127.0.0.1; netns: each participant group on a "
                              "host of its own, a network namespace on a private bridge (root; the native "
-                             "single topology; default: LAB_HOSTS, else loopback)")
+                             "backend; default: LAB_HOSTS, else loopback)")
     parser.add_argument("--link-delay", type=link_delay, default=None, metavar="DELAY",
                         help="with --hosts netns: delay every host's outgoing packets this long (netem), "
                              "e.g. 1ms or 250us; 0 removes it (default: LAB_LINK_DELAY, else 0)")
