@@ -2,9 +2,9 @@
 copy on the standby, stop the primary (MODE ``immediate``, the default: a crash, what the
 asynchronous standby had not received is gone; ``fast``: a fast shutdown streams every commit
 first, a planned switchover) and promote the standby. The direct readers, the consumers' claim
-connections, the web service's pool, the runner and a pipeline's helper (the relay, which
-reconnects by itself) find the new primary through the DSN's host list (a consumer that exits is
-replaced, the supervision of :mod:`lab.faults.supervision`);
+connections, the web service's pool and the runner find the new primary through the DSN's host
+list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.supervision`); a
+pipeline whose helper streams a slot (the relay) is refused (:meth:`PostgresFailover.helper_refusal`);
 Debezium, which takes one host, is killed and started again pointed at the new primary, from
 its synced slot and its offsets. After the run's cleanup it fails back (:meth:`PostgresFailover.undo`:
 the promoted standby stops, the primary starts, the standby is rebuilt from it). Its resume
@@ -115,7 +115,7 @@ class PostgresFailover(BaseFault):
                             pid=[p.pid for p in service.processes()], start_to_streaming_s=service.last_start_s)
         finally:
             state.paused = False
-        # Debezium was moved, a helper (the relay) reconnects by itself
+        # Debezium was moved (a helper's slot would be waited for alike)
         if (slot := source_slot(PIPELINES[ctx.scenario.pipeline])) is not None:
             await held_again(ctx, slot, None, "the standby was promoted")
 

@@ -20,14 +20,16 @@ call: a consumer that dies mid-batch rolls its take and its claims back, the row
 queue and another consumer works them (the ones already worked, again: at-least-once). A row whose
 id the inbox holds already is a relay's duplicate: taken, deleted, not worked (``skipped``).
 
-Faults: the relay outlives its walsender's termination and PostgreSQL's restart or failover: its
-reader (:class:`RelayReader`) and its hand-over connection connect again until
-:data:`RECONNECT_TIMEOUT_S` has passed, and the slot streams again from its confirmed position, so
-what was streamed and not yet handed over is streamed again (nothing lost; the copies are caught as
-above). The work table is an ordinary table: it survives the restart, and under the ``ha`` topology
-the slot is a failover slot (:meth:`WalSource._start`) and the table is replicated. A consumer
-whose connection broke exits and the lab replaces it (:mod:`lab.faults.supervision`); its open take
-rolled back, so what it worked and had not committed is worked again: counted as duplicates.
+Faults: the relay outlives its walsender's termination and PostgreSQL's restart: its reader
+(:class:`RelayReader`) and its hand-over connection connect again until :data:`RECONNECT_TIMEOUT_S`
+has passed, and the slot streams again from its confirmed position, so what was streamed and not
+yet handed over is streamed again (nothing lost; the copies are caught as above). A hand-over that
+fails ends the stream at once (:meth:`RelayReader.let_go`), or a fast shutdown would wait for the
+walsender. The work table is an ordinary table: it survives the restart. A consumer whose
+connection broke exits and the lab replaces it (:mod:`lab.faults.supervision`); its open take
+rolled back, so what it worked and had not committed is worked again: counted as duplicates. A
+failover is refused (:meth:`lab.faults.failover.PostgresFailover.helper_refusal`): the slot's
+synced copy on the standby can be past queued rows the standby never received.
 
 What replaces ``wal``'s per-reader decode: the relay's CPU, the queue's insert and delete (heap,
 index, WAL, one ``NOTIFY`` per batch) and its vacuum. :meth:`RelayPipeline.teardown` reads the
