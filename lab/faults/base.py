@@ -313,11 +313,7 @@ class BaseFault:
 
 def pipeline_refusal(fault: Fault, scenario: Scenario, pipeline: PipelineFactory) -> str | None:
     """What a pipeline itself says before any kind's own rule: it has no fault runs at all
-    (``fault_refusal``), or its own processes (``helpers``, e.g. the relay) do not outlive a fault
-    that stops PostgreSQL."""
+    (``fault_refusal``)."""
     if pipeline.fault_refusal is not None:
         return f"fault {scenario.fault!r}: {pipeline.name} has no fault runs ({pipeline.fault_refusal})"
-    if fault.stops_source and pipeline.helpers:
-        return (f"fault {scenario.fault!r}: on {pipeline.name} its own process(es) "
-                f"({', '.join(pipeline.helpers)}) do not outlive PostgreSQL going away yet")
     return None

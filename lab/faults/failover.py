@@ -3,7 +3,8 @@ copy on the standby, stop the primary (MODE ``immediate``, the default: a crash,
 asynchronous standby had not received is gone; ``fast``: a fast shutdown streams every commit
 first, a planned switchover) and promote the standby. The direct readers, the consumers' claim
 connections, the web service's pool and the runner find the new primary through the DSN's host
-list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.supervision`);
+list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.supervision`); a
+pipeline whose helper streams a slot (the relay) is refused (:meth:`PostgresFailover.helper_refusal`);
 Debezium, which takes one host, is killed and started again pointed at the new primary, from
 its synced slot and its offsets. After the run's cleanup it fails back (:meth:`PostgresFailover.undo`:
 the promoted standby stops, the primary starts, the standby is rebuilt from it). Its resume
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import psycopg
 
 from lab.faults.base import RESUME_WAIT_S, BaseFault, FaultContext, FaultState, RunStopped
-from lab.faults.supervision import held_again, start_debezium_again, supervise
+from lab.faults.supervision import held_again, source_slot, start_debezium_again, supervise
 from lab.measure.recovery import longest_stall_after
+from lab.pipelines import PIPELINES
 from lab.scenario import FaultSpec, Scenario
 from lab.settings import Settings
-from lab.stack.debezium import SLOT, START_TIMEOUT
+from lab.stack.debezium import START_TIMEOUT
 from lab.stack.postgres import STOP_TIMEOUT
 from lab.stack.standby import PROMOTE_TIMEOUT
 
@@ -66,7 +68,21 @@ class PostgresFailover(BaseFault):
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
         return (self.needs_ha(scenario, settings, "the single topology has no standby to promote "
                               "(postgres-restart restarts it)")
+                or self.helper_refusal(scenario, pipeline)
                 or super().refusal(scenario, pipeline, settings))
+
+    @staticmethod
+    def helper_refusal(scenario: Scenario, pipeline: PipelineFactory) -> str | None:
+        """A helper that streams a slot (the relay) confirms it behind rows it wrote to a table: the
+        standby's synced copy of the slot is bounded by the WAL the standby received, the rows'
+        commits come later, so a promotion after a crash can find the slot past rows that never
+        reached the standby (they are lost). Refused until the helper confirms only what the
+        standby has."""
+        if pipeline.helper_slot is None:
+            return None
+        return (f"fault {scenario.fault!r}: on {pipeline.name} its helper ({', '.join(pipeline.helpers)}) "
+                "confirms its slot behind rows it writes to a table, which a promoted standby may lack "
+                "while its synced slot is past them")
 
     def settle_s(self) -> float:
         return FAILOVER_SETTLE_S
@@ -99,8 +115,9 @@ class PostgresFailover(BaseFault):
                             pid=[p.pid for p in service.processes()], start_to_streaming_s=service.last_start_s)
         finally:
             state.paused = False
-        if sink is not None:
-            await held_again(ctx, SLOT[sink], None, "Debezium was moved")
+        # Debezium was moved (a helper's slot would be waited for alike)
+        if (slot := source_slot(PIPELINES[ctx.scenario.pipeline])) is not None:
+            await held_again(ctx, slot, None, "the standby was promoted")
 
     async def _slots_synced(self, ctx: FaultContext, standby: Any) -> tuple[float, list[dict[str, Any]]]:
         """Wait until every failover slot of the primary has a synced, persistent copy on the

@@ -3,12 +3,12 @@ pipeline with a CDC sink) and ``postgres-restart@T[+D]`` (a fast shutdown of Pos
 started again after D (default 0). One code with a parameter (which service), two kinds.
 
 Stop through the stack, wait D, start again and wait until it serves (after PostgreSQL's, until
-Debezium holds its slot again). Debezium is left to recover by itself (its retriable errors
-restart its task); from the stop to the end of the drain the lab supervises
-(:mod:`lab.faults.supervision`). A service that it stopped and did not start again (the run failed
-or was cancelled meanwhile) is started by :meth:`BaseFault.restore`; a restarted service's
-processes are moved into their participant's cgroup. It resumes at the first work call after
-the service started."""
+Debezium or the pipeline's helper, the relay, holds its slot again). Debezium is left to recover
+by itself (its retriable errors restart its task), the relay reconnects by itself; from the stop
+to the end of the drain the lab supervises (:mod:`lab.faults.supervision`). A service that it
+stopped and did not start again (the run failed or was cancelled meanwhile) is started by
+:meth:`BaseFault.restore`; a restarted service's processes are moved into their participant's
+cgroup. It resumes at the first work call after the service started."""
 
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lab.faults.base import BaseFault, FaultContext, FaultState
-from lab.faults.supervision import held_again, supervise
+from lab.faults.supervision import held_again, source_slot, supervise
 from lab.measure.recovery import first_call_after
 from lab.pipelines import PIPELINES
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.stack.debezium import SLOT
 
 if TYPE_CHECKING:
     from lab.pipelines.base import PipelineFactory
@@ -53,12 +52,13 @@ class ServiceRestart(BaseFault):
         state.down.remove(name)
         ctx.attach(name)
         state.event("service started", service=name)
-        sink = ctx.pipeline.cdc_sink
-        if sink is None or not self.stops_source:  # a broker restart leaves Debezium's source side alone
+        slot = source_slot(PIPELINES[ctx.scenario.pipeline])
+        if slot is None or not self.stops_source:  # a broker restart leaves Debezium's source side alone
             return
         # Debezium's connections broke: it restarts its task after a retriable error (or its JVM
-        # exits, and the supervision starts it again); resumed once it holds its slot again
-        await held_again(ctx, SLOT[sink], None, f"{name} started")
+        # exits, and the supervision starts it again); a helper (the relay) reconnects by itself;
+        # resumed once its slot is held again
+        await held_again(ctx, slot, None, f"{name} started")
 
     def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:
         started = state.at().get("service started")

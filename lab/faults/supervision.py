@@ -13,15 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from lab.faults.base import RESUME_WAIT_S, FaultContext, RunStopped
+from lab.stack.debezium import SLOT
 from lab.stack.proc import tied
+
+if TYPE_CHECKING:
+    from lab.pipelines.base import PipelineFactory
 
 HELD_S = 2.0  # a slot is held again once one walsender has held it this long
 HOLDER_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
+
+
+def source_slot(pipeline: PipelineFactory) -> str | None:
+    """The one slot a process of the pipeline's own streams for every consumer: Debezium's on a
+    pipeline with a CDC sink, a helper's (``helper_slot``, the relay's), else None."""
+    if pipeline.cdc_sink is not None:
+        return SLOT[pipeline.cdc_sink]
+    return pipeline.helper_slot
 
 
 async def holder(conn: psycopg.AsyncConnection[Any], slot: str) -> int | None:

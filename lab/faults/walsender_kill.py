@@ -1,7 +1,8 @@
 """``walsender-kill[:I]@T``: ``pg_terminate_backend`` of the walsender holding a slot, then wait
-until the slot is held again (the reader, or Debezium, reconnected). The slot is consumer I's
-(default 0) on a pipeline whose consumers read their own slots, or Debezium's (no target) on a
-pipeline with a CDC sink. It resumes when a walsender holds the slot again."""
+until the slot is held again (the reader, Debezium or the relay reconnected). The slot is consumer
+I's (default 0) on a pipeline whose consumers read their own slots, or, with no target, the one
+slot a process of the pipeline's own streams for every consumer: Debezium's on a pipeline with a
+CDC sink, a helper's (``helper_slot``: the relay's). It resumes when a walsender holds the slot again."""
 
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import psycopg
 
 from lab.faults.base import BaseFault, FaultContext, FaultState, RunStopped
-from lab.faults.supervision import held_again, holder
+from lab.faults.supervision import held_again, holder, source_slot
 from lab.pipelines import PIPELINES
 from lab.pipelines.wal import slot_name
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.stack.debezium import SLOT
 
 if TYPE_CHECKING:
     from lab.pipelines.base import PipelineFactory
@@ -27,27 +27,28 @@ if TYPE_CHECKING:
 class WalsenderKill(BaseFault):
     kind: ClassVar[str] = "walsender-kill"
     family: ClassVar[str] = "walsender_kill"
-    targets: ClassVar[str] = "consumer"  # a consumer's slot; none on a pipeline with a CDC sink
+    targets: ClassVar[str] = "consumer"  # a consumer's slot; none where one slot streams for all (source_slot)
 
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
-        if self.target is not None and pipeline.cdc_sink is not None:
-            return (f"fault {scenario.fault!r}: on {pipeline.name} the walsender is Debezium's; "
+        if self.target is not None and source_slot(pipeline) is not None:
+            whose = "Debezium's" if pipeline.cdc_sink is not None else f"its helper's ({', '.join(pipeline.helpers)})"
+            return (f"fault {scenario.fault!r}: on {pipeline.name} the walsender is {whose}; "
                     "write walsender-kill@T without a target")
-        if pipeline.cdc_sink is None and not pipeline.consumer_slots:
+        if source_slot(pipeline) is None and not pipeline.consumer_slots:
             return (f"fault {scenario.fault!r}: walsender-kill needs a slot: {pipeline.name}'s consumers "
-                    "read none and it has no Debezium")
+                    "read none and no process of its own streams one")
         return super().refusal(scenario, pipeline, settings)
 
     def resolved(self, scenario: Scenario, pipeline: PipelineFactory) -> Self:
-        return self if pipeline.cdc_sink is not None else super().resolved(scenario, pipeline)
+        return self if source_slot(pipeline) is not None else super().resolved(scenario, pipeline)
 
     def hit_consumers(self, scenario: Scenario) -> list[int]:
         return [self.target] if self.target is not None else []
 
     def slot(self, pipeline: PipelineFactory) -> str:
         """The slot whose walsender it terminates."""
-        if pipeline.cdc_sink is not None:
-            return SLOT[pipeline.cdc_sink]
+        if (shared := source_slot(pipeline)) is not None:
+            return shared
         assert self.target is not None
         return slot_name(self.target)
 

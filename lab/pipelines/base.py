@@ -113,9 +113,13 @@ class Pipeline(Protocol):
     consumes_outbox: ClassVar[bool]  # consumers delete finished rows from ``messages`` (poll)
     # processes of the pipeline's own that the runner starts for each run, each measured as a
     # participant of its own: participant name -> module run as ``python -m <module> --run-dir DIR
-    # --scenario JSON`` (it writes ``<name>.ready`` once it serves, ``<name>.json`` at its end)
+    # --scenario JSON`` (it writes ``<name>.ready`` once it serves, ``<name>.json`` at its end); it
+    # reconnects by itself when PostgreSQL goes away (a restart, a failover): one that exits fails the run
     helpers: ClassVar[dict[str, str]]
     consumer_slots: ClassVar[bool]  # consumer i reads its own logical slot (lab.pipelines.wal.slot_name(i))
+    # the one slot a helper streams for every consumer (a walsender fault's target, held again
+    # after PostgreSQL's restart or failover), or None
+    helper_slot: ClassVar[str | None]
     # None: the faults apply as their own rules say; a text: why this pipeline has no fault runs
     fault_refusal: ClassVar[str | None]
 
@@ -148,6 +152,8 @@ class PipelineFactory(Protocol):
     def cdc_sink(self) -> str | None: ...
     @property
     def consumer_slots(self) -> bool: ...
+    @property
+    def helper_slot(self) -> str | None: ...
     @property
     def fault_refusal(self) -> str | None: ...
     @property

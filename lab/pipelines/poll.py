@@ -110,6 +110,7 @@ class PollPipeline:
     consumes_outbox: ClassVar[bool] = True
     helpers: ClassVar[dict[str, str]] = {}
     consumer_slots: ClassVar[bool] = False
+    helper_slot: ClassVar[str | None] = None
     fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:

@@ -121,6 +121,7 @@ class RabbitPipeline:
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {}
     consumer_slots: ClassVar[bool] = False
+    helper_slot: ClassVar[str | None] = None
     fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:

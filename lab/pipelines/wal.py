@@ -74,6 +74,7 @@ class WalPipeline:
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {}
     consumer_slots: ClassVar[bool] = True
+    helper_slot: ClassVar[str | None] = None
     fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:

@@ -20,6 +20,17 @@ call: a consumer that dies mid-batch rolls its take and its claims back, the row
 queue and another consumer works them (the ones already worked, again: at-least-once). A row whose
 id the inbox holds already is a relay's duplicate: taken, deleted, not worked (``skipped``).
 
+Faults: the relay outlives its walsender's termination and PostgreSQL's restart: its reader
+(:class:`RelayReader`) and its hand-over connection connect again until :data:`RECONNECT_TIMEOUT_S`
+has passed, and the slot streams again from its confirmed position, so what was streamed and not
+yet handed over is streamed again (nothing lost; the copies are caught as above). A hand-over that
+fails ends the stream at once (:meth:`RelayReader.let_go`), or a fast shutdown would wait for the
+walsender. The work table is an ordinary table: it survives the restart. A consumer whose
+connection broke exits and the lab replaces it (:mod:`lab.faults.supervision`); its open take
+rolled back, so what it worked and had not committed is worked again: counted as duplicates. A
+failover is refused (:meth:`lab.faults.failover.PostgresFailover.helper_refusal`): the slot's
+synced copy on the standby can be past queued rows the standby never received.
+
 What replaces ``wal``'s per-reader decode: the relay's CPU, the queue's insert and delete (heap,
 index, WAL, one ``NOTIFY`` per batch) and its vacuum. :meth:`RelayPipeline.teardown` reads the
 queue's counters (``pg_stat_user_tables``) into ``pipeline_settings.queue``.
@@ -53,8 +64,11 @@ HELPER = "relay"  # the relay's participant name and its files in the run dir
 RELAY_SLOT = "load_test_slot_relay"  # under the runner's load_test_slot prefix: dropped with the readers'
 QUEUE = "relay_queue"
 CHANNEL = "relay_queue"
-HAND_OVER_TIMEOUT_S = 30.0  # the relay retries a lost hand-over connection this long before giving up
-HAND_OVER_PAUSE_S = 0.2
+# the relay retries a lost stream or hand-over connection this long before giving up: longer than
+# PostgreSQL is away in a fault (a restart after 30 s in the full fault profile; a failover's stop
+# and promotion, each bounded by 60 s)
+RECONNECT_TIMEOUT_S = 180.0
+RECONNECT_PAUSE_S = 0.2
 # a consumer not woken by the relay takes anyway after this long: rows a dead consumer's take gave
 # back arrive with no notice
 RECHECK_S = 1.0
@@ -130,6 +144,7 @@ class RelayPipeline:
     consumes_outbox: ClassVar[bool] = False
     helpers: ClassVar[dict[str, str]] = {HELPER: "lab.relay"}
     consumer_slots: ClassVar[bool] = False  # one slot, the relay's
+    helper_slot: ClassVar[str | None] = RELAY_SLOT
     fault_refusal: ClassVar[str | None] = None
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
@@ -187,11 +202,35 @@ class RelayPipeline:
 
 
 class RelayReader(WalSource):
-    """The relay's end of the slot: ``wal``'s reader on :data:`RELAY_SLOT`."""
+    """The relay's end of the slot: ``wal``'s reader on :data:`RELAY_SLOT`, which outlives
+    PostgreSQL going away. A ``wal`` reader whose server is gone exits and the lab replaces it (a
+    supervisor would); nothing replaces the relay, so it connects again until
+    :data:`RECONNECT_TIMEOUT_S` has passed, and streams from the slot's confirmed position."""
 
     @staticmethod
     def slot_for(index: int) -> str:
         return RELAY_SLOT
+
+    async def let_go(self, exc: psycopg.Error) -> None:
+        """End the stream now, its rows in hand not handed over (the server is going away): at a
+        shutdown PostgreSQL waits for a logical walsender until its client confirmed all it was
+        sent, which the relay cannot do before it hands those rows over; the next :meth:`fill`
+        streams again from the confirmed position."""
+        if self._broken is None and self._stream is not None:
+            with contextlib.suppress(Exception):
+                await self._stream.close()  # the confirmed position, then CopyDone: the walsender ends
+            self._broken = exc
+
+    async def _reconnect(self, exc: psycopg.Error) -> None:
+        deadline = time.monotonic() + RECONNECT_TIMEOUT_S
+        while True:
+            try:
+                return await super()._reconnect(exc)
+            except psycopg.OperationalError as again:  # not up yet (restarting, not yet promoted)
+                if time.monotonic() > deadline:
+                    raise
+                exc = again
+                await asyncio.sleep(RECONNECT_PAUSE_S)
 
 
 class Relay:
@@ -227,7 +266,7 @@ class Relay:
     async def hand_over(self, batch: list[Item]) -> None:
         decode = self.reader.decode_row
         params = hand_over_params([decode(item) for item in batch])
-        deadline = time.monotonic() + HAND_OVER_TIMEOUT_S
+        deadline = time.monotonic() + RECONNECT_TIMEOUT_S
         while True:
             try:
                 assert self._conn is not None
@@ -238,7 +277,8 @@ class Relay:
                 if time.monotonic() > deadline:
                     raise
                 log.warning("relay: hand-over failed (%s); connecting again", exc)
-                await asyncio.sleep(HAND_OVER_PAUSE_S)
+                await self.reader.let_go(exc)  # a shutdown waits for the walsender otherwise
+                await asyncio.sleep(RECONNECT_PAUSE_S)
                 with contextlib.suppress(Exception):
                     await self._conn.close()  # type: ignore[union-attr]
                 with contextlib.suppress(psycopg.OperationalError):

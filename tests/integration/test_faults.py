@@ -18,6 +18,8 @@ import psutil
 import psycopg
 import pytest
 
+from lab.faults.supervision import source_slot
+from lab.pipelines import PIPELINES as PIPELINES_BY_NAME
 from lab.runner import run_scenario
 from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
@@ -58,13 +60,18 @@ FIRST_EVENT = {"consumer-kill": "kill", "consumer-dead": "stop", "sink-outage": 
 CASES = [(p, k) for p in PIPELINES for k in FAULTS
          if (p in BROKERS or k not in ("debezium-kill", "broker-restart"))
          and not (p in NO_SLOT and k == "walsender-kill")]
+# the faults a decode-once relay must survive: its walsender killed, PostgreSQL restarted (the relay
+# reconnects by itself; its consumers are replaced)
+RELAYED = [("wal-relay", "walsender-kill"), ("wal-relay", "postgres-restart")]
+CASES += RELAYED
 # The default tier runs each fault kind once; the whole matrix is `make test-full` (and the study's
 # `lab faults`). The dead consumer is left to the smoke report, whose fault matrix runs it on wal and
 # kafka and asserts nothing lost (tests/notebooks); a broker's killed consumer is the takeover
 # claim's run below (rabbitmq).
 DEFAULT_CELLS = {("wal", "consumer-kill"), ("wal", "big-transaction"), ("wal-sharded", "walsender-kill"),
                  ("wal-sharded", "postgres-restart"), ("kafka", "debezium-kill"),
-                 ("rabbitmq", "broker-restart"), ("rabbitmq", "sink-outage"), ("rabbitmq", "consumer-slow")}
+                 ("rabbitmq", "broker-restart"), ("rabbitmq", "sink-outage"), ("rabbitmq", "consumer-slow"),
+                 *RELAYED}
 _SMOKE = fault_profile("smoke")
 IN_SMOKE_REPORT = {(p, k) for p in _SMOKE.pipelines for k in _SMOKE.kinds}
 assert {k for _, k in DEFAULT_CELLS | IN_SMOKE_REPORT} == set(FAULTS), "a fault kind no make test run covers"
@@ -84,8 +91,9 @@ def run(settings: Settings, **kw: object) -> dict:
 @pytest.mark.parametrize(("pipeline", "kind"), [_cell(p, k) for p, k in CASES])
 def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind: str) -> None:
     t0 = time.monotonic()
-    spec = FAULTS[kind] if not (kind == "walsender-kill" and pipeline in BROKERS) else "walsender-kill@3s"
-    r = run(settings, pipeline=pipeline, fault=spec, claim=CLAIM,  # Debezium's walsender has no target
+    shared = source_slot(PIPELINES_BY_NAME[pipeline])  # Debezium's or the relay's slot
+    spec = FAULTS[kind] if not (kind == "walsender-kill" and shared) else "walsender-kill@3s"
+    r = run(settings, pipeline=pipeline, fault=spec, claim=CLAIM,  # its walsender has no target
             **({"drain_timeout_s": 900} if kind == "big-transaction" else {}))
     f = r["fault"]
     acc = f["accounting"] or {}
@@ -138,6 +146,15 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
     if kind == "walsender-kill":
         assert [e["what"] for e in f["events"]] == ["walsender terminated", "slot held again"]
         assert acc["time_to_resume_s"] is not None
+        assert f["slot"] == (shared or "load_test_slot_1")
+    if pipeline == "wal-relay":  # the same relay throughout: it reconnected, it was not replaced
+        relay = r["helpers"]["relay"]
+        assert relay["error"] is None and relay["stream_reconnects"] >= 1 and relay["rows"] >= acc["distinct"]
+        assert r["pipeline_settings"]["queue"]["rows_left"] == 0
+        if kind == "postgres-restart":  # a fast shutdown waits for a logical walsender until its client
+            # confirmed all it was sent: the relay, unable to hand over, let go of its stream at once
+            # (holding it, the stop took wal_sender_timeout, 60 s, and ended in a crash)
+            assert f["events"][0]["stop_s"] < 30, f["events"][0]
     if kind == "debezium-kill":
         assert [e["what"] for e in f["events"]] == ["debezium killed", "debezium restarted", "slot held again"]
         killed, restarted, _ = f["events"]
@@ -148,8 +165,8 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
     if kind in ("broker-restart", "postgres-restart"):
         what = [e["what"] for e in f["events"]]
         assert what[:2] == ["service stopped", "service started"]
-        # Debezium's, after PostgreSQL's start
-        assert (what.count("slot held again") == 1) == (pipeline in BROKERS and kind == "postgres-restart")
+        # Debezium's or the relay's, after PostgreSQL's start
+        assert (what.count("slot held again") == 1) == (shared is not None and kind == "postgres-restart")
         service = pipeline if kind == "broker-restart" else "postgres"
         assert {e.get("service") for e in f["events"][:2]} == {service}
         assert acc["time_to_resume_s"] is not None

@@ -71,13 +71,33 @@ def test_the_runner_starts_the_relay_as_its_own_participant() -> None:
     assert (RelayPipeline.fan_out, RelayPipeline.inbox_table, RelayPipeline.cdc_sink) == (False, "inbox", None)
 
 
-@pytest.mark.parametrize("spec", ["walsender-kill:1@3s", "walsender-kill@3s", "slot-invalidation:1@3s",
-                                  "debezium-kill@3s", "postgres-restart@3s+2s"])
-def test_faults_without_a_target_on_wal_relay_are_refused(spec: str) -> None:
+@pytest.mark.parametrize("spec", ["walsender-kill:1@3s", "slot-invalidation:1@3s", "debezium-kill@3s"])
+def test_faults_on_a_slot_or_debezium_it_has_not_are_refused(spec: str) -> None:
     from lab.faults import check
 
     with pytest.raises(ValueError, match=r"wal-relay|Debezium|direct reader"):
         check(Scenario(pipeline="wal-relay", consumers=2, fault=spec, consumer_layout="processes"))
+
+
+@pytest.mark.parametrize("spec", ["walsender-kill@3s", "postgres-restart@3s+2s"])
+def test_the_relay_takes_its_walsenders_kill_and_a_postgres_restart(spec: str) -> None:
+    from lab.faults import check, fault_for
+
+    s = Scenario(pipeline="wal-relay", consumers=2, fault=spec, consumer_layout="processes")
+    check(s, Settings())
+    f = fault_for(s)
+    assert f is not None and f.target is None and f.hit_consumers(s) == []
+    assert RelayPipeline.helper_slot == RELAY_SLOT
+    if f.kind == "walsender-kill":
+        assert f.record(RelayPipeline, None)["slot"] == RELAY_SLOT  # type: ignore[arg-type]
+
+
+def test_a_failover_is_refused_with_its_reason() -> None:
+    from lab.faults import check
+
+    with pytest.raises(ValueError, match=r"its helper \(relay\) confirms its slot behind rows it writes"):
+        check(Scenario(pipeline="wal-relay", consumers=2, fault="postgres-failover@3s"),
+              Settings().replace(topology="ha"))
 
 
 def test_consumer_faults_apply_to_wal_relay() -> None:

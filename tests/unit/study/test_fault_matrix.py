@@ -25,9 +25,8 @@ from lab.study.series import Step
 DIRECT = ("wal", "wal-sharded", "wal-filtered")
 PAIRS_LEFT_OUT = {(p, k) for p in DIRECT for k in ("debezium-kill", "broker-restart")} | {
     ("kafka", "slot-invalidation"), ("rabbitmq", "slot-invalidation")} | {
-    (p, k) for p in ("poll", "wal-relay")
-    for k in ("debezium-kill", "broker-restart", "walsender-kill", "slot-invalidation")}
-PAIRS_LEFT_OUT |= {("wal-relay", "postgres-restart")}
+    (p, k) for p in ("poll", "wal-relay") for k in ("debezium-kill", "broker-restart", "slot-invalidation")}
+PAIRS_LEFT_OUT |= {("poll", "walsender-kill")}
 PIPES = ["kafka", "rabbitmq", "wal", "wal-sharded", "poll", "wal-filtered", "wal-relay"]
 
 
@@ -40,7 +39,7 @@ def test_quick_is_every_applicable_fault_on_every_pipeline_and_a_clean_cell_each
     assert [s.pipeline for s in clean] == [*PIPES, "kafka-share"] and plan[-len(PIPES) - 1:] == clean
     cells = {(s.pipeline, parse_fault(s.fault).kind) for s in plan if s.fault}
     every = {(p, k) for p in PIPES for k in fault_matrix.KIND_ORDER}
-    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + 1 + len(every) - len(PAIRS_LEFT_OUT) == 61
+    assert cells == every - PAIRS_LEFT_OUT and len(plan) == len(PIPES) + 1 + len(every) - len(PAIRS_LEFT_OUT) == 63
     left = fault_matrix.inapplicable("quick")
     no_faults = {("kafka-share", k) for k in fault_matrix.KIND_ORDER}
     assert {(p, k) for p, k, _ in left} == PAIRS_LEFT_OUT | no_faults
@@ -61,12 +60,14 @@ def test_targeted_faults_hit_consumer_1_and_debeziums_walsender_has_no_target() 
         if f is None:
             continue
         if f.kind in ("consumer-kill", "consumer-dead", "consumer-slow", "slot-invalidation") or (
-                f.kind == "walsender-kill" and s.pipeline.startswith("wal")):
+                f.kind == "walsender-kill" and s.pipeline in ("wal", "wal-sharded", "wal-filtered")):
             assert f.target == 1, s.fault
         else:
             assert f.target is None, s.fault
     specs = {(s.pipeline, s.fault) for s in fault_matrix.plan("quick")}
     assert ("kafka", "walsender-kill@3s") in specs and ("wal", "walsender-kill:1@3s") in specs
+    assert ("wal-relay", "walsender-kill@3s") in specs  # the relay's walsender, as Debezium's
+    assert ("wal-relay", "postgres-restart@3s+2s") in specs
     assert ("wal", "consumer-slow=20ms:1@3s+4s") in specs and ("kafka", "big-transaction=5000@3s") in specs
     assert ("rabbitmq", "broker-restart@3s+2s") in specs and ("wal", "sink-outage@3s+4s") in specs
 
