@@ -20,7 +20,7 @@ The stack's own Docker engine (:mod:`lab.stack.remote_engine`) is one more host 
 :func:`remove` leave it, its link, the switch and the runner's link alone (:meth:`Layout.engine_kept`).
 
 A process is started inside a namespace by switching the starting thread into it
-(``setns(2)``), forking, and switching back (:func:`entered`): the child inherits the namespace,
+(``setns(2)``), forking, and switching back (:func:`lab.stack.netns.entered`): the child inherits the namespace,
 and keeps its parent-death signal and pid. Byte counters of each host's link are read from the
 switch side of its veth pair (:func:`link_bytes`).
 """
@@ -28,17 +28,16 @@ switch side of its veth pair (:func:`link_bytes`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.settings import NETNS_HOSTS, Settings
 from lab.stack.base import StackError
+from lab.stack.netns import entered
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,6 @@ SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "cons
 #: the stack's own Docker engine (lab.stack.remote_engine): one more host on the bridge, with its own
 #: lifecycle (``lab stack engine up|down``), so the participant hosts' create and remove leave it alone
 ENGINE = "engine"
-CLONE_NEWNET = 0x40000000
-NETNS_DIR = Path("/run/netns")
 RECORD = "hosts.json"
 NFT_TABLE = "fanoutlab"
 IFNAMSIZ = 15
@@ -407,38 +404,6 @@ def record(settings: Settings, lay: Layout) -> None:
 def recorded(settings: Settings) -> bool:
     """Whether this stack dir holds a host layout (its record, or namespaces by its names)."""
     return (settings.stack_dir / RECORD).exists() or bool(leftovers(settings))
-
-
-# Entering a namespace -----------------------------------------------------------------------------
-def _setns(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise StackError(f"cannot enter a network namespace: {os.strerror(err)}")
-
-
-@contextlib.contextmanager
-def entered(netns: str | None) -> Iterator[None]:
-    """Within the block this thread is in network namespace ``netns`` (None: stays where it is):
-    sockets it opens and processes it starts belong there. Back in its own one afterwards."""
-    if netns is None:
-        yield
-        return
-    try:
-        target = os.open(NETNS_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise StackError(f"network namespace {netns} does not exist; start the stack "
-                         "(`lab stack up --hosts netns`)") from None
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _setns(target)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
 
 
 # Counters -----------------------------------------------------------------------------------------
