@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.settings import NETNS_HOSTS, Settings
+from lab.stack import linkdelay
 from lab.stack.base import StackError
 from lab.stack.netns import entered
 
@@ -302,21 +303,11 @@ def release_switch(settings: Settings) -> list[str]:
     return gone
 
 
-def delay(settings: Settings, lay: Layout) -> None:
-    """``settings.link_delay_ms`` on the way out of every host (netem on its ``eth0``): a packet
-    from one host to another is delayed once, a round trip twice; 0 removes the delay."""
-    for ns in lay.namespaces.values():
-        with entered(ns):
-            if settings.link_delay_ms <= 0:
-                subprocess.run(["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True)
-                continue
-            done = subprocess.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay",
-                                   f"{round(settings.link_delay_ms * 1000)}us"], capture_output=True, text=True)
-        if done.returncode != 0:
-            why = done.stderr.strip()
-            if "unknown" in why:
-                why = "this kernel has no netem queueing discipline (CONFIG_NET_SCH_NETEM)"
-            raise StackError(f"cannot delay the links by {settings.link_delay_ms:g} ms: {why}")
+def delay(settings: Settings, lay: Layout) -> str | None:
+    """``settings.link_delay_ms`` on the way out of every host (:mod:`lab.stack.linkdelay`: netem,
+    or the userspace delayer where the kernel has no netem): a packet from one host to another is
+    delayed once, a round trip twice; 0 removes the delay. Returns the mechanism, None for none."""
+    return linkdelay.apply(settings, list(lay.namespaces.values()), lay.subnet)
 
 
 def counter_rules(lay: Layout, host: str) -> str:
@@ -374,6 +365,10 @@ def remove(settings: Settings) -> list[str]:
     lay = layout(settings)
     gone: list[str] = []
     errors: list[str] = []
+    try:  # the delay first: its rules, and its delayer, which holds a socket in every host
+        linkdelay.remove(settings, list(lay.namespaces.values()), lay.subnet)
+    except Exception as exc:
+        errors.append(f"link delay: {exc}")
     kept = lay.engine_kept(netns_names())  # the engine's, and the switch it needs, stay
     for ns in [n for n in ours(netns_names(), lay.prefix_ns) if n not in kept]:  # each host's eth0 and its pair
         done = _ip("netns", "del", ns, check=False)
