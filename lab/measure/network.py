@@ -8,8 +8,10 @@ bytes one sent to the other (an nftables counter in the sender's namespace, IP p
 Under a link delay it also records how the delay was made (``link_delay_mechanism``: ``netem`` or
 ``nfqueue``, :mod:`lab.stack.linkdelay`) and, for the userspace delayer, its CPU over the same
 window (``delayer_cpu_s``: lab infrastructure, in no participant's CPU), the packets it held and
-the packets the queues dropped (``delayer``). The delayer must be alive at both edges: a run whose
-delayer died fails instead of reporting figures that were not delayed as asked.
+the packets the queues dropped (``delayer``, with the delayer's own counters since it started:
+how late after their due time it released packets, on average and at most). The delayer must be
+alive at both edges: a run whose delayer died fails instead of reporting figures that were not
+delayed as asked.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class NetWindow:
                "link_delay_mechanism": linkdelay.mechanism(s) if s.link_delay_ms > 0 else None}
         before, after = self.edges[0].get("delayer"), self.edges[1].get("delayer")
         if before and after:
-            out["delayer"] = {**delayer_delta(before, after), **linkdelay.delayer_stats(s)}
+            out["delayer"] = {**delayer_delta(before, after), "since_start": linkdelay.delayer_stats(s)}
         return out
 
 

@@ -154,3 +154,14 @@ def test_the_mechanism_is_a_setting_children_see() -> None:
     assert Settings().link_delay_via == "auto"
     with pytest.raises(ValueError, match="LAB_LINK_DELAY_VIA"):
         Settings(link_delay_via="tc")
+
+
+def test_a_run_prints_its_delay_and_the_delayers_cost() -> None:
+    from lab.study.presentation import delay_line
+
+    assert delay_line(None) == "" and delay_line({"link_delay_ms": 0.0}) == ""
+    assert delay_line({"link_delay_ms": 1.0, "link_delay_mechanism": "netem"}) == "link delay 1 ms (netem)"
+    line = delay_line({"link_delay_ms": 5.0, "link_delay_mechanism": "nfqueue", "delayer_cpu_s": 0.5,
+                       "delayer": {"packets": 10_000, "cpu_us_per_packet": 50.0, "dropped": 0}})
+    assert line == ("link delay 5 ms (nfqueue): delayer 0.5 CPU-s (in no participant), 10000 packets, "
+                    "50.0 us CPU/packet, 0 dropped")
