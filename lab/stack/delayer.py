@@ -30,6 +30,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -46,49 +47,53 @@ MAXLEN = 65536  # packets one namespace may hold (the kernel's default is 1024)
 SO_RCVBUFFORCE = 33  # not in Python's socket module
 RCVBUF = 16 * 2**20  # the socket's receive buffer: a burst is queued, not dropped
 DRAIN = 512  # packets read from one socket before the timers are looked at again
+RECV = 256  # bytes read of each message: enough for its netlink header and the packet's id
+PACKET = struct.pack("=H", nfqueue.NFNL_SUBSYS_QUEUE << 8 | nfqueue.NFQNL_MSG_PACKET)  # nlmsg_type
+PACKET_HDR = struct.pack("=H", nfqueue.NFQA_PACKET_HDR)  # the first attribute's type
 IDLE_S = 1.0  # the longest sleep with nothing held
 STATS_EVERY_S = 1.0
 
 
 class DelayQueue:
-    """Packet ids held until ``arrival + delay``; pure, with the clock passed in."""
+    """Packet ids, each with the queue (namespace) it came from, held until ``arrival + delay``;
+    one queue for every namespace, as the delay is the same for all. Pure: the clock is passed in."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
-        self.held: deque[tuple[float, int]] = deque()  # (due, id), due non-decreasing
+        self.held: deque[tuple[float, int, int]] = deque()  # (due, queue, id), due non-decreasing
         self.packets = 0
         self.late_s_sum = 0.0
         self.late_s_max = 0.0
 
-    def push(self, now: float, packet_id: int) -> None:
-        self.held.append((now + self.delay_s, packet_id))
+    def push(self, now: float, queue: int, packet_id: int) -> None:
+        self.held.append((now + self.delay_s, queue, packet_id))
         self.packets += 1
 
-    def next_due(self) -> float | None:
-        return self.held[0][0] if self.held else None
+    def timeout(self, now: float, idle_s: float = IDLE_S) -> float:
+        """How long to sleep: until the earliest due packet (0 if one is due), ``idle_s`` if none is held."""
+        return max(0.0, self.held[0][0] - now) if self.held else idle_s
 
-    def release(self, now: float) -> int | None:
-        """The largest id due at ``now`` (every id before it is due too), or None; forgets them."""
-        last = None
+    def release(self, now: float) -> dict[int, int]:
+        """Per queue the largest id due at ``now`` (every id of that queue before it is due too);
+        forgets them."""
+        last: dict[int, int] = {}
         held = self.held
+        late_max = self.late_s_max
         while held and held[0][0] <= now:
-            due, last = held.popleft()
+            due, queue, last[queue] = held.popleft()
             late = now - due
             self.late_s_sum += late
-            if late > self.late_s_max:
-                self.late_s_max = late
+            if late > late_max:
+                late_max = late
+        self.late_s_max = late_max
         return last
 
-    def release_all(self) -> int | None:
-        last = self.held[-1][1] if self.held else None
+    def release_all(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for _, queue, packet_id in self.held:
+            last[queue] = packet_id
         self.held.clear()
         return last
-
-
-def timeout(queues: Sequence[DelayQueue], now: float, idle_s: float = IDLE_S) -> float:
-    """How long to sleep: until the earliest due packet (0 if one is due), ``idle_s`` if none is held."""
-    dues = [d for d in (q.next_due() for q in queues) if d is not None]
-    return max(0.0, min(dues) - now) if dues else idle_s
 
 
 class Stop(Exception):
@@ -133,17 +138,21 @@ class Delayer:
 
     def __init__(self, socks: dict[str, socket.socket], delay_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.socks = socks
-        self.queues = {ns: DelayQueue(delay_s) for ns in socks}
+        self.names = list(socks)
+        self.socks = [socks[ns] for ns in self.names]
+        self.queue = DelayQueue(delay_s)
         self.clock = clock
         self.errors = 0  # error replies to verdicts (none expected)
         self.overflows = 0  # ENOBUFS: the kernel dropped packets it could not hand over
+        self._fds: list[int] = []
+        self._index: dict[int, int] = {}
 
-    def drain(self, ns: str, now: float) -> None:
-        sock, q = self.socks[ns], self.queues[ns]
+    def drain(self, i: int, now: float) -> None:
+        """Read what namespace ``i``'s queue handed over (at most :data:`DRAIN` packets)."""
+        sock, push = self.socks[i], self.queue.push
         for _ in range(DRAIN):
             try:
-                data = sock.recv(65536)
+                data = sock.recv(RECV)  # the packet header is the first attribute: the rest may be cut
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -151,41 +160,40 @@ class Delayer:
                     self.overflows += 1
                     continue
                 raise
+            if data[4:6] == PACKET and data[22:24] == PACKET_HDR:  # the usual message, read in place
+                push(now, i, int.from_bytes(data[24:28], "big"))
+                continue
             for at in nfqueue.messages(data):
                 pid = nfqueue.packet_id(data, at)
                 if pid is not None:
-                    q.push(now, pid)
+                    push(now, i, pid)
                 elif nfqueue.error_code(data, at):
                     self.errors += 1
 
     def release(self, now: float) -> None:
-        for ns, q in self.queues.items():
-            last = q.release(now)
-            if last is not None:
-                self.socks[ns].send(nfqueue.accept_upto(QUEUE, last))
+        for i, last in self.queue.release(now).items():
+            self.socks[i].send(nfqueue.accept_upto(QUEUE, last))
 
     def release_all(self) -> None:
-        for ns, q in self.queues.items():
-            last = q.release_all()
-            if last is not None:
-                with contextlib.suppress(OSError):
-                    self.socks[ns].send(nfqueue.accept_upto(QUEUE, last))
+        for i, last in self.queue.release_all().items():
+            with contextlib.suppress(OSError):
+                self.socks[i].send(nfqueue.accept_upto(QUEUE, last))
 
     def step(self) -> None:
         """One wait and what follows it: read what arrived, release what is due."""
-        by_fd = {s.fileno(): ns for ns, s in self.socks.items()}
-        ready, _, _ = select.select(list(by_fd), [], [], timeout(list(self.queues.values()), self.clock()))
+        if not self._fds:
+            self._fds = [s.fileno() for s in self.socks]
+            self._index = {fd: i for i, fd in enumerate(self._fds)}
+        ready, _, _ = select.select(self._fds, [], [], self.queue.timeout(self.clock()))
         now = self.clock()
         for fd in ready:
-            self.drain(by_fd[fd], now)
+            self.drain(self._index[fd], now)
         self.release(self.clock())
 
     def stats(self) -> dict[str, object]:
-        qs = list(self.queues.values())
-        packets = sum(q.packets for q in qs)
-        return {"packets": packets, "late_ms_mean": round(sum(q.late_s_sum for q in qs) * 1000 / max(packets, 1), 4),
-                "late_ms_max": round(max((q.late_s_max for q in qs), default=0.0) * 1000, 3),
-                "errors": self.errors, "overflows": self.overflows}
+        q = self.queue
+        return {"packets": q.packets, "late_ms_mean": round(q.late_s_sum * 1000 / max(q.packets, 1), 4),
+                "late_ms_max": round(q.late_s_max * 1000, 3), "errors": self.errors, "overflows": self.overflows}
 
 
 def _write(path: Path, payload: dict[str, object]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from lab.measure.network import delayer_delta, network_block
 from lab.settings import Settings, settings_env
 from lab.stack import delayer, linkdelay, nfqueue
-from lab.stack.delayer import Delayer, DelayQueue, timeout
+from lab.stack.delayer import IDLE_S, Delayer, DelayQueue
 
 
 def packet_message(packet_id: int, queue: int = 0, *, first: bytes = b"") -> bytes:
@@ -57,28 +57,23 @@ def test_a_packet_id_is_read_wherever_its_header_is_and_other_messages_have_none
 
 def test_packets_are_released_in_order_once_their_delay_has_passed() -> None:
     q = DelayQueue(0.005)
-    assert q.next_due() is None and q.release(100.0) is None
-    q.push(10.000, 1)
-    q.push(10.001, 2)
-    q.push(10.004, 3)
-    assert q.next_due() == pytest.approx(10.005)
-    assert q.release(10.0049) is None  # nothing before its time
-    assert q.release(10.0062) == 2  # the last one due: 1 and 2 go together
-    assert q.next_due() == pytest.approx(10.009)
-    assert q.release(10.009) == 3 and q.release(11.0) is None
-    assert q.packets == 3 and q.late_s_max == pytest.approx(0.0012)
-    q.push(20.0, 4)
-    q.push(20.0, 5)
-    assert q.release_all() == 5 and q.next_due() is None
-
-
-def test_the_loop_sleeps_until_the_earliest_due_packet() -> None:
-    a, b = DelayQueue(0.001), DelayQueue(0.001)
-    assert timeout([a, b], 5.0, idle_s=1.0) == 1.0
-    a.push(5.0, 1)
-    b.push(4.9995, 1)
-    assert timeout([a, b], 5.0) == pytest.approx(0.0005)
-    assert timeout([a, b], 6.0) == 0.0
+    assert q.release(100.0) == {} and q.timeout(100.0, idle_s=1.0) == 1.0
+    q.push(10.000, 0, 1)
+    q.push(10.001, 1, 70)
+    q.push(10.002, 0, 2)
+    q.push(10.004, 0, 3)
+    assert q.timeout(10.001) == pytest.approx(0.004)  # until the earliest due packet
+    assert q.release(10.0049) == {}  # nothing before its time
+    assert q.release(10.0072) == {0: 2, 1: 70}  # per queue the last one due: 1 and 2 go together
+    assert q.timeout(10.0072) == pytest.approx(0.0018)
+    assert q.release(10.009) == {0: 3} and q.release(11.0) == {}
+    assert q.timeout(12.0) == IDLE_S and q.timeout(8.0) == IDLE_S
+    assert q.packets == 4 and q.late_s_max == pytest.approx(0.0022)
+    q.push(20.0, 0, 4)
+    q.push(20.0, 1, 71)
+    q.push(20.0, 0, 5)
+    assert q.timeout(30.0) == 0.0  # overdue: no sleep
+    assert q.release_all() == {0: 5, 1: 71} and q.release(99.0) == {}
 
 
 class FakeSocket:
@@ -100,12 +95,13 @@ class FakeSocket:
 
 
 def test_the_delayer_reads_every_namespace_and_releases_each_with_one_verdict() -> None:
-    pg = FakeSocket([packet_message(1), packet_message(2), OSError(errno.ENOBUFS, "full"), packet_message(3)])
+    odd = packet_message(3, first=nfqueue.attr(3, b"\0\0\0\1"))  # the header not first: read the slow way
+    pg = FakeSocket([packet_message(1), packet_message(2), OSError(errno.ENOBUFS, "full"), odd])
     con = FakeSocket([packet_message(9)])
     d = Delayer({"pg": pg, "con": con}, 0.005, clock=lambda: 0.0)  # type: ignore[dict-item]
-    d.drain("pg", 1.000)
-    d.drain("con", 1.002)
-    assert d.overflows == 1 and d.queues["pg"].packets == 3
+    d.drain(0, 1.000)
+    d.drain(1, 1.002)
+    assert d.overflows == 1 and d.queue.packets == 4
     d.release(1.004)
     assert pg.sent == [] and con.sent == []
     d.release(1.005)
