@@ -21,6 +21,7 @@ from typing import Any
 
 from lab.settings import Settings
 from lab.stack import hosts, linkdelay
+from lab.stack.base import StackError
 
 #: the hops named in results: (from, to) -> label
 HOPS = {
@@ -56,6 +57,15 @@ class NetWindow:
     def stop(self) -> None:
         if len(self.edges) == 1:
             self.edges.append(self.read())
+
+    def lost_delay(self) -> str | None:
+        """Why the delay the settings ask for is not in force (its delayer died), for a run that
+        failed; None when it is."""
+        try:
+            linkdelay.check(self.settings)
+        except StackError as exc:
+            return str(exc)
+        return None
 
     def record(self) -> dict[str, Any] | None:
         """The counters' differences over the window (None: not both edges read)."""

@@ -161,3 +161,15 @@ def test_a_run_prints_its_delay_and_the_delayers_cost() -> None:
                        "delayer": {"packets": 10_000, "cpu_us_per_packet": 50.0, "dropped": 0}})
     assert line == ("link delay 5 ms (nfqueue): delayer 0.5 CPU-s (in no participant), 10000 packets, "
                     "50.0 us CPU/packet, 0 dropped")
+
+
+def test_a_run_whose_delayer_died_says_so(tmp_path: Path) -> None:
+    from lab.measure.network import NetWindow
+
+    s = Settings(stack_dir=tmp_path, hosts="netns", link_delay_ms=5.0)
+    assert NetWindow(s).lost_delay() is None  # no delay made yet: nothing to say
+    linkdelay._record(s, {"mechanism": "nfqueue", "delay_ms": 5.0, "namespaces": {}})
+    why = NetWindow(s).lost_delay()
+    assert why is not None and "delayer is gone" in why and "\n" not in why
+    linkdelay._record(s, {"mechanism": "netem", "delay_ms": 5.0, "namespaces": {}})
+    assert NetWindow(s).lost_delay() is None  # netem has no process to lose
