@@ -42,7 +42,7 @@ def _stack_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _say_skipped(stack: object) -> None:
-    """One line naming what was left out and why (native backend: no root, or RabbitMQ under netns)."""
+    """One line naming what was left out and why (native backend: RabbitMQ without root)."""
     skipped = getattr(stack, "skipped", None) or {}
     if skipped:
         _say("not started: " + "; ".join(f"{name} ({why})" for name, why in skipped.items()))
@@ -157,10 +157,10 @@ def _series(args: argparse.Namespace, settings: Settings) -> int:
 
     pipelines = series.parse_pipelines(args.pipelines)
     plan = series.plan(args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines,
-                       rate=args.rate)
+                       rate=args.rate, consumers=args.consumers)
     sid = args.series_id or series.default_series_id(
         args.profile, repeats=args.repeats, seed=args.seed, pipelines=pipelines, rate=args.rate,
-        topology=settings.topology)
+        topology=settings.topology, consumers=args.consumers)
     _say(f"series {sid}: {len(plan)} runs ({series.PROFILES[args.profile].description})")
     bar = tqdm(total=len(plan), unit="run", desc=sid, file=sys.stderr)
     last: dict[str, Any] = {"ms": "-", "skipped": 0, "failed": 0}
@@ -358,6 +358,15 @@ def rate_steps(text: str) -> str:
     return text
 
 
+def consumer_counts(text: str) -> tuple[int, ...]:
+    """``--consumers 1,4``: distinct N within the scenario's bounds, in the order given."""
+    parse = number(int, 1, MAX_CONSUMERS)
+    out = tuple(dict.fromkeys(parse(part.strip()) for part in text.split(",") if part.strip()))
+    if not out:
+        raise argparse.ArgumentTypeError(f"no consumer count in {text!r}: give N, e.g. 1,4")
+    return out
+
+
 def link_delay(text: str) -> float:
     """``--link-delay``: milliseconds from ``1ms``, ``250us`` or a number of ms, in one line otherwise."""
     from lab.settings import parse_delay
@@ -506,7 +515,7 @@ def _hosts_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hosts", choices=HOST_LAYOUTS, default=None,
                         help="loopback: every participant on 127.0.0.1; netns: each participant group on a "
                              "host of its own, a network namespace on a private bridge (root; the native "
-                             "single topology; default: LAB_HOSTS, else loopback)")
+                             "backend; default: LAB_HOSTS, else loopback)")
     parser.add_argument("--link-delay", type=link_delay, default=None, metavar="DELAY",
                         help="with --hosts netns: delay every host's outgoing packets this long (netem, or a "
                              "userspace delayer where the kernel has no netem: LAB_LINK_DELAY_VIA), e.g. 1ms or "
@@ -519,6 +528,9 @@ def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> N
     if rate:  # `lab series` only: the report's notebooks run closed-loop series
         parser.add_argument("--rate", type=RATE, default=0.0,
                             help="open-loop msg/s for every measured cell (latency mode); default 0 = closed loop")
+        parser.add_argument("--consumers", type=consumer_counts, default=None, metavar="N,N",
+                            help="a subset of N, comma-separated (default: the profile's); the volume arm "
+                                 "keeps its N among them")
 
     parser.add_argument("--profile", choices=list(PROFILES), default="quick",
                         help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))

@@ -120,7 +120,7 @@ class Settings:
     # (the native backend only)
     topology: str = "single"
     # loopback: every participant on 127.0.0.1 | netns: each participant group a host of its own,
-    # a network namespace on a private bridge (lab.stack.hosts; the native single topology, root)
+    # a network namespace on a private bridge (lab.stack.hosts; the native backend, root)
     hosts: str = "loopback"
     link_delay_ms: float = 0.0  # delay on every host's outgoing link (LAB_HOSTS=netns only); 0: none
     # how the delay is made (lab.stack.linkdelay): auto (netem where the kernel has it, else nfqueue),
@@ -194,9 +194,8 @@ class Settings:
         if self.link_delay_ms and not self.netns:
             raise ValueError("a link delay (LAB_LINK_DELAY, --link-delay) needs hosts of their own "
                              "(LAB_HOSTS=netns, --hosts netns)")
-        if self.netns and (self.ha or self.backend != "native"):
-            raise ValueError("LAB_HOSTS=netns runs the native backend's single topology only "
-                             f"(not backend {self.backend}, topology {self.topology})")
+        if self.netns and self.backend != "native":
+            raise ValueError(f"LAB_HOSTS=netns runs the native backend only (not backend {self.backend})")
         for name, env_name in _ENV_NAMES.items():
             value = getattr(self, name, None)
             if name.endswith("_port") and value is not None and not 1 <= value <= 65535:
@@ -224,7 +223,8 @@ class Settings:
         port (a second instance in the tests) without locking the first one out."""
         path = self.secrets_dir / "pgpass"
         esc = self.secret("pg").replace("\\", "\\\\").replace(":", "\\:")
-        line = f"{self.pg_host}:*:*:{self.pg_user}:{esc}\n"
+        hosts = dict.fromkeys([self.pg_host, self.pg_standby_host] if self.ha else [self.pg_host])
+        line = "".join(f"{host}:*:*:{self.pg_user}:{esc}\n" for host in hosts)  # the standby's own host too
         try:
             current = path.read_text()
         except FileNotFoundError:
@@ -262,11 +262,39 @@ class Settings:
         """The /24 of this stack's namespaces: ``10.231.<n>.0/24``, ``n`` from :attr:`stack_id`."""
         return f"{SUBNET_PREFIX}.{int(self.stack_id, 16) % 254 + 1}.0/24"
 
+    @property
+    def netns_hosts(self) -> dict[str, int]:
+        """The hosts of this topology's netns layout, name -> last octet: :data:`NETNS_HOSTS`, and
+        under ``ha`` :data:`HA_NETNS_HOSTS` too (a host per broker node and the standby)."""
+        return NETNS_HOSTS | HA_NETNS_HOSTS if self.ha else dict(NETNS_HOSTS)
+
     def address(self, host: str) -> str:
-        """The address of one host of the netns layout (:data:`NETNS_HOSTS`; ``runner``: the
-        bridge, the runner's own side; ``engine``: the stack's own Docker engine)."""
-        octet = {"runner": RUNNER_OCTET, "engine": ENGINE_OCTET}.get(host) or NETNS_HOSTS[host]
+        """The address of one host of the netns layout (:data:`NETNS_HOSTS`, :data:`HA_NETNS_HOSTS`;
+        ``runner``: the bridge, the runner's own side; ``engine``: the stack's own Docker engine)."""
+        octet = {"runner": RUNNER_OCTET, "engine": ENGINE_OCTET}.get(host) or (NETNS_HOSTS | HA_NETNS_HOSTS)[host]
         return self.hosts_subnet.rsplit(".", 1)[0] + f".{octet}"
+
+    def kafka_host(self, node: int = 1) -> str:
+        """Where Kafka node ``node`` (1-3; the single node is 1) listens: its host ``broker`` (node 1)
+        or ``broker-<node>`` under netns."""
+        return self.address(node_host("broker", node)) if self.netns else self.service_host
+
+    def rabbitmq_node_host(self, node: int = 1) -> str:
+        """Where RabbitMQ node ``node`` (1-3; the single node is 1) listens for AMQP: its host
+        ``rabbitmq`` (node 1) or ``rabbitmq-<node>`` under netns."""
+        return self.address(node_host("rabbitmq", node)) if self.netns else self.service_host
+
+    @property
+    def rabbitmq_spread(self) -> bool:
+        """Whether the RabbitMQ nodes are a cluster on hosts of their own (``ha`` under netns): each
+        node is named after its host (``<name>-<i>@rabbitmq-<i>``, a short name its peers resolve to
+        the host's address) and has an epmd of its own, reached over the lab network."""
+        return self.ha and self.netns
+
+    @property
+    def pg_standby_host(self) -> str:
+        """Where the ``ha`` standby listens: its host ``postgres-standby`` under netns."""
+        return self.address("postgres-standby") if self.netns else self.pg_host
 
     @property
     def pg_host(self) -> str:
@@ -275,8 +303,14 @@ class Settings:
 
     @property
     def broker_host(self) -> str:
-        """Where Kafka and RabbitMQ listen."""
-        return self.address("broker") if self.netns else self.service_host
+        """Where Kafka listens (node 1's, the ``broker`` host of the netns layout)."""
+        return self.kafka_host(1)
+
+    @property
+    def rabbitmq_host(self) -> str:
+        """Where RabbitMQ's AMQP listener is reached (node 1's, the ``rabbitmq`` host of the netns
+        layout; a single node's name and epmd stay on that host's own loopback)."""
+        return self.rabbitmq_node_host(1)
 
     @property
     def web_host(self) -> str:
@@ -297,9 +331,9 @@ class Settings:
         administration of one server uses :attr:`pg_primary_dsn` or that server's port."""
         if not self.ha:
             return self.pg_primary_dsn
-        host = self.pg_host
         return (
-            f"host={host},{host} port={self.pg_port},{self.pg_standby_port} dbname={self.pg_database} "
+            f"host={self.pg_host},{self.pg_standby_host} port={self.pg_port},{self.pg_standby_port} "
+            f"dbname={self.pg_database} "
             f"user={self.pg_user} passfile={self.pg_passfile} target_session_attrs=read-write"
         )
 
@@ -334,13 +368,14 @@ class Settings:
     def rabbitmq_nodes(self) -> list[tuple[int, str, int, int]]:
         """``(index, node name, AMQP port, distribution port)`` of every RabbitMQ node of the
         topology: the configured node for ``single``; under ``ha`` nodes 1-3 named
-        ``<name>-<i>@<host>`` on the configured ports + 10·i, all sharing one epmd."""
+        ``<name>-<i>@<host>`` on the configured ports + 10·i, all sharing one epmd (on loopback),
+        or ``<name>-<i>@<its netns host>`` each with its own (:attr:`rabbitmq_spread`)."""
         if not self.ha:
             return [(1, self.rabbitmq_node, self.amqp_port, self.rabbitmq_dist_port)]
         name, _, host = self.rabbitmq_node.partition("@")
         step = HA_PORT_STEP
-        return [(i, f"{name}-{i}@{host or 'localhost'}", self.amqp_port + step * i,
-                 self.rabbitmq_dist_port + step * i) for i in (1, 2, 3)]
+        return [(i, f"{name}-{i}@{node_host('rabbitmq', i) if self.netns else host or 'localhost'}",
+                 self.amqp_port + step * i, self.rabbitmq_dist_port + step * i) for i in (1, 2, 3)]
 
     @property
     def amqp_endpoint_port(self) -> int:
@@ -355,17 +390,17 @@ class Settings:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return ",".join(f"{self.broker_host}:{port}" for _, port, _ in self.kafka_nodes)
+        return ",".join(f"{self.kafka_host(i)}:{port}" for i, port, _ in self.kafka_nodes)
 
     @property
     def amqp_url(self) -> str:
-        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.broker_host}:"
+        return (f"amqp://{self.rabbitmq_user}:{self.secret('rabbitmq')}@{self.rabbitmq_host}:"
                 f"{self.amqp_endpoint_port}/")
 
     @property
     def amqp_url_public(self) -> str:
         """The AMQP URL without its password (for logs and ``lab stack env``)."""
-        return f"amqp://{self.rabbitmq_user}@{self.broker_host}:{self.amqp_endpoint_port}/"
+        return f"amqp://{self.rabbitmq_user}@{self.rabbitmq_host}:{self.amqp_endpoint_port}/"
 
     def connect_env(self) -> dict[str, str]:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
@@ -404,10 +439,20 @@ LINK_DELAY_VIAS = ("auto", "netem", "nfqueue")
 SUBNET_PREFIX = "10.231"  # private (RFC 1918); nothing is routed beyond the namespaces
 RUNNER_OCTET = 1  # the bridge's own address: the runner's side of the lab network
 #: the hosts of the netns layout, each a participant group: name -> last octet of its address.
-#: The web host runs the web service and the senders; the probe and the runner stay outside.
-NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers": 6}
+#: ``broker`` runs Kafka, ``rabbitmq`` RabbitMQ (8: the engine took 7 first); the web host runs the
+#: web service and the senders; the probe and the runner stay outside.
+NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers": 6, "rabbitmq": 8}
+#: the ``ha`` topology's further hosts: Kafka nodes 2 and 3, RabbitMQ nodes 2 and 3 (node 1 of each
+#: on ``broker`` and ``rabbitmq``), the PostgreSQL standby
+HA_NETNS_HOSTS = {"broker-2": 9, "broker-3": 10, "rabbitmq-2": 11, "rabbitmq-3": 12, "postgres-standby": 13}
 ENGINE_OCTET = 7  # the stack's own Docker engine (lab stack engine up), one more host on the bridge
 ENGINE_PORT = 2375  # its API, plain tcp: reachable only on the stack's private bridge
+
+
+def node_host(host: str, node: int) -> str:
+    """The netns host of node ``node`` of a cluster whose node 1 runs on ``host`` (``broker``,
+    ``rabbitmq``): ``host`` itself for node 1, ``<host>-<node>`` for the others."""
+    return host if node == 1 else f"{host}-{node}"
 
 
 def docker_host_address(url: str) -> str | None:

@@ -23,15 +23,21 @@ from lab.settings import Settings
 from lab.stack import hosts, linkdelay
 from lab.stack.base import StackError
 
-#: the hops named in results: (from, to) -> label
-HOPS = {
-    ("postgres", "consumers"): "postgres → consumers",  # the WAL readers under wal
-    ("postgres", "debezium"): "postgres → debezium",
-    ("debezium", "broker"): "debezium → broker",
-    ("broker", "consumers"): "broker → consumers",
-    ("consumers", "postgres"): "consumers → postgres",
-    ("consumers", "web"): "consumers → web",
-    ("web", "postgres"): "web → postgres",
+#: the hosts a broker node runs on: Kafka's (``broker``, and under ``ha`` ``broker-2``, ``broker-3``)
+#: and RabbitMQ's (``rabbitmq``, ``rabbitmq-2``, ``rabbitmq-3``); a run's pipeline uses one broker, the
+#: other one exchanges nothing with Debezium or the consumers
+BROKERS = ("broker", "broker-2", "broker-3", "rabbitmq", "rabbitmq-2", "rabbitmq-3")
+
+#: the hops named in results: label -> the pairs of hosts (from, to) whose bytes it sums. "broker"
+#: is the run's broker, whichever host it runs on.
+HOPS: dict[str, tuple[tuple[str, str], ...]] = {
+    "postgres → consumers": (("postgres", "consumers"),),  # the WAL readers under wal
+    "postgres → debezium": (("postgres", "debezium"),),
+    "debezium → broker": tuple(("debezium", b) for b in BROKERS),
+    "broker → consumers": tuple((b, "consumers") for b in BROKERS),
+    "consumers → postgres": (("consumers", "postgres"),),
+    "consumers → web": (("consumers", "web"),),
+    "web → postgres": (("web", "postgres"),),
 }
 
 
@@ -108,7 +114,7 @@ def network_block(counted: Mapping[str, Any] | None, messages: int) -> dict[str,
         return {"bytes": n, "bytes_per_msg": round(n / messages, 1)}
 
     pairs = {p: per(n) for p, n in sorted(counted["pairs"].items()) if n > 0}
-    hops = {label: per(counted["pairs"].get(f"{a}>{b}", 0)) for (a, b), label in HOPS.items()}
+    hops = {label: per(sum(counted["pairs"].get(f"{a}>{b}", 0) for a, b in pairs)) for label, pairs in HOPS.items()}
     links = {h: {d: per(n) for d, n in c.items()} for h, c in sorted(counted["links"].items())}
     delayer = counted.get("delayer")
     return {"messages": messages, "link_delay_ms": counted.get("link_delay_ms", 0.0),

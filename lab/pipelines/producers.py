@@ -164,7 +164,7 @@ def _settle(batch: list[tuple[asyncio.Future[Any], Any]]) -> None:
 class _Rabbit:
     def __init__(self, settings: Settings) -> None:
         self._url = settings.amqp_url
-        self.url = f"amqp://{settings.service_host}:{settings.amqp_endpoint_port}/{QUEUE}"
+        self.url = f"amqp://{settings.rabbitmq_host}:{settings.amqp_endpoint_port}/{QUEUE}"
         self._conn: Any = None
 
     async def open(self, producers: int) -> None:

@@ -134,13 +134,15 @@ def render_properties(settings: Settings, sink: str, *, compose: bool = False, d
     values: dict[str, object] = {
         "http_port": http_port(s, sink),
         "http_host": s.debezium_host,
-        "pg_host": s.pg_host, "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
+        # the promoted standby on its own host under netns
+        "pg_host": s.pg_standby_host if pg_port == s.pg_standby_port else s.pg_host,
+        "pg_port": pg_port or s.pg_port, "pg_user": s.pg_user,
         "pg_database": s.pg_database,
         "topic_prefix": TOPIC_PREFIX[sink], "slot_name": SLOT[sink], "publication": PUBLICATION,
         # ha: the slot is synchronised to the standby (PostgreSQL 17+ failover slot)
         "slot_failover": str(s.ha).lower(),
         "kafka_bootstrap": s.kafka_bootstrap,
-        "amqp_host": s.broker_host, "amqp_port": s.amqp_endpoint_port, "amqp_user": s.rabbitmq_user,
+        "amqp_host": s.rabbitmq_host, "amqp_port": s.amqp_endpoint_port, "amqp_user": s.rabbitmq_user,
         "exchange": RABBITMQ_EXCHANGE, "routing_key": RABBITMQ_ROUTING_KEY,
     }
     values.update(pg_password=s.secret("pg"), amqp_password=s.secret("rabbitmq"))
@@ -289,10 +291,10 @@ class DebeziumService:
         if holder is not None:
             raise StackError(f"replication slot {self.slot} is held by pid {holder}; stop the "
                              f"other Debezium Server (`lab stack debezium stop {self.sink}`)")
-        port, what = ((s.kafka_nodes[0][1], "Kafka") if self.sink == "kafka"
-                      else (s.amqp_endpoint_port, "RabbitMQ"))
-        if not proc.port_open(port, s.broker_host):
-            raise StackError(f"{what} is not reachable at {s.broker_host}:{port}; start the stack first "
+        host, port, what = ((s.broker_host, s.kafka_nodes[0][1], "Kafka") if self.sink == "kafka"
+                            else (s.rabbitmq_host, s.amqp_endpoint_port, "RabbitMQ"))
+        if not proc.port_open(port, host):
+            raise StackError(f"{what} is not reachable at {host}:{port}; start the stack first "
                              "(`lab stack up`)")
         # a stale, idle slot from a killed run would replay old rows: start from a fresh one
         if not resume:

@@ -1,8 +1,9 @@
 """Participants on hosts of their own: network namespaces on a private bridge (``LAB_HOSTS=netns``).
 
-Each participant group of :data:`lab.settings.NETNS_HOSTS` (PostgreSQL, the broker, Debezium,
-the web service with its senders, the consumers) gets a network namespace with one interface,
-``eth0``, at its address in the stack's /24 (:attr:`Settings.hosts_subnet`). The ``eth0`` of every
+Each participant group of :data:`lab.settings.NETNS_HOSTS` (PostgreSQL, Kafka, RabbitMQ, Debezium,
+the web service with its senders, the consumers; under the ``ha`` topology also each further broker
+node and the standby, :data:`lab.settings.HA_NETNS_HOSTS`) gets a network namespace with one
+interface, ``eth0``, at its address in the stack's /24 (:attr:`Settings.hosts_subnet`). The ``eth0`` of every
 host is one end of a veth pair whose other end is a port of a bridge; the bridge lives in a
 namespace of its own (the switch), so the root namespace's packet filter (a Docker engine's
 ``FORWARD`` policy, applied to bridged frames by ``br_netfilter``) never sees the lab's traffic.
@@ -35,7 +36,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.settings import NETNS_HOSTS, Settings
+from lab.settings import Settings
 from lab.stack import linkdelay
 from lab.stack.base import StackError
 from lab.stack.netns import entered
@@ -44,8 +45,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "fl"
 #: a short code per host, for link names (at most 15 bytes: ``fl`` + 6 hex + ``-`` + code + ``p``)
-SHORT = {"postgres": "pg", "broker": "bk", "debezium": "dz", "web": "web", "consumers": "con", "runner": "run",
-         "engine": "eng"}
+SHORT = {"postgres": "pg", "broker": "bk", "rabbitmq": "rmq", "debezium": "dz", "web": "web", "consumers": "con",
+         "runner": "run", "engine": "eng", "broker-2": "bk2", "broker-3": "bk3", "rabbitmq-2": "rmq2",
+         "rabbitmq-3": "rmq3", "postgres-standby": "pgs"}
 #: the stack's own Docker engine (lab.stack.remote_engine): one more host on the bridge, with its own
 #: lifecycle (``lab stack engine up|down``), so the participant hosts' create and remove leave it alone
 ENGINE = "engine"
@@ -111,14 +113,14 @@ class Layout:
 def layout(settings: Settings) -> Layout:
     """The layout of ``settings``' stack."""
     sid = settings.stack_id
-    links = {h: f"{PREFIX}{sid}-{SHORT[h]}" for h in [*NETNS_HOSTS, "runner"]}
+    links = {h: f"{PREFIX}{sid}-{SHORT[h]}" for h in [*settings.netns_hosts, "runner"]}
     for name in links.values():
         assert len(name) + 1 <= IFNAMSIZ, name
     return Layout(
         stack_id=sid, subnet=settings.hosts_subnet, switch=f"{PREFIX}-{sid}-switch", bridge="br0",
-        namespaces={h: f"{PREFIX}-{sid}-{h}" for h in NETNS_HOSTS},
+        namespaces={h: f"{PREFIX}-{sid}-{h}" for h in settings.netns_hosts},
         links=links,
-        addresses={h: settings.address(h) for h in [*NETNS_HOSTS, "runner"]},
+        addresses={h: settings.address(h) for h in [*settings.netns_hosts, "runner"]},
     )
 
 

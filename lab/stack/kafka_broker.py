@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from lab.settings import Settings, child_env
+from lab.settings import Settings, child_env, node_host
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.hosts import namespace
@@ -85,8 +85,8 @@ def server_properties(settings: Settings, node_id: int, data_dir: Path) -> str:
     rep = replication(s)
     return string.Template(_template("kafka-server.properties")).substitute(
         node_id=node_id,
-        voters=",".join(f"{i}@{s.broker_host}:{c}" for i, _, c in s.kafka_nodes),
-        host=s.broker_host,
+        voters=",".join(f"{i}@{s.kafka_host(i)}:{c}" for i, _, c in s.kafka_nodes),
+        host=s.kafka_host(node_id),
         port=port,
         controller_port=controller_port,
         data_dir=data_dir,
@@ -165,7 +165,10 @@ class KafkaService:
         self.node_id = node or 1
         self.name = "kafka" if node is None else f"kafka-{node}"
         _, self.port, self.controller_port = next(n for n in settings.kafka_nodes if n[0] == self.node_id)
-        self.bootstrap = f"{settings.broker_host}:{self.port}"
+        #: where this node listens: its host's address under netns (``broker``, ``broker-<node>``)
+        self.host = settings.kafka_host(self.node_id)
+        self.netns = namespace(settings, node_host("broker", self.node_id))
+        self.bootstrap = f"{self.host}:{self.port}"
         self.state_dir = settings.stack_dir / self.name
         self.data_dir = self.state_dir / "data"
         self.config_dir = self.state_dir / "config"
@@ -282,7 +285,7 @@ class KafkaService:
         """Check the ports, render the config, format once and start the JVM; no waiting."""
         what = "Kafka" if self.name == "kafka" else f"Kafka node {self.name}"
         hint = "" if self.name == "kafka" else f" + {self.port - self.settings.kafka_port}"
-        host = self.settings.broker_host
+        host = self.host
         proc.require_free(self.port, what, "LAB_KAFKA_PORT" + hint, host)
         proc.require_free(self.controller_port, f"the controller of {what}", "LAB_KAFKA_CONTROLLER_PORT" + hint,
                           host)
@@ -290,7 +293,7 @@ class KafkaService:
         return proc.spawn(
             [*self._jvm_args(), "kafka.Kafka", server],
             state_dir=self.state_dir, log_path=self.out_path, env=self._env(), cwd=self.state_dir,
-            netns=namespace(self.settings, "broker"),
+            netns=self.netns,
         )
 
     def prepare(self, cluster_id: str | None = None) -> Path:
@@ -306,7 +309,7 @@ class KafkaService:
         Asked with :func:`metadata_brokers` over a plain socket, not librdkafka: an AdminClient
         polled while a broker (re)starts once aborted the whole process (SIGABRT inside
         ``list_topics``), and this wait runs in the runner's process during faults."""
-        host = self.settings.broker_host
+        host = self.host
 
         def ready() -> bool:
             return proc.port_open(self.port, host) and metadata_brokers(host, self.port) >= brokers
@@ -359,7 +362,7 @@ class KafkaService:
             rss_mb=proc.tree_rss_mb(procs) if procs else None,
             detail={
                 "node_id": self.node_id,
-                "controller": f"{self.settings.broker_host}:{self.controller_port}",
+                "controller": f"{self.host}:{self.controller_port}",
                 "cluster_id": self._cluster_id_on_disk(),
                 "data_dir": str(self.data_dir),
                 "log": str(self.log_path),

@@ -58,8 +58,6 @@ class NativeStack:
         uninstalled 3.10 is left out and recorded in :attr:`skipped` (the wal pipelines, Kafka
         and Debezium do not need it)."""
         why = self.rabbitmq.root_needed()
-        if self.settings.netns:  # its node name, epmd and chroot are tied to loopback
-            why = "not on a host of its own yet (LAB_HOSTS=netns runs the wal and kafka pipelines)"
         self.skipped = {self.rabbitmq.name: why} if why else {}
         return [s for s in self.services if s.name not in self.skipped]
 
@@ -71,7 +69,7 @@ class NativeStack:
 
     def _other_topology(self) -> list[NativeService]:
         """The services of the topology not chosen (they share this stack dir)."""
-        s = self.settings.replace(topology="single" if self.settings.ha else "ha", hosts="loopback", link_delay_ms=0.0)
+        s = self.settings.replace(topology="single" if self.settings.ha else "ha")
         if s.ha:
             return [PostgresStandby(s), KafkaCluster(s), RabbitMQCluster(s)]
         return [KafkaService(s), RabbitMQService(s)]
@@ -127,7 +125,7 @@ class NativeStack:
     def _on_hosts(self) -> NativeStack | None:
         """This stack as it runs on hosts of its own, when it does and these settings say loopback
         (``down`` and ``status`` reach its services at their hosts' addresses without ``--hosts``)."""
-        if self.settings.netns or self.settings.ha or not hosts.recorded(self.settings):
+        if self.settings.netns or not hosts.recorded(self.settings):
             return None
         return NativeStack(self.settings.replace(hosts="netns"))
 

@@ -7,9 +7,16 @@ than Debian 12 has, so it runs from a minimal Debian 13 root the lab builds in i
 state directory bind-mounted at its own path. ``3.10`` is the host's Debian 12 package, as before.
 Both share the host's network and pids, so ports, pid files and stop work the same.
 
+Under ``LAB_HOSTS=netns`` the node runs on the ``rabbitmq`` host of :mod:`lab.stack.hosts`: epmd,
+the node and every CLI call (``rabbitmqctl``, ``erl_call``) are started inside that network
+namespace, where the node name ``@localhost``, epmd and the distribution port stay on the host's own
+loopback, while the AMQP listener binds the host's address (:attr:`Settings.rabbitmq_host`), which
+Debezium's RabbitMQ sink, the consumers and the runner connect to.
+
 The node shares nothing with a system node that the package may have started: its own node
 name, AMQP/distribution/epmd ports, ``HOME`` (hence its own ``.erlang.cookie``), config, data,
-log and plugin files, all under ``<stack_dir>/rabbitmq``; every listener binds 127.0.0.1.
+log and plugin files, all under ``<stack_dir>/rabbitmq``; every listener binds 127.0.0.1 (AMQP:
+its host's address under ``LAB_HOSTS=netns``).
 
 Choices written down here:
 
@@ -50,9 +57,11 @@ from string import Template
 
 import psutil
 
-from lab.settings import Settings, child_env, is_root, write_private
+from lab.settings import Settings, child_env, is_root, node_host, write_private
 from lab.stack import proc, rootfs
 from lab.stack.base import ServiceStatus, StackError
+from lab.stack.hosts import namespace
+from lab.stack.netns import NETNS_DIR, entered
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +123,20 @@ def root_needed(version: str, host_installed: bool) -> str | None:
     return None
 
 
+def erlang_address(address: str) -> str:
+    """An IPv4 address as an Erlang tuple: ``10.231.5.8`` -> ``{10,231,5,8}``."""
+    return "{" + ",".join(str(int(part)) for part in address.split(".")) + "}"
+
+
+def inetrc(settings: Settings) -> str:
+    """Erlang's resolver configuration (``ERL_INETRC``) of a spread cluster's node and its CLI
+    calls: each node's host name at its host's address, looked up before the system's resolver
+    (the Debian root's ``/etc/hosts`` knows only ``localhost``)."""
+    entries = "".join(f'{{host, {erlang_address(settings.rabbitmq_node_host(i))}, ["{node_host("rabbitmq", i)}"]}}.\n'
+                      for i, _, _, _ in settings.rabbitmq_nodes)
+    return entries + "{lookup, [file, native]}.\n"
+
+
 class RabbitMQService:
     """The lab's own RabbitMQ node: the ``single`` topology's broker (``node=None``), or node
     ``rabbitmq-<node>`` (1-3) of the ``ha`` cluster (start that with :class:`RabbitMQCluster`)."""
@@ -130,14 +153,21 @@ class RabbitMQService:
         else:
             _, self.node_name, self.amqp_port, self.dist_port = settings.rabbitmq_nodes[node - 1]
         self.dir = settings.stack_dir / self.name
-        #: node 1 starts and stops the epmd every node of the cluster registers with
-        self.owns_epmd = node in (None, 1)
-        self.epmd_dir = (self.dir if node is None else settings.stack_dir / "rabbitmq-1") / "epmd"
+        #: a cluster node on a host of its own (ha under netns): its own epmd, reached by its peers
+        self.spread = settings.rabbitmq_spread
+        #: node 1 starts and stops the epmd every node of the cluster registers with (each node its
+        #: own when spread)
+        self.owns_epmd = node in (None, 1) or self.spread
+        self.epmd_dir = (self.dir if node is None or self.spread else settings.stack_dir / "rabbitmq-1") / "epmd"
         self.etc = self.dir / "etc"
         self.home = self.dir / "home"
         self.logs = self.dir / "log"
         self.console_log = self.logs / "console.log"
         self.last_start_seconds: float | None = None
+        #: the network namespace the node, its epmd and its CLI calls run in (None: loopback), and
+        #: the address its AMQP listener binds
+        self.netns = namespace(settings, node_host("rabbitmq", node or 1))
+        self.host = settings.rabbitmq_node_host(node or 1)
         if settings.rabbitmq_version not in RELEASES:
             raise StackError(
                 f"unknown LAB_RABBITMQ_VERSION {settings.rabbitmq_version!r}: "
@@ -210,23 +240,29 @@ class RabbitMQService:
             self._kill()
         hint = "" if self.index is None else f" + {self.amqp_port - self.settings.amqp_port}"
         what = "RabbitMQ" if self.index is None else f"RabbitMQ node {self.name}"
-        proc.require_free(self.amqp_port, f"{what} AMQP", "LAB_AMQP_PORT" + hint)
-        proc.require_free(self.dist_port, f"{what} distribution", "LAB_RABBITMQ_DIST_PORT" + hint)
+        proc.require_free(self.amqp_port, f"{what} AMQP", "LAB_AMQP_PORT" + hint, self.host)
+        with entered(self.netns):  # the distribution port is on the node's own loopback
+            proc.require_free(self.dist_port, f"{what} distribution", "LAB_RABBITMQ_DIST_PORT" + hint)
         self._write_config()
         if self.owns_epmd:
             self._start_epmd()
-        elif not proc.port_open(self.settings.rabbitmq_epmd_port):
+        elif not self._local_port_open(self.settings.rabbitmq_epmd_port):
             raise StackError(f"{self.name} needs the epmd of rabbitmq-1 on port "
                              f"{self.settings.rabbitmq_epmd_port}; start the cluster together")
         return proc.spawn(
             self._argv(SCRIPTS / "rabbitmq-server"), state_dir=self.dir, log_path=self.console_log,
-            env=self._env(), cwd=self.dir,
+            env=self._env(), cwd=self.dir, netns=self.netns,
         )
+
+    def _local_port_open(self, port: int) -> bool:
+        """Whether ``port`` of the loopback the node sees (its host's own under netns) listens."""
+        with entered(self.netns):
+            return proc.port_open(port)
 
     def wait_ready(self, node: psutil.Process) -> None:
         """Until the node listens on its AMQP port and its ``rabbit`` app runs."""
         proc.wait_until(
-            lambda: proc.port_open(self.amqp_port), timeout=START_TIMEOUT,
+            lambda: proc.port_open(self.amqp_port, self.host), timeout=START_TIMEOUT,
             what=f"RabbitMQ node {self.node_name}", proc=node, log_path=self.console_log,
         )
         try:
@@ -268,13 +304,14 @@ class RabbitMQService:
             name=self.name,
             state="running" if running else "stopped",
             pids=pids,
-            endpoint=f"amqp://{s.rabbitmq_user}@{s.host}:{self.amqp_port}/",
+            endpoint=f"amqp://{s.rabbitmq_user}@{self.host}:{self.amqp_port}/",
             version=self.version(),
             rss_mb=proc.tree_rss_mb(roots) if running else None,
             detail={
                 "node": self.node_name,
                 "dist_port": self.dist_port,
                 "epmd_port": s.rabbitmq_epmd_port,
+                "netns": self.netns,
                 "state_dir": str(self.dir),
                 "log": str(self.logs / "rabbit.log"),
                 "last_start_seconds": self.last_start_seconds,
@@ -296,13 +333,17 @@ class RabbitMQService:
         """``(argv, env)`` that evaluate the Erlang expressions on stdin on our node with ``erl_call``
         (Erlang's ``erl_interface``: a small C program, no VM to boot, unlike ``rabbitmqctl``); the
         cookie is read from our ``HOME``, the node found through our epmd. The host's program, also
-        for a node in the Debian root (the distribution protocol is the same); None without it."""
+        for a node in the Debian root (the distribution protocol is the same), and inside the node's
+        network namespace under netns (``nsenter --net``: no fresh ``/sys``); None without it."""
         found = shutil.which("erl_call") or next(
             (str(p) for p in (Path("/usr/lib/erlang/bin/erl_call"),) if p.exists()), None)
         if found is None:
             return None
         env = child_env(HOME=str(self.home), ERL_EPMD_PORT=str(self.settings.rabbitmq_epmd_port))
-        return [found, "-sname", self.settings.rabbitmq_node, "-e"], env
+        argv = [found, "-sname", self.node_name, "-e"]
+        if self.netns is not None:
+            argv = ["nsenter", f"--net={NETNS_DIR / self.netns}", *argv]
+        return argv, env
 
     # Helpers -------------------------------------------------------------------------
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
@@ -312,9 +353,12 @@ class RabbitMQService:
     def cli(self, tool: str, *args: str, timeout: float = 60.0) -> str:
         """Run a CLI tool of the package (``rabbitmqctl``, ``rabbitmq-queues``) against this node."""
         argv = self._argv(SCRIPTS / tool, "-n", self.node_name, "-q", *args)
-        # its own process group: on a timeout the CLI's Erlang VM goes too, not only the wrapper
-        with subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) as p:
+        # its own process group: on a timeout the CLI's Erlang VM goes too, not only the wrapper;
+        # in the node's network namespace (its epmd and distribution port are on that loopback)
+        with entered(self.netns):
+            p = subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+        with p:
             try:
                 out, err = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -338,7 +382,10 @@ class RabbitMQService:
 
     def _env(self) -> dict[str, str]:
         s, d = self.settings, self.dir
-        return child_env(
+        # the distribution on the host's own loopback; a spread node's on its host's address, where
+        # its peers reach it, their names resolved from the node's inetrc (:func:`inetrc`)
+        interface = erlang_address(self.host if self.spread else "127.0.0.1")
+        env = child_env(
             HOME=str(self.home),
             RABBITMQ_NODENAME=self.node_name,
             RABBITMQ_CONF_ENV_FILE=str(self.etc / "rabbitmq-env.conf"),
@@ -352,7 +399,7 @@ class RabbitMQService:
             RABBITMQ_PID_FILE=str(d / "beam.pid"),
             RABBITMQ_DIST_PORT=str(self.dist_port),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
-                "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1}"
+                f"-start_epmd false -kernel inet_dist_use_interface {interface}"
             ),
             RABBITMQ_CTL_ERL_ARGS="-start_epmd false",
             ERL_EPMD_PORT=str(s.rabbitmq_epmd_port),
@@ -360,13 +407,16 @@ class RabbitMQService:
             ERL_CRASH_DUMP=str(self.logs / "erl_crash.dump"),
             NOTIFY_SOCKET="",  # never let the script think it runs under systemd
         )
+        if self.spread:
+            env["ERL_INETRC"] = str(self.etc / "inetrc")
+        return env
 
     def _write_config(self) -> None:
         s = self.settings
         for path in (self.etc / "conf.d", self.home, self.logs, self.mnesia):
             path.mkdir(parents=True, exist_ok=True)
         definitions = self.etc / "definitions.json"
-        values = {"amqp_port": self.amqp_port, "user": s.rabbitmq_user,
+        values = {"amqp_host": self.host, "amqp_port": self.amqp_port, "user": s.rabbitmq_user,
                   "definitions": definitions}
         conf = Template(TEMPLATE.read_text()).substitute(values)
         if self.index is not None:
@@ -374,6 +424,8 @@ class RabbitMQService:
         (self.etc / "rabbitmq.conf").write_text(conf)
         (self.etc / "rabbitmq-env.conf").write_text("# empty: settings come from the environment\n")
         (self.etc / "enabled_plugins").write_text("[].\n")
+        if self.spread:
+            (self.etc / "inetrc").write_text(inetrc(s))
         write_private(definitions, json.dumps(self._definitions(), indent=2))  # a password hash: 0600
         cookie = self.home / ".erlang.cookie"
         if self.index is not None:  # the cluster's nodes and CLI calls share one cookie
@@ -402,14 +454,16 @@ class RabbitMQService:
         s = self.settings
         if proc.running(self.epmd_dir) is not None:
             return
-        proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
+        with entered(self.netns):
+            proc.require_free(s.rabbitmq_epmd_port, "RabbitMQ's epmd", "LAB_RABBITMQ_EPMD_PORT")
         epmd = "/usr/bin/epmd" if self.root is not None else shutil.which("epmd") or "/usr/bin/epmd"
         p = proc.spawn(
-            self._argv(epmd, "-port", str(s.rabbitmq_epmd_port), "-address", "127.0.0.1"),
-            state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(),
+            self._argv(epmd, "-port", str(s.rabbitmq_epmd_port), "-address",
+                       "127.0.0.1" + (f",{self.host}" if self.spread else "")),
+            state_dir=self.epmd_dir, log_path=self.logs / "epmd.log", env=self._env(), netns=self.netns,
         )
         proc.wait_until(
-            lambda: proc.port_open(s.rabbitmq_epmd_port), timeout=15, what="epmd",
+            lambda: self._local_port_open(s.rabbitmq_epmd_port), timeout=15, what="epmd",
             proc=p, log_path=self.logs / "epmd.log",
         )
 

@@ -41,6 +41,7 @@ from psycopg.conninfo import make_conninfo
 from lab.settings import Settings, child_env, write_private
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
+from lab.stack.hosts import namespace
 from lab.stack.postgres import SUN_PATH_MAX, PostgresService, bin_dir, server_argv
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ _SYNCED = ("SELECT slot_name, synced, failover, temporary, confirmed_flush_lsn::
 def standby_flags(settings: Settings, passfile: Path) -> dict[str, str]:
     """What the standby adds to the primary's server flags."""
     conninfo = make_conninfo(
-        "", host=settings.service_host, port=settings.pg_port, user=settings.pg_user,
+        "", host=settings.pg_host, port=settings.pg_port, user=settings.pg_user,
         dbname=settings.pg_database, passfile=str(passfile), application_name=APPLICATION_NAME,
     )
     return {
@@ -110,11 +111,12 @@ class PostgresStandby(PostgresService):
 
     @property
     def endpoint(self) -> str:
-        return f"{self.settings.host}:{self.port}"
+        return f"{self.settings.pg_standby_host}:{self.port}"
 
     def _dsn(self, dbname: str | None = None) -> str:
-        return make_conninfo(self.settings.pg_primary_dsn, port=self.port, dbname=dbname or self.settings.pg_database,
-                             connect_timeout=5, application_name="fanout-lab stack")
+        return make_conninfo(self.settings.pg_primary_dsn, host=self.settings.pg_standby_host, port=self.port,
+                             dbname=dbname or self.settings.pg_database, connect_timeout=5,
+                             application_name="fanout-lab stack")
 
     def start(self) -> None:
         """Copy the primary, start the standby, return once it streams from its slot. A running
@@ -126,17 +128,19 @@ class PostgresStandby(PostgresService):
             log.warning("the PostgreSQL standby runs promoted (a failover was not undone): rebuilding it")
             self.stop()
         t0 = time.monotonic()
-        proc.require_free(self.port, "the PostgreSQL standby", "LAB_PG_PORT + 1")
+        host = self.settings.pg_standby_host
+        proc.require_free(self.port, "the PostgreSQL standby", "LAB_PG_PORT + 1", host)
         self._check_lock()
         self._check_binaries()
         configure_primary(self.settings)
         self._basebackup()
         socket_dir = self.socket_dir if len(f"{self.socket_dir}/.s.PGSQL.{self.port}") <= SUN_PATH_MAX else None
-        argv = server_argv(bin_dir() / "postgres", self.data_dir, self.port, socket_dir)
+        argv = server_argv(bin_dir() / "postgres", self.data_dir, self.port, socket_dir, host)
         for name, value in standby_flags(self.settings, self.passfile).items():
             argv += ["-c", f"{name}={value}"]
         postmaster = proc.spawn(argv, state_dir=self.state_dir, log_path=self.log_path, env=child_env(),
-                                cwd=self.state_dir, user=self.os_user)
+                                cwd=self.state_dir, user=self.os_user,
+                                netns=namespace(self.settings, "postgres-standby"))
         log.info("PostgreSQL standby started, pid %d, %s", postmaster.pid, self.endpoint)
         try:
             proc.wait_until(self._accepts, timeout=60, what="the PostgreSQL standby",
@@ -157,13 +161,13 @@ class PostgresStandby(PostgresService):
         self.data_dir.mkdir(mode=0o700)
         self.socket_dir.mkdir(mode=0o750, exist_ok=True)
         esc = self.settings.secret("pg").replace("\\", "\\\\").replace(":", "\\:")
-        write_private(self.passfile, f"{self.settings.service_host}:{self.settings.pg_port}:*:"
+        write_private(self.passfile, f"{self.settings.pg_host}:{self.settings.pg_port}:*:"
                                      f"{self.settings.pg_user}:{esc}\n")
         if self.os_user:
             uid, gid = self._account()
             for path in (self.data_dir, self.socket_dir, self.passfile):
                 os.chown(path, uid, gid)
-        argv = [str(bin_dir() / "pg_basebackup"), "-D", str(self.data_dir), "-h", self.settings.service_host,
+        argv = [str(bin_dir() / "pg_basebackup"), "-D", str(self.data_dir), "-h", self.settings.pg_host,
                 "-p", str(self.settings.pg_port), "-U", self.settings.pg_user, "-S", STANDBY_SLOT,
                 "-X", "stream", "-c", "fast", "--no-password"]
         res = subprocess.run(

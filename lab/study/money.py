@@ -55,8 +55,10 @@ class Prices:
 PER_REQUEST_STORAGE = Prices(disk_write_gb=0.20 / MILLION * GIB / 4096)
 
 #: Default placement of the lab's hosts (``lab.stack.hosts``' groups) in zones: the database with
-#: its CDC source and the web service in one, the broker and the consumers in another.
-ZONES: Mapping[str, str] = {"postgres": "a", "debezium": "a", "web": "a", "broker": "b", "consumers": "b"}
+#: its CDC source and the web service in one, the brokers (Kafka's host ``broker``, RabbitMQ's
+#: ``rabbitmq``) and the consumers in another.
+ZONES: Mapping[str, str] = {"postgres": "a", "debezium": "a", "web": "a", "broker": "b", "rabbitmq": "b",
+                            "consumers": "b"}
 
 #: Placements compared by :func:`crossover_shift` besides :data:`ZONES`.
 PLACEMENTS: Mapping[str, Mapping[str, str]] = {

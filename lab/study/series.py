@@ -171,7 +171,8 @@ def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
 
 
 def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = None,
-         pipelines: Sequence[str] | None = None, rate: float = 0.0) -> list[Scenario]:
+         pipelines: Sequence[str] | None = None, rate: float = 0.0,
+         consumers: Sequence[int] | None = None) -> list[Scenario]:
     """The series for profile ``name``: warm-up, the matrix, drift probe.
 
     ``rate > 0`` makes every measured cell (and the drift probe) open-loop at ``rate`` msg/s
@@ -180,9 +181,14 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
     profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
-    ``pipelines`` defaults to the profile's, else every registered one, in the reference order.
+    ``pipelines`` defaults to the profile's, else every registered one, in the reference order;
+    ``consumers`` (a subset of N, e.g. to repeat a few cells under another topology) defaults to the
+    profile's, and the volume arm keeps only its N among them.
     """
     prof = profile(name)
+    ns = tuple(consumers or prof.consumers)
+    if any(n < 1 for n in ns):
+        raise ValueError(f"consumers must be at least 1, got {', '.join(map(str, ns))}")
     pipes = list(pipelines or pipelines_of(name))
     if not pipes:
         raise ValueError("no pipeline to run")
@@ -196,9 +202,10 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     arm: list[list[Scenario]] = []
     if prof.volume_arm is not None and not rate:
         arm_m, arm_n, arm_blocks = prof.volume_arm
+        arm_n = tuple(n for n in arm_n if n in ns)
         arm = [[base.replace(pipeline=p, consumers=n, messages=arm_m, seed=seed or 0, warmup=True, label="volume")
-                for p in pipes for n in arm_n] for _ in range(arm_blocks)]
-    cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=prof.consumers,
+                for p in pipes for n in arm_n] for _ in range(arm_blocks)] if arm_n else []
+    cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
                                    repeats=repeats or prof.repeats, seed=seed, extra=arm) for c in block]
     first = "kafka" if "kafka" in pipes else pipes[0]
     warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
@@ -209,9 +216,10 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
 
 def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,
                       pipelines: Sequence[str] | None = None, rate: float = 0.0,
-                      topology: str = "single") -> str:
+                      topology: str = "single", consumers: Sequence[int] | None = None) -> str:
     """A stable id, so that running the same series again resumes it (``-rate500``: open loop;
-    ``-ha``: the fault-tolerant topology, so an ``ha`` series never resumes a ``single`` one)."""
+    ``-c1+4``: a subset of N; ``-ha``: the fault-tolerant topology, so an ``ha`` series never
+    resumes a ``single`` one)."""
     parts = [name]
     if repeats is not None and repeats != profile(name).repeats:
         parts.append(f"r{repeats}")
@@ -219,6 +227,8 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
         parts.append(f"s{seed}")
     if pipelines and list(pipelines) != pipelines_of(name):
         parts.append("+".join(pipelines))
+    if consumers and tuple(consumers) != profile(name).consumers:
+        parts.append("c" + "+".join(map(str, consumers)))
     if rate:
         parts.append(f"rate{rate:g}")
     if topology != "single":

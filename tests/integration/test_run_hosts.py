@@ -17,6 +17,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import hosts, linkdelay
 from lab.stack.native import NativeStack
+from lab.stack.proc import same_process, start_ticks
 from tests.conftest import test_settings as moved_settings
 
 pytestmark = [pytest.mark.integration,
@@ -30,11 +31,14 @@ def netns_stack() -> Iterator[NativeStack]:
     settings = moved_settings(OFFSET, "test-hosts", hosts="netns")
     stack = NativeStack(settings)
     stack.down(purge=True)
+    rabbitmq: list[dict[str, object]] = []  # its script, epmd, beam.smp and helpers
     try:
         with pytest.MonkeyPatch.context() as mp:
             # a second stack on two shared cores: Debezium once needed more than its 120 s to stream
             mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
             stack.up()
+            rabbitmq += [{"pid": p.pid, "start_ticks": start_ticks(p.pid)} for r in stack.rabbitmq.processes()
+                         for p in [r, *r.children(recursive=True)]]
             yield stack
     finally:
         from lab.measure.cgroups import remove_scope
@@ -43,6 +47,7 @@ def netns_stack() -> Iterator[NativeStack]:
         remove_scope(settings)
         assert not hosts.leftovers(settings)
         assert linkdelay.delayer(settings) is None  # no delayer (its rules went with the namespaces)
+        assert not [r for r in rabbitmq if same_process(r) is not None]
 
 
 def run(settings: Settings, **kw: Any) -> dict[str, Any]:
@@ -62,16 +67,21 @@ def _listeners(netns: str | None) -> list[str]:
 def test_each_service_runs_in_its_host_and_listens_on_its_address_only(netns_stack: NativeStack) -> None:
     s = netns_stack.settings
     lay = hosts.layout(s)
-    for host, procs in (("postgres", netns_stack.postgres.processes()), ("broker", netns_stack.kafka.processes())):
+    for host, procs in (("postgres", netns_stack.postgres.processes()), ("broker", netns_stack.kafka.processes()),
+                        ("rabbitmq", netns_stack.rabbitmq.processes())):
         assert procs, host
-        for p in procs:
+        for p in [q for r in procs for q in [r, *r.children(recursive=True)]]:  # beam.smp too
             assert _netns_inode(f"/proc/{p.pid}/ns/net") == _netns_inode(f"/run/netns/{lay.namespaces[host]}")
-    own_ports = {str(p) for p in (s.pg_port, s.kafka_port, s.kafka_controller_port)}
+    own_ports = {str(p) for p in (s.pg_port, s.kafka_port, s.kafka_controller_port, s.amqp_port,
+                                  s.rabbitmq_dist_port, s.rabbitmq_epmd_port)}
     # nothing of this stack listens in the runner's namespace, and in its host only on its own address
     assert not [a for a in _listeners(None) if a.rsplit(":", 1)[1] in own_ports]
     for host, ns in lay.namespaces.items():
         for addr in _listeners(ns):
             assert addr.rsplit(":", 1)[0] in (s.address(host), "127.0.0.1"), (host, addr)
+    # RabbitMQ: AMQP on its host's address, epmd and the distribution on that host's own loopback
+    assert {f"{s.address('rabbitmq')}:{s.amqp_port}", f"127.0.0.1:{s.rabbitmq_epmd_port}",
+            f"127.0.0.1:{s.rabbitmq_dist_port}"} <= set(_listeners(lay.namespaces["rabbitmq"]))
 
 
 def _check(r: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -105,6 +115,19 @@ def test_kafka_at_n2_on_hosts_measures_bytes_per_hop(netns_stack: NativeStack) -
     for hop in ("postgres → debezium", "debezium → broker", "broker → consumers"):
         assert hops[hop] > 50, hop
     assert r["cpu_s"]["debezium"] > 0 and r["cpu_s"]["kafka"] > 0
+
+
+def test_rabbitmq_at_n2_on_hosts_measures_bytes_per_hop(netns_stack: NativeStack) -> None:
+    s = netns_stack.settings
+    r = run(s, pipeline="rabbitmq")
+    hops = _check(r, s)
+    for hop in ("postgres → debezium", "debezium → broker", "broker → consumers"):
+        assert hops[hop] > 50, hop
+    pairs = r["network"]["pairs"]  # the broker's bytes are RabbitMQ's host's: Kafka, idle, exchanged none
+    assert pairs["debezium>rabbitmq"]["bytes"] == r["network"]["hops"]["debezium → broker"]["bytes"]
+    assert pairs["rabbitmq>consumers"]["bytes"] == r["network"]["hops"]["broker → consumers"]["bytes"]
+    assert "debezium>broker" not in pairs and "broker>consumers" not in pairs
+    assert r["cpu_s"]["debezium"] > 0 and r["cpu_s"]["rabbitmq"] > 0
 
 
 def test_wal_with_a_5ms_link_delay_is_later_by_its_hops_and_reports_the_delay(netns_stack: NativeStack) -> None:

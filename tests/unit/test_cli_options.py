@@ -154,3 +154,10 @@ def test_a_stack_dir_that_cannot_be_used_is_one_line(tmp_path: object, command: 
                           timeout=60, check=False)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and str(stack) in done.stderr, done.stderr
+
+
+def test_consumer_counts_are_distinct_n_within_bounds() -> None:
+    assert cli.consumer_counts(" 1, 4,4,16 ") == (1, 4, 16)
+    for bad in ("", ",", "0", "x", "1,nan", str(10**6)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.consumer_counts(bad)

@@ -27,8 +27,8 @@ from lab.settings import Settings
 from lab.stack.base import StackError
 from tests.conftest import test_settings as native_test_settings
 
-# 80-130 s with the image copy: `make test-full`, so that `make test` keeps its half hour
-pytestmark = [pytest.mark.integration, pytest.mark.matrix]
+# 80-130 s with the image copy, in `make test`: the compose backend on an engine reached over the network
+pytestmark = pytest.mark.integration
 OFFSET = 250  # host-side ports (web, Debezium HTTP) apart from the native (+300) and compose (+200) tests
 TIMINGS: dict[str, float] = {}
 

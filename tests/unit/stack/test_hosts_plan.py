@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.settings import NETNS_HOSTS, Settings, parse_delay, settings_env
+from lab.settings import HA_NETNS_HOSTS, NETNS_HOSTS, Settings, parse_delay, settings_env
 from lab.stack import hosts
 from lab.stack.base import StackError
+from lab.stack.kafka_broker import KafkaService, server_properties
+from lab.stack.rabbitmq_broker import RabbitMQService, inetrc
 
 
 def test_hosts_come_from_the_environment_and_bad_values_are_refused_in_one_line() -> None:
@@ -18,8 +20,6 @@ def test_hosts_come_from_the_environment_and_bad_values_are_refused_in_one_line(
     assert settings_env(Settings(hosts="netns"))["LAB_HOSTS"] == "netns"  # a run's children see it
     with pytest.raises(ValueError, match="LAB_HOSTS='vlan': choose one of loopback, netns"):
         Settings.from_env({"LAB_HOSTS": "vlan"})
-    with pytest.raises(ValueError, match="single topology only"):
-        Settings(hosts="netns", topology="ha")
     with pytest.raises(ValueError, match="native backend"):
         Settings(hosts="netns", backend="compose")
 
@@ -36,8 +36,10 @@ def test_each_host_has_its_own_address_in_one_private_24_and_clients_use_them() 
     assert s.web_url == f"http://{s.address('web')}:30080"
     assert s.control_url == f"http://{s.address('web')}:30081"
     assert s.debezium_host == s.address("debezium")
+    assert s.rabbitmq_host == s.address("rabbitmq") != s.broker_host  # Kafka and RabbitMQ: a host each
+    assert s.amqp_url_public == f"amqp://lab@{s.address('rabbitmq')}:{s.amqp_port}/"
     loop = s.replace(hosts="loopback")
-    assert loop.pg_host == loop.broker_host == loop.web_host == loop.debezium_host == "127.0.0.1"
+    assert loop.pg_host == loop.broker_host == loop.rabbitmq_host == loop.web_host == loop.debezium_host == "127.0.0.1"
 
 
 def test_two_stack_dirs_get_two_identities_and_one_dir_always_the_same() -> None:
@@ -106,3 +108,55 @@ def test_without_the_ip_command_a_loopback_stack_finds_no_hosts(monkeypatch: pyt
     assert hosts.leftovers(s) == [] and not hosts.recorded(s)
     with pytest.raises(StackError, match="needs the ip command"):
         hosts.link_bytes(s.replace(hosts="netns"))
+
+
+def test_rabbitmq_on_its_host_listens_on_its_address_and_keeps_epmd_on_the_hosts_loopback(tmp_path: Path) -> None:
+    s = Settings(stack_dir=tmp_path, hosts="netns", amqp_port=30673, rabbitmq_epmd_port=30369, rabbitmq_password="pw")
+    node = RabbitMQService(s)
+    assert node.netns == hosts.layout(s).namespaces["rabbitmq"] and node.host == s.address("rabbitmq")
+    node._write_config()
+    assert f"listeners.tcp.1 = {s.address('rabbitmq')}:30673" in (node.etc / "rabbitmq.conf").read_text()
+    env = node._env()  # the node name @localhost, epmd and the distribution: the host's own loopback
+    assert env["ERL_EPMD_ADDRESS"] == "127.0.0.1" and "{127,0,0,1}" in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    called = node.erl_call()
+    if called is not None:  # erl_call reaches the node's epmd from inside its namespace
+        assert called[0][:2] == ["nsenter", f"--net=/run/netns/{node.netns}"]
+        assert called[0][called[0].index("-sname") + 1] == s.rabbitmq_node
+    loop = RabbitMQService(s.replace(hosts="loopback"))
+    assert loop.netns is None and loop.host == "127.0.0.1"
+    called = loop.erl_call()
+    assert called is None or called[0][0] != "nsenter"
+
+
+def test_under_ha_each_broker_node_and_the_standby_get_a_host_of_their_own(tmp_path: Path) -> None:
+    s = Settings(stack_dir=tmp_path, hosts="netns", topology="ha", kafka_port=30092, amqp_port=30673,
+                 pg_port=30432, rabbitmq_node="rmq@localhost")
+    lay = hosts.layout(s)
+    assert set(lay.namespaces) == set(NETNS_HOSTS) | set(HA_NETNS_HOSTS) == set(s.netns_hosts)
+    assert len(set(lay.addresses.values())) == len(lay.addresses) and s.address("engine") not in lay.addresses.values()
+    assert s.kafka_bootstrap == ",".join(f"{s.address(h)}:{30092 + 10 * i}"
+                                         for i, h in ((1, "broker"), (2, "broker-2"), (3, "broker-3")))
+    assert f"host={s.address('postgres')},{s.address('postgres-standby')} port=30432,30433" in s.pg_dsn
+    assert s.pg_standby_host == s.address("postgres-standby")
+    lines = s.pg_passfile.read_text().splitlines()  # the password for the standby's own address too
+    assert [line.split(":")[0] for line in lines] == [s.address("postgres"), s.address("postgres-standby")]
+    kafka = KafkaService(s, 2)
+    assert kafka.netns == lay.namespaces["broker-2"] and kafka.bootstrap == f"{s.address('broker-2')}:30112"
+    props = server_properties(s, 2, tmp_path)
+    assert f"listeners=PLAINTEXT://{s.address('broker-2')}:30112," in props
+    assert f"3@{s.address('broker-3')}:" in props  # the voters at their hosts
+    # RabbitMQ: each node named after its host, which its peers resolve from the node's inetrc
+    assert [n[1] for n in s.rabbitmq_nodes] == ["rmq-1@rabbitmq", "rmq-2@rabbitmq-2", "rmq-3@rabbitmq-3"]
+    assert s.amqp_url_public == f"amqp://lab@{s.address('rabbitmq')}:30683/" and s.rabbitmq_spread
+    text = inetrc(s)
+    assert f'{{host, {{{s.address("rabbitmq-2").replace(".", ",")}}}, ["rabbitmq-2"]}}.' in text
+    assert text.endswith("{lookup, [file, native]}.\n")
+    nodes = [RabbitMQService(s, i) for i in (1, 2, 3)]
+    assert [n.netns for n in nodes] == [lay.namespaces[h] for h in ("rabbitmq", "rabbitmq-2", "rabbitmq-3")]
+    assert all(n.owns_epmd and n.epmd_dir == n.dir / "epmd" for n in nodes)  # an epmd on every host
+    env = nodes[1]._env()
+    assert f"inet_dist_use_interface {{{s.address('rabbitmq-2').replace('.', ',')}}}" in \
+        env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] and env["ERL_INETRC"] == str(nodes[1].etc / "inetrc")
+    loop = s.replace(hosts="loopback")  # on loopback: one epmd, node 1's, every node @localhost
+    assert not loop.rabbitmq_spread and [n[1] for n in loop.rabbitmq_nodes][2] == "rmq-3@localhost"
+    assert "ERL_INETRC" not in RabbitMQService(loop, 2)._env() and not RabbitMQService(loop, 2).owns_epmd

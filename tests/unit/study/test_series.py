@@ -69,6 +69,21 @@ def test_repeats_are_blocks_and_the_volume_arm_rides_in_them() -> None:
     assert not any(s.label == "volume" for s in series.plan("quick", pipelines=pipes, rate=500.0))
     assert not any(s.label == "volume" for s in series.plan("smoke", pipelines=pipes))
 
+def test_a_subset_of_n_keeps_the_volume_arm_only_at_its_n() -> None:
+    pipes = ["wal", "poll"]
+    plan = series.plan("decision", pipelines=pipes, consumers=(1, 4))
+    measured = [s for s in plan[1:-1] if not s.warmup]
+    assert Counter((s.pipeline, s.consumers) for s in measured) == {(p, n): 2 for p in pipes for n in (1, 4)}
+    assert {(s.pipeline, s.consumers) for s in plan if s.label == "volume"} == {(p, 1) for p in pipes}
+    assert not any(s.label == "volume" for s in series.plan("decision", pipelines=pipes, consumers=(4,)))
+    assert series.plan("decision", pipelines=pipes, consumers=series.DECISION_CONSUMERS) == \
+        series.plan("decision", pipelines=pipes)
+    assert series.default_series_id("decision", consumers=(1, 4), topology="ha") == "decision-c1+4-ha"
+    assert series.default_series_id("decision", consumers=series.DECISION_CONSUMERS) == "decision"
+    with pytest.raises(ValueError, match="at least 1"):
+        series.plan("decision", consumers=(0,))
+
+
 def test_reference_profile_is_the_published_sweep() -> None:
     """the reference study: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8 in
     that order, then the drift probe (kafka c1, 100k): 18 runs, not shuffled."""

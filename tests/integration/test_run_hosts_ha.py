@@ -1,0 +1,88 @@
+"""The ``ha`` topology with every participant group, each broker node and the standby on a host of
+its own (``--topology ha --hosts netns``), on a stack of their own. Heavy (three Kafka JVMs, three
+Erlang VMs, two PostgreSQL servers): the matrix tier."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from lab.runner import run_scenario
+from lab.scenario import Scenario
+from lab.stack import hosts
+from lab.stack.kafka_broker import KafkaCluster
+from lab.stack.native import NativeStack
+from lab.stack.rabbitmq_cluster import RabbitMQCluster
+from tests.conftest import test_settings as moved_settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.matrix,
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
+OFFSET = 600
+M = 500
+BROKER_HOSTS = ("broker", "broker-2", "broker-3", "rabbitmq", "rabbitmq-2", "rabbitmq-3")
+
+
+@pytest.fixture(scope="module")
+def ha_hosts() -> Iterator[NativeStack]:
+    settings = moved_settings(OFFSET, "test-hosts-ha", topology="ha", hosts="netns")
+    stack = NativeStack(settings)
+    stack.down(purge=True)
+    try:
+        with pytest.MonkeyPatch.context() as mp:  # three more JVMs on two shared cores
+            mp.setattr("lab.stack.debezium.START_TIMEOUT", 300.0)
+            mp.setattr("lab.stack.rabbitmq_broker.START_TIMEOUT", 300.0)
+            mp.setattr("lab.stack.kafka_broker.HA_START_TIMEOUT", 300.0)
+            stack.up()
+            yield stack
+    finally:
+        from lab.measure.cgroups import remove_scope
+
+        stack.down(purge=True)
+        remove_scope(settings)
+        assert not hosts.leftovers(settings)
+
+
+def _run(stack: NativeStack, pipeline: str) -> dict[str, Any]:
+    r = asyncio.run(run_scenario(Scenario(pipeline=pipeline, messages=M, cooldown_s=0, consumers=2), stack.settings))
+    assert r["success"], r["error"]
+    c = r["counters"]
+    assert c["sent"] == c["work_calls"] == c["work_distinct"] == M
+    return r
+
+
+def _inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def test_each_node_runs_on_its_own_host(ha_hosts: NativeStack) -> None:
+    lay = hosts.layout(ha_hosts.settings)
+    kafka, rabbitmq = ha_hosts.kafka, ha_hosts.rabbitmq
+    assert isinstance(kafka, KafkaCluster) and isinstance(rabbitmq, RabbitMQCluster)
+    nodes: dict[str, Any] = {"postgres-standby": ha_hosts.standby,
+                             **dict(zip(BROKER_HOSTS, [*kafka.nodes, *rabbitmq.nodes], strict=True))}
+    for host, service in nodes.items():
+        procs = service.processes()
+        assert procs, host
+        for p in procs:
+            assert _inode(f"/proc/{p.pid}/ns/net") == _inode(f"/run/netns/{lay.namespaces[host]}"), host
+    assert rabbitmq.clustered()
+
+
+@pytest.mark.parametrize("pipeline", ["kafka", "rabbitmq", "wal"])
+def test_ha_on_hosts_runs_and_counts_the_replication(ha_hosts: NativeStack, pipeline: str) -> None:
+    r = _run(ha_hosts, pipeline)
+    pairs = r["network"]["pairs"]
+    hops = {k: v["bytes_per_msg"] for k, v in r["network"]["hops"].items()}
+    if pipeline == "wal":  # the standby streams every row from the primary
+        assert pairs["postgres>postgres-standby"]["bytes_per_msg"] > 50
+        assert hops["postgres → consumers"] > 2 * 50
+        return
+    assert hops["debezium → broker"] > 50 and hops["broker → consumers"] > 50
+    first = "broker" if pipeline == "kafka" else "rabbitmq"
+    # every row reaches the other two nodes of the broker's cluster (replicas, quorum followers)
+    for other in (f"{first}-2", f"{first}-3"):
+        assert sum(v["bytes"] for k, v in pairs.items() if k.endswith(f">{other}")) > 50 * M, other
