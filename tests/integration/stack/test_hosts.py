@@ -75,12 +75,13 @@ def test_a_layout_is_created_idempotently_connects_its_hosts_and_is_removed_with
     assert not (s.stack_dir / hosts.RECORD).exists()
 
 
-def _round_trip_s(s: Settings, lay: hosts.Layout, n: int = 5) -> float:
-    """The mean time of a one-byte exchange from the consumers' host to PostgreSQL's and back."""
-    with hosts.entered(lay.namespaces["postgres"]):
-        server = socket.create_server((s.address("postgres"), 0))
-    with hosts.entered(lay.namespaces["consumers"]):
-        c = socket.create_connection((s.address("postgres"), server.getsockname()[1]), timeout=5)
+def _round_trip_s(s: Settings, lay: hosts.Layout, n: int = 5, client: str = "consumers",
+                  server_host: str = "postgres") -> float:
+    """The mean time of a one-byte exchange from ``client``'s host to ``server_host``'s and back."""
+    with hosts.entered(lay.namespaces[server_host]):
+        server = socket.create_server((s.address(server_host), 0))
+    with hosts.entered(lay.namespaces[client]):
+        c = socket.create_connection((s.address(server_host), server.getsockname()[1]), timeout=5)
     conn, _ = server.accept()
     t0 = time.monotonic()
     for _ in range(n):
@@ -133,3 +134,21 @@ def test_a_link_delay_slows_every_round_trip_and_goes_with_the_hosts(netns_setti
     assert not hosts.leftovers(s)
     assert linkdelay.delayer(s) is None and {p.pid for p in _delayers()} <= before
     assert not (linkdelay.state_dir(s) / linkdelay.RECORD).exists()
+
+
+def test_a_link_delay_reaches_every_host_of_the_ha_layout(netns_settings: Settings) -> None:
+    """Under ``ha`` the delay is on every host, RabbitMQ's and each further node's included: a round
+    trip from any host to the standby's takes two delays (one would mean a host left undelayed)."""
+    s = netns_settings.replace(link_delay_ms=5.0, topology="ha")
+    lay = hosts.layout(s)
+    assert {"rabbitmq", "rabbitmq-2", "broker-3", "postgres-standby"} <= set(lay.namespaces)
+    try:
+        hosts.create(s)
+        took = {h: _round_trip_s(s, lay, n=2, client=h, server_host="postgres-standby")
+                for h in lay.namespaces if h != "postgres-standby"}
+        took["postgres-standby"] = _round_trip_s(s, lay, n=2, client="postgres-standby", server_host="rabbitmq")
+        assert {h: t for h, t in took.items() if t < 0.010} == {}
+    finally:
+        hosts.remove(s)
+    assert not hosts.leftovers(s)
+    assert linkdelay.delayer(s) is None
