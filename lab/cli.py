@@ -517,8 +517,9 @@ def _hosts_option(parser: argparse.ArgumentParser) -> None:
                              "host of its own, a network namespace on a private bridge (root; the native "
                              "backend; default: LAB_HOSTS, else loopback)")
     parser.add_argument("--link-delay", type=link_delay, default=None, metavar="DELAY",
-                        help="with --hosts netns: delay every host's outgoing packets this long (netem), "
-                             "e.g. 1ms or 250us; 0 removes it (default: LAB_LINK_DELAY, else 0)")
+                        help="with --hosts netns: delay every host's outgoing packets this long (netem, or a "
+                             "userspace delayer where the kernel has no netem: LAB_LINK_DELAY_VIA), e.g. 1ms or "
+                             "250us; 0 removes it (default: LAB_LINK_DELAY, else 0)")
 
 
 def _series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> None:

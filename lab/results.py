@@ -177,6 +177,9 @@ def _flatten(run: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "network" and isinstance(value, Mapping):  # lab.measure.network, LAB_HOSTS=netns
             row.update({f"net_bytes_per_msg_{pair.replace('>', '_')}": v.get("bytes_per_msg")
                         for pair, v in (value.get("pairs") or {}).items()})
+            row.update({"link_delay_ms": value.get("link_delay_ms"),
+                        "link_delay_mechanism": value.get("link_delay_mechanism"),
+                        "delayer_cpu_s": value.get("delayer_cpu_s")})
         elif key == "slots" and isinstance(value, Mapping):
             row["decoded_mb"] = sum(v.get("total_bytes") or 0 for v in value.values()) / 2**20
             row["slots"] = len(value)
@@ -216,7 +219,8 @@ def load_runs(*, settings: Settings | None = None, include_failed: bool = True) 
     ``senders.<field>`` (send times, ``send_p95_ms``, ...), the bytes per message: disk
     (:func:`disk_columns`), WAL (``wal_bytes_per_msg`` from the LSN distance,
     ``wal_stats_bytes_per_msg`` from ``pg_stat_wal``, ``wal_records_per_msg``, ``wal_fpi_per_msg``)
-    and, under ``LAB_HOSTS=netns``, per pair of hosts ``net_bytes_per_msg_<from>_<to>``, ...
+    and, under ``LAB_HOSTS=netns``, per pair of hosts ``net_bytes_per_msg_<from>_<to>`` with
+    ``link_delay_ms``, ``link_delay_mechanism`` and ``delayer_cpu_s`` (the userspace delayer's), ...
 
     Sorted by start time. Empty (with no columns) when there are no runs.
     """

@@ -122,7 +122,10 @@ class Settings:
     # loopback: every participant on 127.0.0.1 | netns: each participant group a host of its own,
     # a network namespace on a private bridge (lab.stack.hosts; the native backend, root)
     hosts: str = "loopback"
-    link_delay_ms: float = 0.0  # netem delay on every host's link (LAB_HOSTS=netns only); 0: none
+    link_delay_ms: float = 0.0  # delay on every host's outgoing link (LAB_HOSTS=netns only); 0: none
+    # how the delay is made (lab.stack.linkdelay): auto (netem where the kernel has it, else nfqueue),
+    # netem (the kernel's queueing discipline) or nfqueue (a userspace delayer behind NFQUEUE rules)
+    link_delay_via: str = "auto"
     # The pid of the lab command that holds this stack's lock for its children (a report's notebook
     # kernel runs its series under the report's lock). Set by the command itself, never by hand.
     lock_owner: int | None = None
@@ -173,6 +176,7 @@ class Settings:
             hosts=env.get("LAB_HOSTS", d.hosts) or d.hosts,
             link_delay_ms=(parse_delay(env["LAB_LINK_DELAY"], "LAB_LINK_DELAY")
                            if env.get("LAB_LINK_DELAY") else d.link_delay_ms),
+            link_delay_via=env.get("LAB_LINK_DELAY_VIA", d.link_delay_via) or d.link_delay_via,
             lock_owner=_int(env, "LAB_LOCK_OWNER", 0) or None,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
@@ -185,6 +189,8 @@ class Settings:
             raise ValueError(f"LAB_TOPOLOGY={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
         if self.hosts not in HOST_LAYOUTS:
             raise ValueError(f"LAB_HOSTS={self.hosts!r}: choose one of {', '.join(HOST_LAYOUTS)}")
+        if self.link_delay_via not in LINK_DELAY_VIAS:
+            raise ValueError(f"LAB_LINK_DELAY_VIA={self.link_delay_via!r}: choose one of {', '.join(LINK_DELAY_VIAS)}")
         if self.link_delay_ms and not self.netns:
             raise ValueError("a link delay (LAB_LINK_DELAY, --link-delay) needs hosts of their own "
                              "(LAB_HOSTS=netns, --hosts netns)")
@@ -429,6 +435,7 @@ class Settings:
 SECRET_NAMES = ("pg", "rabbitmq")
 TOPOLOGIES = ("single", "ha")
 HOST_LAYOUTS = ("loopback", "netns")
+LINK_DELAY_VIAS = ("auto", "netem", "nfqueue")
 SUBNET_PREFIX = "10.231"  # private (RFC 1918); nothing is routed beyond the namespaces
 RUNNER_OCTET = 1  # the bridge's own address: the runner's side of the lab network
 #: the hosts of the netns layout, each a participant group: name -> last octet of its address.
@@ -521,7 +528,8 @@ _ENV_NAMES = {
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
     "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
     "min_free_disk": "LAB_MIN_FREE_DISK", "topology": "LAB_TOPOLOGY",
-    "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY", "lock_owner": "LAB_LOCK_OWNER",
+    "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY",
+    "link_delay_via": "LAB_LINK_DELAY_VIA", "lock_owner": "LAB_LOCK_OWNER",
     "docker_host": "LAB_DOCKER_HOST", "services_host": "LAB_SERVICES_HOST",
     "compose_project": "LAB_COMPOSE_PROJECT", "compose_images": "LAB_COMPOSE_IMAGES",
 }

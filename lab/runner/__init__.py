@@ -200,6 +200,9 @@ class Run(RunContext):
             error = f"{type(exc).__name__}: {exc}"
             if self.disk_guard.tripped is not None:  # whichever check saw it first: the guard's line
                 error = f"{DiskGuardTripped.__name__}: {self.disk_guard.tripped['error']}"
+            lost = self.net_window.lost_delay() if self.net_window is not None else None
+            if lost and lost not in error:  # a stalled drain, say, because the delayer died: say so
+                error = f"{error}; {lost}"
             log.error("run %s failed: %s", self.run_id, " ".join(error.split()))  # one line; -v: the traceback
             log.info("run %s failed", self.run_id, exc_info=True)
         except asyncio.CancelledError as exc:  # a signal (lab.stack.proc.run_interruptible): clean up, store

@@ -31,7 +31,7 @@ import psutil
 
 from lab.settings import Settings
 from lab.stack.base import StackError
-from lab.stack.hosts import entered
+from lab.stack.netns import entered
 from lab.stack.proc import die_with_parent, same_process, start_ticks, wait_gone
 
 log = logging.getLogger(__name__)

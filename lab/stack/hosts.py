@@ -21,7 +21,7 @@ The stack's own Docker engine (:mod:`lab.stack.remote_engine`) is one more host 
 :func:`remove` leave it, its link, the switch and the runner's link alone (:meth:`Layout.engine_kept`).
 
 A process is started inside a namespace by switching the starting thread into it
-(``setns(2)``), forking, and switching back (:func:`entered`): the child inherits the namespace,
+(``setns(2)``), forking, and switching back (:func:`lab.stack.netns.entered`): the child inherits the namespace,
 and keeps its parent-death signal and pid. Byte counters of each host's link are read from the
 switch side of its veth pair (:func:`link_bytes`).
 """
@@ -29,17 +29,17 @@ switch side of its veth pair (:func:`link_bytes`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.settings import Settings
+from lab.stack import linkdelay
 from lab.stack.base import StackError
+from lab.stack.netns import entered
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,6 @@ SHORT = {"postgres": "pg", "broker": "bk", "rabbitmq": "rmq", "debezium": "dz", 
 #: the stack's own Docker engine (lab.stack.remote_engine): one more host on the bridge, with its own
 #: lifecycle (``lab stack engine up|down``), so the participant hosts' create and remove leave it alone
 ENGINE = "engine"
-CLONE_NEWNET = 0x40000000
-NETNS_DIR = Path("/run/netns")
 RECORD = "hosts.json"
 NFT_TABLE = "fanoutlab"
 IFNAMSIZ = 15
@@ -307,21 +305,11 @@ def release_switch(settings: Settings) -> list[str]:
     return gone
 
 
-def delay(settings: Settings, lay: Layout) -> None:
-    """``settings.link_delay_ms`` on the way out of every host (netem on its ``eth0``): a packet
-    from one host to another is delayed once, a round trip twice; 0 removes the delay."""
-    for ns in lay.namespaces.values():
-        with entered(ns):
-            if settings.link_delay_ms <= 0:
-                subprocess.run(["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True)
-                continue
-            done = subprocess.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay",
-                                   f"{round(settings.link_delay_ms * 1000)}us"], capture_output=True, text=True)
-        if done.returncode != 0:
-            why = done.stderr.strip()
-            if "unknown" in why:
-                why = "this kernel has no netem queueing discipline (CONFIG_NET_SCH_NETEM)"
-            raise StackError(f"cannot delay the links by {settings.link_delay_ms:g} ms: {why}")
+def delay(settings: Settings, lay: Layout) -> str | None:
+    """``settings.link_delay_ms`` on the way out of every host (:mod:`lab.stack.linkdelay`: netem,
+    or the userspace delayer where the kernel has no netem): a packet from one host to another is
+    delayed once, a round trip twice; 0 removes the delay. Returns the mechanism, None for none."""
+    return linkdelay.apply(settings, list(lay.namespaces.values()), lay.subnet)
 
 
 def counter_rules(lay: Layout, host: str) -> str:
@@ -379,6 +367,10 @@ def remove(settings: Settings) -> list[str]:
     lay = layout(settings)
     gone: list[str] = []
     errors: list[str] = []
+    try:  # the delay first: its rules, and its delayer, which holds a socket in every host
+        linkdelay.remove(settings, list(lay.namespaces.values()), lay.subnet)
+    except Exception as exc:
+        errors.append(f"link delay: {exc}")
     kept = lay.engine_kept(netns_names())  # the engine's, and the switch it needs, stay
     for ns in [n for n in ours(netns_names(), lay.prefix_ns) if n not in kept]:  # each host's eth0 and its pair
         done = _ip("netns", "del", ns, check=False)
@@ -409,38 +401,6 @@ def record(settings: Settings, lay: Layout) -> None:
 def recorded(settings: Settings) -> bool:
     """Whether this stack dir holds a host layout (its record, or namespaces by its names)."""
     return (settings.stack_dir / RECORD).exists() or bool(leftovers(settings))
-
-
-# Entering a namespace -----------------------------------------------------------------------------
-def _setns(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise StackError(f"cannot enter a network namespace: {os.strerror(err)}")
-
-
-@contextlib.contextmanager
-def entered(netns: str | None) -> Iterator[None]:
-    """Within the block this thread is in network namespace ``netns`` (None: stays where it is):
-    sockets it opens and processes it starts belong there. Back in its own one afterwards."""
-    if netns is None:
-        yield
-        return
-    try:
-        target = os.open(NETNS_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise StackError(f"network namespace {netns} does not exist; start the stack "
-                         "(`lab stack up --hosts netns`)") from None
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _setns(target)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
 
 
 # Counters -----------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import psutil
 
 from lab.stack.base import StackError
-from lab.stack.hosts import entered
+from lab.stack.netns import entered
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ def spawn(
     netns: str | None = None,
 ) -> psutil.Process:
     """Start ``argv`` detached, log to ``log_path``, record it in ``state_dir/pid.json``;
-    ``netns``: inside that network namespace (:func:`lab.stack.hosts.entered`)."""
+    ``netns``: inside that network namespace (:func:`lab.stack.netns.entered`)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = extra_groups = None

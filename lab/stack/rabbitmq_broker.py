@@ -60,7 +60,8 @@ import psutil
 from lab.settings import Settings, child_env, is_root, node_host, write_private
 from lab.stack import proc, rootfs
 from lab.stack.base import ServiceStatus, StackError
-from lab.stack.hosts import NETNS_DIR, entered, namespace
+from lab.stack.hosts import namespace
+from lab.stack.netns import NETNS_DIR, entered
 
 log = logging.getLogger(__name__)
 

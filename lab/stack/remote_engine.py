@@ -49,7 +49,7 @@ from typing import Any
 import psutil
 
 from lab.settings import ENGINE_PORT, Settings
-from lab.stack import hosts, proc
+from lab.stack import hosts, netns, proc
 from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
@@ -330,9 +330,8 @@ def _procs(pids: set[int]) -> list[psutil.Process]:
 
 def _namespace_pids(e: EngineLayout) -> set[int]:
     """Processes whose network namespace is the engine's (its daemons, shims, proxies)."""
-    try:
-        target = os.stat(hosts.NETNS_DIR / e.namespace).st_ino
-    except FileNotFoundError:
+    target = netns.inode(e.namespace)
+    if target is None:
         return set()
     found = set()
     for entry in Path("/proc").iterdir():

@@ -122,6 +122,9 @@ def run_text(result: dict[str, Any]) -> str:
     goal = f" (target {target:g})" if target else ""
     out.append(f"  latency {p50_p99(s.get('latency_ms'))}{due}\n"
                      f"  achieved {s.get('achieved_rate') or '-'} msg/s{goal}\n")
+    delay = delay_line(result.get("network"))
+    if delay:
+        out.append(f"  {delay}\n")
     steps = s.get("steps")
     if isinstance(steps, list):
         stair = s.get("staircase") or {}
@@ -148,6 +151,19 @@ def run_text(result: dict[str, Any]) -> str:
         if isinstance(inv, dict):
             out.append(f"  {invalidation_line(inv)}\n")
     return "".join(out)
+
+
+def delay_line(network: Any) -> str:
+    """The link delay of a run on hosts (run.json's ``network``), and the userspace delayer's cost
+    when it made the delay; "" without a delay."""
+    if not isinstance(network, dict) or not network.get("link_delay_ms"):
+        return ""
+    line = f"link delay {network['link_delay_ms']:g} ms ({network.get('link_delay_mechanism') or '?'})"
+    d = network.get("delayer")
+    if isinstance(d, dict):
+        line += (f": delayer {network.get('delayer_cpu_s')} CPU-s (in no participant), {d.get('packets')} packets, "
+                 f"{d.get('cpu_us_per_packet')} us CPU/packet, {d.get('dropped')} dropped")
+    return line
 
 
 def invalidation_line(inv: dict[str, Any]) -> str:

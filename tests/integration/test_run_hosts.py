@@ -15,7 +15,7 @@ import pytest
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
-from lab.stack import hosts
+from lab.stack import hosts, linkdelay
 from lab.stack.native import NativeStack
 from lab.stack.proc import same_process, start_ticks
 from tests.conftest import test_settings as moved_settings
@@ -46,6 +46,7 @@ def netns_stack() -> Iterator[NativeStack]:
         stack.down(purge=True)
         remove_scope(settings)
         assert not hosts.leftovers(settings)
+        assert linkdelay.delayer(settings) is None  # no delayer (its rules went with the namespaces)
         assert not [r for r in rabbitmq if same_process(r) is not None]
 
 
@@ -127,3 +128,18 @@ def test_rabbitmq_at_n2_on_hosts_measures_bytes_per_hop(netns_stack: NativeStack
     assert pairs["rabbitmq>consumers"]["bytes"] == r["network"]["hops"]["broker → consumers"]["bytes"]
     assert "debezium>broker" not in pairs and "broker>consumers" not in pairs
     assert r["cpu_s"]["debezium"] > 0 and r["cpu_s"]["rabbitmq"] > 0
+
+
+def test_wal_with_a_5ms_link_delay_is_later_by_its_hops_and_reports_the_delay(netns_stack: NativeStack) -> None:
+    """Every host's packets leave 5 ms late (netem, or the userspace delayer where the kernel has no
+    netem): a message crosses postgres → consumers (the WAL), consumers → postgres → consumers (its
+    claim) and consumers → web (the work call), four delays, 20 ms, on top of what it takes at 0."""
+    s = netns_stack.settings.replace(link_delay_ms=5.0)
+    r = run(s, pipeline="wal", rate=250.0)
+    assert r["success"], r["error"]
+    net = r["network"]
+    assert net["link_delay_ms"] == 5.0 and net["link_delay_mechanism"] in ("netem", "nfqueue")
+    assert r["latency_ms"]["p50"] >= 20.0
+    if net["link_delay_mechanism"] == "nfqueue":
+        assert net["delayer_cpu_s"] > 0 and net["delayer"]["packets"] > M and net["delayer"]["dropped"] == 0
+        assert "delayer" not in r["cpu_s"]  # lab infrastructure, in no participant
