@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import psutil
+import psycopg
 
 from lab.pg import slots
 from lab.settings import Settings
@@ -195,6 +196,11 @@ class NativeStack:
             return
         try:
             dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
+        except psycopg.OperationalError as exc:
+            if not missing_database(str(exc), self.settings.pg_database):
+                errors.append(f"replication slots: {exc}")
+            else:  # an `up` killed before it created the database, and before any slot
+                log.info("no replication slots to drop: database %s does not exist yet", self.settings.pg_database)
         except Exception as exc:
             errors.append(f"replication slots: {exc}")
         else:
@@ -349,3 +355,9 @@ def _children(root: psutil.Process) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         return root.children(recursive=True)
     return []
+
+
+def missing_database(error: str, database: str) -> bool:
+    """Whether a connection ``error`` says that ``database`` does not exist (the server's FATAL at
+    login; psycopg gives a connection's failure no SQLSTATE)."""
+    return f'database "{database}" does not exist' in error

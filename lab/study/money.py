@@ -9,8 +9,10 @@ cited default (docs/method.md, "Cost in money"):
   assumed sized to the load, with no idle headroom);
 * **cross-zone transfer**: the bytes each hop carried per message (run.json's ``network``, under
   ``LAB_HOSTS=netns`` only; the columns ``net_bytes_per_msg_<from>_<to>``) on every hop whose two
-  hosts are in different zones of a placement (:data:`ZONES`, a parameter), times the price of a
-  GB crossing zones (billed once leaving one zone and once entering the other);
+  hosts are in different zones of a placement (:data:`ZONES`, a parameter; under the ``ha``
+  topology a broker node's replication to its peers and the primary's WAL stream to its standby
+  are such hops), times the price of a GB crossing zones (billed once leaving one zone and once
+  entering the other);
 * **disk writes**: the bytes written per message (``disk_write_bytes_per_msg``) times a price per
   GB written; general-purpose block storage includes its baseline I/O, so the default is 0 and
   a per-request storage (:data:`PER_REQUEST_STORAGE`) is the alternative.
@@ -56,9 +58,14 @@ PER_REQUEST_STORAGE = Prices(disk_write_gb=0.20 / MILLION * GIB / 4096)
 
 #: Default placement of the lab's hosts (``lab.stack.hosts``' groups) in zones: the database with
 #: its CDC source and the web service in one, the brokers (Kafka's host ``broker``, RabbitMQ's
-#: ``rabbitmq``) and the consumers in another.
+#: ``rabbitmq``) and the consumers in another. The ``ha`` topology's hosts are placed as a
+#: multi-AZ deployment places them: the three nodes of each broker in three zones (``b``, ``c``,
+#: ``a``), the standby in another zone than its primary (``b``), so that node-to-node replication
+#: and the primary's WAL stream to the standby cross zones.
 ZONES: Mapping[str, str] = {"postgres": "a", "debezium": "a", "web": "a", "broker": "b", "rabbitmq": "b",
-                            "consumers": "b"}
+                            "consumers": "b",
+                            "broker-2": "c", "broker-3": "a", "rabbitmq-2": "c", "rabbitmq-3": "a",
+                            "postgres-standby": "b"}
 
 #: Placements compared by :func:`crossover_shift` besides :data:`ZONES`.
 PLACEMENTS: Mapping[str, Mapping[str, str]] = {
@@ -80,12 +87,19 @@ def crosses(pair: str, zones: Mapping[str, str]) -> bool:
     return a in zones and b in zones and zones[a] != zones[b]
 
 
+def transfer_by_hop(bytes_per_msg: Mapping[str, float], zones: Mapping[str, str] = ZONES,
+                    prices: Prices = Prices()) -> dict[str, float]:
+    """USD per million messages on each hop (``from>to`` -> bytes per message) that crosses zones
+    under ``zones``; the hops that do not are left out."""
+    return {pair: b / prices.gb_bytes * prices.cross_zone_gb * MILLION for pair, b in bytes_per_msg.items()
+            if b and not math.isnan(b) and crosses(pair, zones)}
+
+
 def transfer_per_million(bytes_per_msg: Mapping[str, float], zones: Mapping[str, str] = ZONES,
                          prices: Prices = Prices()) -> float:
     """USD per million messages for the bytes per message on each hop (``from>to`` -> bytes) that
     crosses zones under ``zones``."""
-    crossing = sum(b for pair, b in bytes_per_msg.items() if b and not math.isnan(b) and crosses(pair, zones))
-    return crossing / prices.gb_bytes * prices.cross_zone_gb * MILLION
+    return sum(transfer_by_hop(bytes_per_msg, zones, prices).values())
 
 
 def disk_per_million(write_bytes_per_msg: float, prices: Prices = Prices()) -> float:

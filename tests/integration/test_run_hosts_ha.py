@@ -86,3 +86,38 @@ def test_ha_on_hosts_runs_and_counts_the_replication(ha_hosts: NativeStack, pipe
     # every row reaches the other two nodes of the broker's cluster (replicas, quorum followers)
     for other in (f"{first}-2", f"{first}-3"):
         assert sum(v["bytes"] for k, v in pairs.items() if k.endswith(f">{other}")) > 50 * M, other
+
+
+def _fault_run(stack: NativeStack, pipeline: str, fault: str, messages: int) -> dict[str, Any]:
+    r = asyncio.run(run_scenario(Scenario(pipeline=pipeline, messages=messages, cooldown_s=0, consumers=2,
+                                          rate=200, claim="takeover", fault=fault, drain_timeout_s=300),
+                                 stack.settings))
+    acc = r["fault"]["accounting"] or {}
+    assert r["success"], r["error"]
+    assert acc["adds_up"] and acc["lost"] == 0, acc
+    return r
+
+
+def test_a_broker_node_killed_on_its_host_is_started_there_again(ha_hosts: NativeStack) -> None:
+    lay = hosts.layout(ha_hosts.settings)
+    node = ha_hosts.service("kafka-2")
+    (before,) = node.processes()[:1]
+    r = _fault_run(ha_hosts, "kafka", "broker-node-kill:2@3s+5s", 1600)
+    whats = [e["what"] for e in r["fault"]["events"]]
+    assert whats[0] == "node killed" and "node started" in whats
+    (after,) = node.processes()[:1]
+    assert after.pid != before.pid
+    assert _inode(f"/proc/{after.pid}/ns/net") == _inode(f"/run/netns/{lay.namespaces['broker-2']}")
+
+
+def test_a_postgres_failover_on_hosts_fails_back_into_the_hosts(ha_hosts: NativeStack) -> None:
+    """The readers find the promoted standby at its host's address; afterwards the primary and a
+    rebuilt standby run in their own hosts again."""
+    lay = hosts.layout(ha_hosts.settings)
+    r = _fault_run(ha_hosts, "wal", "postgres-failover@12s", 4000)
+    assert "standby promoted" in [e["what"] for e in r["fault"]["events"]]
+    assert ha_hosts.standby is not None and not ha_hosts.standby.promoted()
+    for host, service in (("postgres", ha_hosts.postgres), ("postgres-standby", ha_hosts.standby)):
+        procs = service.processes()
+        assert procs, host
+        assert _inode(f"/proc/{procs[0].pid}/ns/net") == _inode(f"/run/netns/{lay.namespaces[host]}"), host

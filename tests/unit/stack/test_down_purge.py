@@ -102,3 +102,13 @@ def test_a_refused_purge_leaves_no_lock_file_behind(tmp_path: Path) -> None:
         f"lab: error: not purged: {foreign} carries no .fanout-lab-stack marker, so the lab did not create it "
         "as a stack dir; check LAB_STACK_DIR, and delete it yourself if it is one"]
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_a_database_never_created_is_recognised_in_the_login_error() -> None:
+    """`lab stack down` after an `up` killed before it created the lab's database: no slot can exist."""
+    from lab.stack.native import missing_database
+    error = ('connection failed: connection to server at "10.231.7.2", port 5432 failed: '
+             'FATAL:  database "lab" does not exist')
+    assert missing_database(error, "lab")
+    assert not missing_database(error, "other")
+    assert not missing_database('connection to server at "10.231.7.2", port 5432 failed: Connection refused', "lab")

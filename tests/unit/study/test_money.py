@@ -153,3 +153,38 @@ def test_the_report_section_says_what_it_shows_and_saves_its_tables(tmp_path: Pa
     assert set(shift["condition"]) >= {"CPU", "money, no transfer", "money, one zone"}
     bare = report.bytes_and_money(df.drop(columns=[c for c in df.columns if "bytes_per_msg" in c]), n_boot=20)
     assert any(isinstance(p, str) and "No run of this series" in p for p in bare)
+
+
+def test_every_host_of_the_ha_layout_is_placed_and_each_node_away_from_its_peers() -> None:
+    from lab.settings import HA_NETNS_HOSTS, NETNS_HOSTS
+    assert set(NETNS_HOSTS) | set(HA_NETNS_HOSTS) == set(money.ZONES)
+    for nodes in (("broker", "broker-2", "broker-3"), ("rabbitmq", "rabbitmq-2", "rabbitmq-3"),
+                  ("postgres", "postgres-standby")):
+        assert len({money.ZONES[n] for n in nodes}) == len(nodes)
+
+
+def test_an_ha_runs_replication_is_priced_as_cross_zone() -> None:
+    """A kafka run under ha: Debezium writes to the partitions' leaders on every node, the nodes
+    replicate to each other, the primary streams its WAL to the standby, the consumers fetch from
+    a leader and claim back."""
+    p = Prices(cross_zone_gb=1.0)
+    gib = GIB / MILLION  # bytes per message for one GiB a million messages, $1 at this price
+    hops = {"postgres>debezium": 7 * gib,  # a -> a
+            "postgres>postgres-standby": 1 * gib,  # a -> b
+            "debezium>broker": 2 * gib, "debezium>broker-2": 3 * gib,  # a -> b, a -> c
+            "debezium>broker-3": 11 * gib,  # a -> a
+            "broker>broker-2": 4 * gib, "broker-2>broker-3": 5 * gib, "broker-3>broker": 6 * gib,
+            "broker-3>consumers": 8 * gib,  # a -> b
+            "broker>consumers": 13 * gib,  # b -> b
+            "consumers>postgres": 9 * gib,  # b -> a
+            "postgres>runner": 17 * gib}  # the lab's own reads: never priced
+    by_hop = money.transfer_by_hop(hops, prices=p)
+    assert by_hop == pytest.approx({"postgres>postgres-standby": 1.0, "debezium>broker": 2.0, "debezium>broker-2": 3.0,
+                                    "broker>broker-2": 4.0, "broker-2>broker-3": 5.0, "broker-3>broker": 6.0,
+                                    "broker-3>consumers": 8.0, "consumers>postgres": 9.0})
+    assert money.transfer_per_million(hops, prices=p) == pytest.approx(38.0)
+    # the same through a run's columns, at the default price ($0.02 a GiB): 1,000 B/msg of replication
+    row = {"cpu_ms_per_msg": 0.0, "messages": 2000, "net_bytes_per_msg_broker_broker-2": 600.0,
+           "net_bytes_per_msg_broker-2_broker-3": 400.0, "net_bytes_per_msg_broker-3_consumers": 0.0}
+    assert money.price_row(row)["transfer"] == pytest.approx(1000 / GIB * 0.02 * MILLION)  # $0.0186
+    assert money.price_row(row, zones=money.PLACEMENTS["one zone"])["transfer"] == 0.0
