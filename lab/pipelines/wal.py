@@ -75,6 +75,7 @@ class WalPipeline:
     helpers: ClassVar[dict[str, str]] = {}
     consumer_slots: ClassVar[bool] = True
     fault_refusal: ClassVar[str | None] = None
+    redelivery_s: ClassVar[float] = 0.0
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

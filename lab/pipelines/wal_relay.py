@@ -131,6 +131,7 @@ class RelayPipeline:
     helpers: ClassVar[dict[str, str]] = {HELPER: "lab.relay"}
     consumer_slots: ClassVar[bool] = False  # one slot, the relay's
     fault_refusal: ClassVar[str | None] = None
+    redelivery_s: ClassVar[float] = 0.0
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

@@ -106,8 +106,11 @@ def test_scenario_validates_and_fills_the_default_target() -> None:
         checked(pipeline="poll", fault="slot-invalidation@1s")
     with pytest.raises(ValueError, match="walsender-kill needs a slot: poll's consumers read none"):
         checked(pipeline="poll", consumers=2, fault="walsender-kill:1@3s")
-    with pytest.raises(ValueError, match="kafka-share has no fault runs"):
-        checked(pipeline="kafka-share", consumers=2, fault="consumer-kill:1@3s")
+    with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
+        checked(pipeline="kafka-share", fault="slot-invalidation@1s")
+    with pytest.raises(ValueError, match="on kafka-share the walsender is Debezium's"):
+        checked(pipeline="kafka-share", consumers=2, fault="walsender-kill:1@3s")
+    assert parsed(pipeline="kafka-share", consumers=2, fault="consumer-kill:1@3s")["target"] == 1
     with pytest.raises(ValueError, match=r"on wal-relay its own process\(es\) \(relay\) do not outlive PostgreSQL"):
         checked(pipeline="wal-relay", consumers=2, fault="postgres-restart@3s")
     assert parsed(pipeline="poll", consumers=2, fault="consumer-kill:1@3s")["target"] == 1
