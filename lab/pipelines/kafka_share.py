@@ -47,10 +47,10 @@ Deviations and choices, with their reasons:
   choice; what the broker then reports for the group's ``share.*`` settings, and its bounds
   (``group.share.delivery.count.limit`` among them), is recorded too (``group_config_applied``).
   Under a fault, a record a member acquired and did not acknowledge comes back when the broker
-  releases it: at once when the member's connection closes (a SIGKILLed process's sockets are
-  closed by its kernel, and the broker releases the records of that connection's share session),
-  else when its lock expires (a SIGSTOPped member keeps its connection: its records stay locked
-  for up to 30 s, or until it acknowledges them once continued). A fault run's drain therefore
+  releases it: when the member's share session ends or its lock expires (a SIGSTOPped member keeps
+  its connection: its records stay locked for up to 30 s, or until it acknowledges them once
+  continued). One smoke ``consumer-kill`` run (docs/faults.md) had no message wait for either.
+  A fault run's drain therefore
   waits the lock's length longer for work (:attr:`KafkaSharePipeline.redelivery_s`) before it
   counts what is missing as lost.
 """
