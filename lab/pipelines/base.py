@@ -122,6 +122,10 @@ class Pipeline(Protocol):
     helper_slot: ClassVar[str | None]
     # None: the faults apply as their own rules say; a text: why this pipeline has no fault runs
     fault_refusal: ClassVar[str | None]
+    # how long a record handed to a consumer that stopped answering may stay out of the others'
+    # reach before the broker hands it out again (a share group's acquisition lock; 0: no such
+    # hold): a fault run's drain waits this much longer for work before it counts the rest lost
+    redelivery_s: ClassVar[float]
 
     def describe(self) -> dict[str, Any]:
         """The pipeline's settings, echoed into run.json."""

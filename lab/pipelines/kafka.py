@@ -194,6 +194,7 @@ class KafkaPipeline:
     consumer_slots: ClassVar[bool] = False
     helper_slot: ClassVar[str | None] = None
     fault_refusal: ClassVar[str | None] = None
+    redelivery_s: ClassVar[float] = 0.0
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

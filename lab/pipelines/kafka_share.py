@@ -41,6 +41,18 @@ Deviations and choices, with their reasons:
   after the gate); it only starts work later.
 * **Teardown** deletes the topic; the share group itself stays on the broker (no client in
   Python deletes share groups), empty and named after a topic id that is never reused.
+* **Kafka's lock and session, set on the group and recorded.** ``share.record.lock.duration.ms``
+  is 30 s and ``share.session.timeout.ms`` 45 s, Kafka 4.2's defaults (the production setting),
+  set explicitly on the run's group (:data:`GROUP_CONFIG`) so that run.json records them as a
+  choice; what the broker then reports for the group's ``share.*`` settings, and its bounds
+  (``group.share.delivery.count.limit`` among them), is recorded too (``group_config_applied``).
+  Under a fault, a record a member acquired and did not acknowledge comes back when the broker
+  releases it: when the member's share session ends or its lock expires (a SIGSTOPped member keeps
+  its connection: its records stay locked for up to 30 s, or until it acknowledges them once
+  continued). One smoke ``consumer-kill`` run (docs/faults.md) had no message wait for either.
+  A fault run's drain therefore
+  waits the lock's length longer for work (:attr:`KafkaSharePipeline.redelivery_s`) before it
+  counts what is missing as lost.
 """
 
 from __future__ import annotations
@@ -80,7 +92,18 @@ PARTITIONS = 1  # whatever N is: members of a share group read the same partitio
 GROUP_PREFIX = "dbz-kafka-share-"
 SHARE_MIN_VERSION = (4, 2)  # share groups generally available; 4.1's preview fails this client
 OPEN_POLL_S = 0.5  # the first poll in open(): sends the heartbeat that joins the group
-GROUP_CONFIG = {"share.auto.offset.reset": "earliest"}
+POLL_S = 0.2  # reading the group's settings back until the broker reports them
+RECORD_LOCK_MS = 30_000  # Kafka's default acquisition lock (group.share.record.lock.duration.ms)
+SESSION_TIMEOUT_MS = 45_000  # Kafka's default share-group session (group.share.session.timeout.ms)
+GROUP_CONFIG = {
+    "share.auto.offset.reset": "earliest",
+    "share.record.lock.duration.ms": str(RECORD_LOCK_MS),
+    "share.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+}
+# the broker's bounds and limits of share groups that a fault run's outcome depends on
+BROKER_SHARE_CONFIGS = ("group.share.delivery.count.limit", "group.share.min.record.lock.duration.ms",
+                        "group.share.max.record.lock.duration.ms", "group.share.min.session.timeout.ms",
+                        "group.share.max.session.timeout.ms")
 
 
 def share_groups_supported(kafka_version: str) -> bool:
@@ -106,13 +129,14 @@ class KafkaSharePipeline(KafkaPipeline):
     fan_out: ClassVar[bool] = False
     inbox_table: ClassVar[str] = "inbox"
     cdc_sink: ClassVar[str | None] = "kafka"
-    fault_refusal: ClassVar[str | None] = ("a dead member's records come back only when their acquisition locks "
-                                           "expire, 30 s by default")
+    fault_refusal: ClassVar[str | None] = None
+    redelivery_s: ClassVar[float] = RECORD_LOCK_MS / 1000
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         super().__init__(scenario, settings, stack)
         self.partitions = PARTITIONS
         self.prefix = GROUP_PREFIX
+        self.applied: dict[str, str] = {}  # the group's share.* settings and the broker's bounds, as read back
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -125,6 +149,7 @@ class KafkaSharePipeline(KafkaPipeline):
             "group_id": self.group,
             "group_type": "share",
             "group_config": GROUP_CONFIG,
+            "group_config_applied": self.applied,
             "consumer_config": {k: v for k, v in share_consumer_config(
                 self.settings, self.group, self.scenario.batch_size).items() if k != "bootstrap.servers"},
             "ready_gate": "consumers' ready files (subscribed, first poll returned)",
@@ -149,6 +174,35 @@ class KafkaSharePipeline(KafkaPipeline):
         resource = ConfigResource("group", self.group, incremental_configs=[
             ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in GROUP_CONFIG.items()])
         self.admin.incremental_alter_configs([resource], request_timeout=METADATA_TIMEOUT)[resource].result()
+        self.applied = self._applied_configs()
+
+    def _applied_configs(self) -> dict[str, str]:
+        """The group's ``share.*`` settings and the broker's :data:`BROKER_SHARE_CONFIGS`, as the
+        broker reports them once it reports :data:`GROUP_CONFIG` (a group's settings reach the
+        broker's view a moment after they were set; asked for up to :data:`METADATA_TIMEOUT`);
+        empty when it cannot say (the run records that, it does not fail on it)."""
+        assert self.group is not None
+        group = ConfigResource("group", self.group)
+        deadline = time.monotonic() + METADATA_TIMEOUT
+        try:
+            broker = ConfigResource("broker", str(self.broker_id()))
+            while True:
+                found = self.admin.describe_configs([group, broker], request_timeout=METADATA_TIMEOUT)
+                own = {k: e.value for k, e in found[group].result().items() if k.startswith("share.")}
+                if all(own.get(k) == v for k, v in GROUP_CONFIG.items()) or time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S)
+            bounds = found[broker].result()
+        except KafkaException as exc:
+            log.warning("share group %s: its settings could not be read back: %s", self.group, exc)
+            return {}
+        if differ := {k: own.get(k) for k, v in GROUP_CONFIG.items() if own.get(k) != v}:
+            log.warning("share group %s: the broker reports %s, not what was set", self.group, differ)
+        return dict(sorted(own.items())) | {k: bounds[k].value for k in BROKER_SHARE_CONFIGS if k in bounds}
+
+    def broker_id(self) -> int:
+        """A broker of the cluster (the group's settings are the same on every one)."""
+        return min(self.admin.list_topics(timeout=METADATA_TIMEOUT).brokers)
 
     async def wait_ready(self) -> None:
         """Nothing to check on the broker (see the module's docstring): the ready files are the gate."""

@@ -146,6 +146,7 @@ class RelayPipeline:
     consumer_slots: ClassVar[bool] = False  # one slot, the relay's
     helper_slot: ClassVar[str | None] = RELAY_SLOT
     fault_refusal: ClassVar[str | None] = None
+    redelivery_s: ClassVar[float] = 0.0
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario

@@ -110,10 +110,11 @@ class RunPhases:
                         settled = False
                 if settled and worked >= expected:
                     break
+                quiet_s = QUIET_S + self.run.pipeline.redelivery_s  # a dead member's locked records
                 if (settled and self.run.injector is not None and self.run.injector.over()
-                        and now - max(quiet_since, self.run.injector.over_mono) > QUIET_S):
+                        and now - max(quiet_since, self.run.injector.over_mono) > quiet_s):
                     log.warning("run %s: no work call for %.0f s after the fault: %d of %d ids worked",
-                                self.run.run_id, QUIET_S, stats["distinct"], sent_result["sent"])
+                                self.run.run_id, quiet_s, stats["distinct"], sent_result["sent"])
                     break
                 if sent_result["sent"] == 0:
                     break

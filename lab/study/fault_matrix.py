@@ -84,7 +84,7 @@ PROFILES: dict[str, FaultProfile] = {p.name: p for p in (
                  "(2 runs, about a minute)"),
     FaultProfile("quick", 2400, 200.0, 3.0, 4.0, 2.0, 5000, 2.0, 300.0, KIND_ORDER, (), True,
                  "every applicable fault x every pipeline, 2,400 messages at 200 msg/s, faults of 4 s at "
-                 "3 s, plus a clean cell per pipeline (63 runs with eight pipelines, about 35-40 min on 2 cores)"),
+                 "3 s, plus a clean cell per pipeline (72 runs with eight pipelines, about 40-45 min on 2 cores)"),
     FaultProfile("full", 24_000, 200.0, 20.0, 60.0, 30.0, 100_000, 10.0, 900.0, KIND_ORDER, (), True,
                  "as quick with 24,000 messages (2 min of sends) and 60 s faults at 20 s, so WAL "
                  "pinning and its slope show; 100,000-row big transaction (about 1.5-2 h)"),

@@ -120,7 +120,7 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
                          "cooldown_s": 20.0}},
 }
 # The insulation matrix (lab.study.fault_matrix) at the profile's size: smoke's 2 runs (wal and
-# kafka x a dead consumer, about a minute), quick's publishable 63 runs (~35-40 min on 2 cores),
+# kafka x a dead consumer, about a minute), quick's publishable 72 runs (~40-45 min on 2 cores),
 # full's 60 s faults. The reference profile is the article's sweep, which had no faults: it gets the
 # quick matrix (full's would more than double its time).
 for _name in ("smoke", "quick", "full"):

@@ -106,12 +106,15 @@ def test_scenario_validates_and_fills_the_default_target() -> None:
         checked(pipeline="poll", fault="slot-invalidation@1s")
     with pytest.raises(ValueError, match="walsender-kill needs a slot: poll's consumers read none"):
         checked(pipeline="poll", consumers=2, fault="walsender-kill:1@3s")
-    with pytest.raises(ValueError, match="kafka-share has no fault runs"):
-        checked(pipeline="kafka-share", consumers=2, fault="consumer-kill:1@3s")
     with pytest.raises(ValueError, match=r"on wal-relay the walsender is its helper's \(relay\)"):
         checked(pipeline="wal-relay", consumers=2, fault="walsender-kill:1@3s")
     assert parsed(pipeline="wal-relay", consumers=2, fault="postgres-restart@3s")["kind"] == "postgres-restart"
     assert parsed(pipeline="wal-relay", consumers=2, fault="walsender-kill@3s")["target"] is None
+    with pytest.raises(ValueError, match="slot-invalidation needs a direct reader's slot"):
+        checked(pipeline="kafka-share", fault="slot-invalidation@1s")
+    with pytest.raises(ValueError, match="on kafka-share the walsender is Debezium's"):
+        checked(pipeline="kafka-share", consumers=2, fault="walsender-kill:1@3s")
+    assert parsed(pipeline="kafka-share", consumers=2, fault="consumer-kill:1@3s")["target"] == 1
     assert parsed(pipeline="poll", consumers=2, fault="consumer-kill:1@3s")["target"] == 1
     assert parsed(pipeline="wal-filtered", consumers=2, fault="slot-invalidation@1s")["target"] == 0
     assert parsed(pipeline="wal-sharded", consumers=2, fault="slot-invalidation@1s")["target"] == 0

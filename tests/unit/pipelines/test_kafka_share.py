@@ -9,8 +9,11 @@ import orjson
 import pytest
 from confluent_kafka import AcknowledgeType, Message
 
+from lab.pipelines import PIPELINES
 from lab.pipelines.kafka_share import (
+    GROUP_CONFIG,
     PARTITIONS,
+    KafkaSharePipeline,
     KafkaShareSource,
     share_consumer_config,
     share_groups_supported,
@@ -47,6 +50,15 @@ def test_consumer_config_is_explicit_with_the_batch_size() -> None:
     assert conf["max.poll.records"] == 100
     assert conf["group.id"] == "g"
     assert PARTITIONS == 1
+
+
+def test_the_group_sets_kafkas_lock_and_session_and_the_drain_waits_out_the_lock() -> None:
+    """Kafka 4.2's defaults, set on the run's group so that run.json records them; a fault run's
+    drain waits one lock longer than elsewhere before it counts a missing record lost."""
+    assert GROUP_CONFIG == {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "30000",
+                            "share.session.timeout.ms": "45000"}
+    assert KafkaSharePipeline.redelivery_s == 30.0 and KafkaSharePipeline.fault_refusal is None
+    assert {name: p.redelivery_s for name, p in PIPELINES.items() if p.redelivery_s} == {"kafka-share": 30.0}
 
 
 def test_no_broker_native_stand() -> None:
