@@ -25,15 +25,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.study import costmodel
+from lab.study import costmodel, crossover
 from lab.study.costmodel import METRIC, measured
 
 # ha runs: `kafka`/`rabbitmq` are the sums of their nodes (lab.study.ha_nodes), the
 # standby a participant of its own
 PARTICIPANTS = ("postgres", "postgres-standby", "debezium", "relay", "kafka", "rabbitmq", "web", "senders",
                 "consumers", "runner")
-DIRECT = ("wal", "wal-sharded", "wal-filtered", "wal-relay")
-BROKERS = ("kafka", "rabbitmq")
 
 
 def cell_comparisons(head: pd.DataFrame) -> pd.DataFrame:
@@ -100,8 +98,9 @@ def crossover_table(df: pd.DataFrame, *, upto: int = 8, n_boot: int = 2000, seed
     head = costmodel.headline(runs, n_boot=n_boot, seed=seed)
     early = runs[runs["consumers"] <= upto]
     rows = []
-    for d in (p for p in DIRECT if p in set(runs["pipeline"])):
-        for b in (p for p in BROKERS if p in set(runs["pipeline"])):
+    direct, brokers = crossover.sides(runs["pipeline"])  # from the registry: no pipeline named here
+    for d in direct:
+        for b in brokers:
             row: dict[str, Any] = dict(direct=d, broker=b, max_n=int(runs["consumers"].max()))
             parts: dict[str, costmodel.Crossover | None] = {}
             for tag, data in ((f"upto{upto}", early), ("all", runs)):

@@ -27,8 +27,9 @@ import numpy as np
 import pandas as pd
 
 from lab.results import load_reference
-from lab.study import compare, costmodel
+from lab.study import compare, costmodel, crossover
 from lab.study.costmodel import METRIC, measured
+from lab.study.series import REFERENCE_PIPELINES
 
 # The article's participant columns -> the participants of ours they cover.
 MAPPING: dict[str, tuple[str, ...]] = {
@@ -121,7 +122,9 @@ def crossover_table(runs: pd.DataFrame, *, crossing: pd.DataFrame | None = None,
     published = costmodel.published_runs()
     have = set(measured(runs)["pipeline"]) if len(runs) else set()
     rows = []
-    for d, b in ((d, b) for d in compare.DIRECT if d in have for b in compare.BROKERS):
+    # ours beside the article's: every direct pipeline we measured against each broker it measured
+    direct, brokers = crossover.sides(have)[0], crossover.sides(REFERENCE_PIPELINES)[1]
+    for d, b in ((d, b) for d in direct for b in brokers):
         ours, pub = article_crossover(runs, d, b), article_crossover(published, d, b)
         row: dict[str, Any] = dict(direct=d, broker=b)
         for k in ("pg_lo", "pg_hi", "slope_pg", "slope_total", "direct_lo", "level", "n_star"):

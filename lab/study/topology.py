@@ -29,7 +29,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-from lab.study import compare, costmodel
+from lab.study import compare, costmodel, crossover
 from lab.study.ha_nodes import STANDBY
 from lab.study.intervals import median_interval
 
@@ -104,7 +104,8 @@ def _ordered(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=columns)
     if out.empty:
         return out
-    order = {p: i for i, p in enumerate(("wal", "wal-sharded", "wal-filtered", "wal-relay", "kafka", "rabbitmq"))}
+    direct, brokers = crossover.sides(out["pipeline"])  # the registry's order, broker-less first
+    order = {p: i for i, p in enumerate([*direct, *brokers])}
     out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
     return out.sort_values(["_o", "pipeline", "consumers"]).drop(columns="_o").reset_index(drop=True)
 
@@ -156,7 +157,7 @@ def multiplier_table(df: pd.DataFrame) -> pd.DataFrame:
     if set(TOPOLOGIES) - set(sides):
         return pd.DataFrame()
     rows = []
-    for broker in compare.BROKERS:
+    for broker in crossover.sides(set(df["pipeline"]))[1]:
         s_all = sides["single"][sides["single"]["pipeline"] == broker]
         h_all = sides["ha"][sides["ha"]["pipeline"] == broker]
         if s_all.empty or h_all.empty:
