@@ -24,7 +24,7 @@ from lab.faults import check as check_fault
 from lab.results import runs_dir
 from lab.scenario import MAX_CONSUMERS, Scenario
 from lab.settings import Settings, get_settings, parse_size
-from lab.stack import get_stack, stackdir
+from lab.stack import get_stack, hosts, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, StackError
 from lab.stack.proc import Interrupted, exclusive, raise_interrupted, run_interruptible
 from lab.study import presentation
@@ -79,6 +79,8 @@ def _stack_env(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _debezium(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "start":  # a stop stops the process by pid whether the layout is there or not
+        hosts.require_routed(settings)
     stack = get_stack(settings)
     t0 = time.monotonic()
     if args.action == "start":
@@ -444,24 +446,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-retained-wal", default=None, metavar="SIZE",
                      help="the run (and its fault) ends, failed, before any slot retains this much WAL "
                           "(e.g. 512MB; default LAB_MAX_RETAINED_WAL or 2GB; free disk: LAB_MIN_FREE_DISK)")
-    run.set_defaults(handler=_run, locks=True)
+    run.set_defaults(handler=_run, locks=True, needs_layout=True)
 
     ser = sub.add_parser("series", help="the study's runs: warm-up, pipelines x N, drift probe (resumable)")
     _series_options(ser, rate=True)
     _topology_option(ser)
-    ser.set_defaults(handler=_series, locks=True)
+    ser.set_defaults(handler=_series, locks=True, needs_layout=True)
     rep = sub.add_parser("report", help="run (or resume) the series and write the HTML report")
     _series_options(rep)
     _topology_option(rep)
     rep.add_argument("--with", dest="with_parts", default="", metavar="PARTS",
                      help="add report parts the profile leaves out, comma-separated: faults, control "
                           "(quick runs latency and broker-native; smoke, full and reference run all four)")
-    rep.set_defaults(handler=_report, locks=True)
+    rep.set_defaults(handler=_report, locks=True, needs_layout=True)
 
     flt = sub.add_parser("faults", help="the insulation matrix: every pipeline x every fault it applies to "
                                        "(fixed rate, resumable)")
     _faults_options(flt)
-    flt.set_defaults(handler=_faults, locks=True)
+    flt.set_defaults(handler=_faults, locks=True, needs_layout=True)
 
     bench = sub.add_parser("bench", help="benchmarks of the workbench itself (figures in docs/history)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
@@ -472,13 +474,13 @@ def build_parser() -> argparse.ArgumentParser:
     brun = bsub.add_parser("run", help="repeat one scenario: median ms CPU/msg per participant")
     _scenario_options(brun)
     brun.add_argument("--repeats", type=COUNT, default=3)
-    brun.set_defaults(handler=_bench_run, locks=True)
+    brun.set_defaults(handler=_bench_run, locks=True, needs_layout=True)
     bopt = bsub.add_parser("options", help="one Scenario option's values side by side, runs alternating")
     _scenario_options(bopt)
     bopt.add_argument("--vary", required=True, metavar="FIELD=V1,V2",
                       help="e.g. reset=discard,none or consumer_layout=processes,tasks (first = baseline)")
     bopt.add_argument("--repeats", type=COUNT, default=3, help="rounds (default 3)")
-    bopt.set_defaults(handler=_bench_options, locks=True)
+    bopt.set_defaults(handler=_bench_options, locks=True, needs_layout=True)
     bcross = bsub.add_parser("crossing", help="measure the crossover: direct and broker pipelines side by side "
                                               "up a ladder of N until the direct readers cost more")
     _scenario_options(bcross)
@@ -488,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     bcross.add_argument("--steady", action="store_true",
                         help="judge on each run's steady cost (its cost split) instead of the whole window at M")
     bcross.add_argument("--repeats", type=COUNT, default=2, help="runs of each pipeline at each N (default 2)")
-    bcross.set_defaults(handler=_bench_crossing, locks=True)
+    bcross.set_defaults(handler=_bench_crossing, locks=True, needs_layout=True)
     bh = bsub.add_parser("harness", help="web + senders ms/msg: the lab's against a naive aiohttp/psycopg-pool one")
     bh.add_argument("--messages", type=COUNT, default=20_000)
     bh.add_argument("--senders", type=number(int, 1, 100_000), default=200)
@@ -496,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--arms", default="naive,real_inserts,real_run",
                     help="comma-separated, naive always runs; also real_inserts_aiohttp_client, "
                          "real_inserts_aiohttp_server")
-    bh.set_defaults(handler=_bench_harness, locks=True)
+    bh.set_defaults(handler=_bench_harness, locks=True, needs_layout=True)
     return parser
 
 
@@ -593,6 +595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = settings.replace(hosts=args.hosts)
         if getattr(args, "link_delay", None) is not None:
             settings = settings.replace(link_delay_ms=args.link_delay)
+        if getattr(args, "needs_layout", False):  # it reaches the services: not at addresses routed nowhere
+            hosts.require_routed(settings)
         if not getattr(args, "locks", False):
             return handler(args, settings)
         if getattr(args, "purge", False) and settings.backend == "native":

@@ -260,7 +260,7 @@ class Settings:
     @property
     def hosts_subnet(self) -> str:
         """The /24 of this stack's namespaces: ``10.231.<n>.0/24``, ``n`` from :attr:`stack_id`."""
-        return f"{SUBNET_PREFIX}.{int(self.stack_id, 16) % 254 + 1}.0/24"
+        return stack_subnet(self.stack_id)
 
     @property
     def netns_hosts(self) -> dict[str, int]:
@@ -447,6 +447,11 @@ NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers":
 HA_NETNS_HOSTS = {"broker-2": 9, "broker-3": 10, "rabbitmq-2": 11, "rabbitmq-3": 12, "postgres-standby": 13}
 ENGINE_OCTET = 7  # the stack's own Docker engine (lab stack engine up), one more host on the bridge
 ENGINE_PORT = 2375  # its API, plain tcp: reachable only on the stack's private bridge
+
+
+def stack_subnet(stack_id: str) -> str:
+    """The /24 of the netns layout of the stack whose :attr:`Settings.stack_id` is ``stack_id``."""
+    return f"{SUBNET_PREFIX}.{int(stack_id, 16) % 254 + 1}.0/24"
 
 
 def node_host(host: str, node: int) -> str:

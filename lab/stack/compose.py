@@ -30,7 +30,7 @@ from lab.settings import Settings
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, ServiceStatus, StackError, check_sink
 from lab.stack.containers import ContainerCounter, StatsBoard
 from lab.stack.debezium import SLOT, render_properties
-from lab.stack.engine import compose_command, compose_env, docker_client
+from lab.stack.engine import compose_command, compose_env, docker_client, engine_routed
 from lab.stack.images import missing_images
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,11 @@ class ComposeStack:
             conn.execute((TEMPLATES / "schema.sql").read_text())
 
     def down(self, *, purge: bool = False) -> None:
-        """Remove the project's containers and network (``purge``: its volumes too)."""
+        """Remove the project's containers and network (``purge``: its volumes too); nothing to
+        remove when the stack's own engine is gone (they went with it), and nothing is contacted."""
+        if not engine_routed(self.settings):
+            log.warning("not contacting the Docker engine at %s: its lab bridge is not up", self.settings.docker_host)
+            return
         self._compose("down", "-t", "30", *(["-v"] if purge else []))
 
     def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> None:

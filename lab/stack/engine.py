@@ -13,14 +13,29 @@ from typing import Any
 
 from lab.settings import Settings, child_env, docker_host_address
 from lab.stack.base import StackError
+from lab.stack.netns import reachable
 
 NO_ENGINE_HINT = "start Docker (or set LAB_DOCKER_HOST) or use the native backend (LAB_BACKEND=native)"
+
+
+def engine_routed(settings: Settings) -> bool:
+    """Whether the engine can be contacted without a packet leaving the machine: False only for an
+    engine at a netns layout address (the stack's own, ``lab stack engine up``) whose bridge is gone."""
+    host = docker_host_address(settings.docker_host)
+    return host is None or reachable(host)
+
+
+def require_engine_routed(settings: Settings) -> None:
+    if not engine_routed(settings):
+        raise StackError(f"the Docker engine at {settings.docker_host} is on a lab bridge that is not up: "
+                         "lab stack engine up")
 
 
 def docker_client(settings: Settings) -> Any:
     """A pinged ``docker.DockerClient`` for ``settings.docker_host``; StackError when unreachable."""
     import docker
 
+    require_engine_routed(settings)
     try:
         if settings.docker_host:
             client = docker.DockerClient(base_url=settings.docker_host, timeout=120)
@@ -85,6 +100,7 @@ def compose_env(settings: Settings) -> dict[str, str]:
     the services are reached from elsewhere (:func:`compose_bind`).
     """
     s = settings
+    require_engine_routed(s)  # every compose call gets its environment here
     extra = {
         "LAB_PG_PORT": str(s.pg_port), "LAB_PG_USER": s.pg_user, "LAB_PG_PASSWORD": s.secret("pg"),
         "LAB_KAFKA_PORT": str(s.kafka_port), "LAB_KAFKA_VERSION": s.kafka_version,

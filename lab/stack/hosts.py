@@ -39,7 +39,7 @@ from pathlib import Path
 from lab.settings import Settings
 from lab.stack import linkdelay
 from lab.stack.base import StackError
-from lab.stack.netns import entered
+from lab.stack.netns import entered, lab_link, reachable, route_table
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,26 @@ def _has_address(netns: str | None, dev: str, address: str) -> bool:
     info = json.loads(done.stdout)
     return bool(info) and "UP" in info[0].get("flags", []) and any(
         a.get("local") == address for a in info[0].get("addr_info", []))
+
+
+def routed(settings: Settings) -> bool:
+    """Whether the root namespace routes this stack's /24 onto its own bridge (its runner link):
+    only then may anything connect to the layout's addresses from here (:func:`lab.stack.netns.reachable`)."""
+    lay = layout(settings)
+    return lab_link(route_table(), lay.addresses["runner"]) == lay.runner_link
+
+
+NOT_UP = "the netns layout of this stack is not up: lab stack up --hosts netns"
+
+
+def require_routed(settings: Settings) -> None:
+    """Refuse, in one line and before anything connects, a command that reaches the layout's
+    services while the layout is not there (never made, half made, removed)."""
+    if settings.netns and not routed(settings):
+        raise StackError(NOT_UP)
+    if not reachable(settings.service_host):  # the stack's own engine's address, its bridge gone
+        raise StackError(f"the services' host {settings.service_host} is on a lab bridge that is not up: "
+                         "lab stack engine up")
 
 
 # Creating and removing ----------------------------------------------------------------------------

@@ -194,6 +194,9 @@ class NativeStack:
         or Debezium's): a slot left while the stack is down would pin WAL at the next start."""
         if not self.postgres.processes():
             return
+        if self.settings.netns and not hosts.routed(self.settings):  # its address leads off the machine now
+            log.warning("replication slots not dropped: %s", hosts.NOT_UP)
+            return
         try:
             dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
         except psycopg.OperationalError as exc:

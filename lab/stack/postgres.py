@@ -42,6 +42,7 @@ from lab.settings import Settings, child_env
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.hosts import namespace
+from lab.stack.netns import reachable
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +304,10 @@ class PostgresService:
         if postmaster is None:
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
         version, detail = "", dict[str, object]()
+        if not reachable(self.settings.pg_host):  # a host whose layout is gone: its address leads off the machine
+            detail["error"] = f"cannot query PostgreSQL: {self.settings.pg_host} is not routed onto the lab's bridge"
+            return ServiceStatus(self.name, "running", pids=[postmaster.pid], endpoint=self.endpoint,
+                                 rss_mb=proc.tree_rss_mb([postmaster]), detail=detail)
         try:
             with psycopg.connect(self._dsn(), autocommit=True) as conn:
                 version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]

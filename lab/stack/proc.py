@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import psutil
 
 from lab.stack.base import StackError
-from lab.stack.netns import entered
+from lab.stack.netns import entered, reachable
 
 T = TypeVar("T")
 
@@ -228,6 +228,11 @@ def wait_gone(
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts a TCP connection on ``host``:``port``. A netns layout address
+    that is not routed onto the lab's bridge (:func:`lab.stack.netns.reachable`) is not open, and
+    no packet is sent to it."""
+    if not reachable(host):
+        return False
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0

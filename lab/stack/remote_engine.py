@@ -215,6 +215,10 @@ def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | No
 
     deadline = time.monotonic() + timeout
     while True:
+        if not netns.reachable(e.address):  # its bridge is gone: the address would lead off the machine
+            if watch:
+                raise StackError(f"the engine's address {e.address} is not routed onto its lab bridge")
+            return None
         try:
             client = docker.DockerClient(base_url=e.url, timeout=120)
             client.ping()

@@ -42,6 +42,7 @@ from lab.settings import Settings, child_env, write_private
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.hosts import namespace
+from lab.stack.netns import reachable
 from lab.stack.postgres import SUN_PATH_MAX, PostgresService, bin_dir, server_argv
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,11 @@ class PostgresStandby(PostgresService):
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
         detail: dict[str, object] = {"primary_slot": STANDBY_SLOT, "start_s": self.last_start_s}
         version = ""
+        if not reachable(self.settings.pg_standby_host):  # a host whose layout is gone: leads off the machine
+            detail["error"] = (f"cannot query the standby: {self.settings.pg_standby_host} is not routed onto "
+                               "the lab's bridge")
+            return ServiceStatus(self.name, "running", pids=[postmaster.pid], endpoint=self.endpoint,
+                                 rss_mb=proc.tree_rss_mb([postmaster]), detail=detail)
         try:
             with psycopg.connect(self._dsn(), autocommit=True) as conn:
                 version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]

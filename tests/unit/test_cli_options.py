@@ -13,6 +13,7 @@ import time
 import pytest
 
 from lab import cli
+from lab.settings import Settings
 
 BAD_NUMBERS = ("nan", "inf", "-inf", "-1", "1e308", "99999999999999999999999", "x")
 
@@ -161,3 +162,23 @@ def test_consumer_counts_are_distinct_n_within_bounds() -> None:
     for bad in ("", ",", "0", "x", "1,nan", str(10**6)):
         with pytest.raises(argparse.ArgumentTypeError):
             cli.consumer_counts(bad)
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--pipeline", "wal", "--consumers", "1", "--messages", "10"],
+    ["stack", "debezium", "start", "kafka"],
+])
+def test_a_command_that_reaches_the_services_refuses_while_the_netns_layout_is_not_up(
+        command: list[str], capsys: pytest.CaptureFixture[str], tmp_path: object,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import lab.runner
+    from lab.stack import hosts
+
+    started: list[object] = []
+    monkeypatch.setattr(lab.runner, "run_scenario", lambda *a, **kw: started.append(a))
+    monkeypatch.setenv("LAB_STACK_DIR", str(tmp_path))  # a stack whose layout was never made
+    monkeypatch.setenv("LAB_HOSTS", "netns")
+    monkeypatch.setattr(cli, "get_settings", Settings.from_env)  # not the process's cached settings
+    assert cli.main(command) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"lab: error: {hosts.NOT_UP}"]
+    assert not started
