@@ -87,7 +87,9 @@ def test_every_message_is_worked_once_and_nothing_is_left(stack: object, setting
     s = r["pipeline_settings"]
     assert s["topic"] == TOPIC and s["partitions"] == 1  # one partition whatever N is
     assert s["group_type"] == "share" and s["group_id"].startswith("dbz-kafka-share-")
-    assert s["group_config"] == {"share.auto.offset.reset": "earliest"}
+    assert s["group_config"] == {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "30000",
+                                 "share.session.timeout.ms": "45000"}  # set on the group: faults depend on them
+    assert all(s["group_config_applied"].get(k) == v for k, v in s["group_config"].items())  # and the broker has them
     assert s["consumer_config"]["share.acknowledgement.mode"] == "explicit"
     assert r["cpu_s"]["debezium"] > 0 and r["cpu_s"]["kafka"] > 0 and r["cpu_s"]["consumers"] > 0
     assert dbz_slots(settings) == []
