@@ -53,6 +53,7 @@ from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
 from lab.stack.base import Stack
+from lab.stack.hosts import require_routed
 from lab.stack.postgres import server_settings
 from lab.stack.proc import Interrupted, exclusive, tied
 
@@ -239,6 +240,9 @@ async def run_scenario(
     fixture (``tests/unit/runner/fixtures/capture.py``).
     """
     check_fault(scenario, settings)  # a fault that does not apply here: refused before the stack starts
+    # the host layout's addresses lead off the machine while it is not up: refused before anything
+    # connects (the CLI checks it too; a notebook or a script calling this does not pass there)
+    await asyncio.to_thread(require_routed, settings)
     stack = get_stack(settings)
     with exclusive(settings.run_lock, "the stack", settings.lock_owner):
         await asyncio.to_thread(stack.up)

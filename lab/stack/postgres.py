@@ -220,6 +220,18 @@ def _serves(p: psutil.Process, data_dir: Path) -> bool:
         return False
 
 
+def unrouted_status(service: PostgresService, what: str, host: str, postmaster: psutil.Process,
+                    detail: dict[str, object]) -> ServiceStatus | None:
+    """The status of a running server at an address its host layout no longer routes onto the lab's
+    bridge (the layout is gone: the address leads off the machine), without querying it; None when
+    the address is safe to connect to. ``service``: the service (its name and endpoint)."""
+    if reachable(host):
+        return None
+    detail["error"] = f"cannot query {what}: {host} is not routed onto the lab's bridge"
+    return ServiceStatus(service.name, "running", pids=[postmaster.pid], endpoint=service.endpoint,
+                         rss_mb=proc.tree_rss_mb([postmaster]), detail=detail)
+
+
 class PostgresService:
     """The lab's PostgreSQL: initdb once, ``postgres`` as a recorded process, schema on start."""
 
@@ -304,10 +316,9 @@ class PostgresService:
         if postmaster is None:
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
         version, detail = "", dict[str, object]()
-        if not reachable(self.settings.pg_host):  # a host whose layout is gone: its address leads off the machine
-            detail["error"] = f"cannot query PostgreSQL: {self.settings.pg_host} is not routed onto the lab's bridge"
-            return ServiceStatus(self.name, "running", pids=[postmaster.pid], endpoint=self.endpoint,
-                                 rss_mb=proc.tree_rss_mb([postmaster]), detail=detail)
+        unrouted = unrouted_status(self, "PostgreSQL", self.settings.pg_host, postmaster, detail)
+        if unrouted is not None:
+            return unrouted
         try:
             with psycopg.connect(self._dsn(), autocommit=True) as conn:
                 version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]

@@ -42,8 +42,7 @@ from lab.settings import Settings, child_env, write_private
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.hosts import namespace
-from lab.stack.netns import reachable
-from lab.stack.postgres import SUN_PATH_MAX, PostgresService, bin_dir, server_argv
+from lab.stack.postgres import SUN_PATH_MAX, PostgresService, bin_dir, server_argv, unrouted_status
 
 log = logging.getLogger(__name__)
 
@@ -230,11 +229,9 @@ class PostgresStandby(PostgresService):
             return ServiceStatus(self.name, "stopped", endpoint=self.endpoint)
         detail: dict[str, object] = {"primary_slot": STANDBY_SLOT, "start_s": self.last_start_s}
         version = ""
-        if not reachable(self.settings.pg_standby_host):  # a host whose layout is gone: leads off the machine
-            detail["error"] = (f"cannot query the standby: {self.settings.pg_standby_host} is not routed onto "
-                               "the lab's bridge")
-            return ServiceStatus(self.name, "running", pids=[postmaster.pid], endpoint=self.endpoint,
-                                 rss_mb=proc.tree_rss_mb([postmaster]), detail=detail)
+        unrouted = unrouted_status(self, "the standby", self.settings.pg_standby_host, postmaster, detail)
+        if unrouted is not None:
+            return unrouted
         try:
             with psycopg.connect(self._dsn(), autocommit=True) as conn:
                 version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]

@@ -61,7 +61,6 @@ DECISION_CONSUMERS = (1, 4, 16)
 # The reference's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
 REFERENCE_CONSUMERS = (1, 2, 4, 8)
-REFERENCE_PIPELINES = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the article's four, in its order
 
 
 @dataclass(frozen=True)

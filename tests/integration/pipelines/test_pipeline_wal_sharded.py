@@ -74,11 +74,16 @@ def test_a_run_delivers_every_message_once_and_leaves_nothing(
     c = result["counters"]
     assert c["inbox_rows"] == c["distinct_ids"] == M
     assert scalar(settings, "SELECT count(*) FROM inbox_wal") == M
-    # Filtered rows are not skipped. Claims are lost only in the early overlap, where reader j
-    # still claims the blocks of readers j..N-1: at most (N-1)/2 losses per row, against the
-    # N-1 of plain fan-out.
-    assert c["skipped"] <= (n - 1) * M // 2  # 0 at N = 1
     states = shard_states(settings, result)
+    with psycopg.connect(settings.pg_dsn) as conn:
+        rows = conn.execute("SELECT id % 64, count(*) FROM messages GROUP BY 1").fetchall()
+    by_shard = dict(rows)
+    by_member = {s["member"]: sum(by_shard.get(x, 0) for x in s["shards"]) for s in states}
+    # Filtered rows are not skipped. Claims are lost only in the early overlap, where a row of
+    # member k's block is claimed by the readers of members 0..k: at most k losses for it (about
+    # (N-1)/2 per row, against the N-1 of plain fan-out). The blocks are not of equal size (2000
+    # consecutive ids over 64 shards), so the bound is counted from the rows, not from M.
+    assert c["skipped"] <= sum(k * rows_k for k, rows_k in by_member.items())  # 0 at N = 1
     assert sorted(s["member"] for s in states) == list(range(n))
     assert sorted(x for s in states for x in s["shards"]) == list(range(SHARDS))
     assert [len(s["shards"]) for s in states] == [target(n)] * n
@@ -86,10 +91,7 @@ def test_a_run_delivers_every_message_once_and_leaves_nothing(
     assert all((s["filtered"] > 0) == (n > 1) for s in states)
     assert result["pipeline_settings"]["shards"] == SHARDS
     if n == 4:
-        with psycopg.connect(settings.pg_dsn) as conn:
-            rows = conn.execute("SELECT id % 64, count(*) FROM messages GROUP BY 1").fetchall()
-        by_shard = dict(rows)
-        assigned = [sum(by_shard.get(x, 0) for x in s["shards"]) for s in states]
+        assigned = list(by_member.values())
         assert sum(assigned) == M and max(assigned) / min(assigned) <= 1.25, assigned
         assert c["claims_min"] > 0 and c["claims_max"] < M
     assert_clean(settings)

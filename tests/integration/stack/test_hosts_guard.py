@@ -8,6 +8,7 @@ VPN. With ``LAB_HOSTS=netns`` and the layout never made, or half made (its runne
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -17,8 +18,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from lab.runner import run_scenario
+from lab.scenario import Scenario
 from lab.settings import SUBNET_PREFIX, Settings
 from lab.stack import hosts, proc
+from lab.stack.base import StackError
 from tests.conftest import lab_env
 from tests.conftest import test_settings as moved_settings
 
@@ -83,6 +87,9 @@ def _no_contact_without_the_layout(s: Settings) -> None:
     run = _lab(s, "run", "--pipeline", "wal", "--consumers", "1", "--messages", "10")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [f"lab: error: {hosts.NOT_UP}"]
+    # a notebook or a script calls the runner without the CLI: it refuses as well
+    with pytest.raises(StackError, match="lab stack up"):
+        asyncio.run(run_scenario(Scenario(pipeline="wal", consumers=1, messages=10), s))
     assert _dropped() == before == 0
 
 
