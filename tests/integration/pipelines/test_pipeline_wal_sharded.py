@@ -9,8 +9,9 @@ are consecutive, so the rows *assigned* by shard ownership differ by a row or tw
 (2000 / 64 = 31.25); that is asserted within 25 %. The claims themselves also contain the early
 overlap of the reference study (consumer 0 knows no other owner until its refresh ≥ 1 s after the
 initial one and races everyone for their rows meanwhile). That overlap lasts up to a second
-whatever M is, and a 2000-message run here is sent in one to seven seconds, so the claims
-ratio depends on the machine's speed; only the timing-independent bounds are asserted on it.
+whatever M is, and a 2000-message run here is sent in under one to seven seconds, so the claims
+ratio, and whether consumer 0 filters anything at all, depend on the machine's speed; only the
+timing-independent bounds are asserted on them.
 """
 
 from __future__ import annotations
@@ -75,23 +76,22 @@ def test_a_run_delivers_every_message_once_and_leaves_nothing(
     assert c["inbox_rows"] == c["distinct_ids"] == M
     assert scalar(settings, "SELECT count(*) FROM inbox_wal") == M
     states = shard_states(settings, result)
-    with psycopg.connect(settings.pg_dsn) as conn:
-        rows = conn.execute("SELECT id % 64, count(*) FROM messages GROUP BY 1").fetchall()
-    by_shard = dict(rows)
-    by_member = {s["member"]: sum(by_shard.get(x, 0) for x in s["shards"]) for s in states}
-    # Filtered rows are not skipped. Claims are lost only in the early overlap, where a row of
-    # member k's block is claimed by the readers of members 0..k: at most k losses for it (about
-    # (N-1)/2 per row, against the N-1 of plain fan-out). The blocks are not of equal size (2000
-    # consecutive ids over 64 shards), so the bound is counted from the rows, not from M.
-    assert c["skipped"] <= sum(k * rows_k for k, rows_k in by_member.items())  # 0 at N = 1
+    # Every reader decodes every row and either leaves it to its owner (filtered) or claims it; of
+    # the claims of a row one wins (M in all) and the rest are skipped. How many rows a reader leaves
+    # depends on when it learnt of the others (an early overlap up to its first refresh, which a fast
+    # machine's whole run can end before), the sum does not.
+    assert sum(s["filtered"] for s in states) + c["skipped"] == (n - 1) * M
     assert sorted(s["member"] for s in states) == list(range(n))
     assert sorted(x for s in states for x in s["shards"]) == list(range(SHARDS))
     assert [len(s["shards"]) for s in states] == [target(n)] * n
     assert [s["shards"][0] for s in states] == [i * target(n) for i in range(n)]  # index order
-    assert all((s["filtered"] > 0) == (n > 1) for s in states)
+    assert n > 1 or states[0]["filtered"] == 0
     assert result["pipeline_settings"]["shards"] == SHARDS
     if n == 4:
-        assigned = list(by_member.values())
+        with psycopg.connect(settings.pg_dsn) as conn:
+            rows = conn.execute("SELECT id % 64, count(*) FROM messages GROUP BY 1").fetchall()
+        by_shard = dict(rows)
+        assigned = [sum(by_shard.get(x, 0) for x in s["shards"]) for s in states]
         assert sum(assigned) == M and max(assigned) / min(assigned) <= 1.25, assigned
         assert c["claims_min"] > 0 and c["claims_max"] < M
     assert_clean(settings)
