@@ -128,7 +128,10 @@ def test_postgres_split_by_process_and_decode_only_slots(stack: object, settings
     pb = r["postgres_backends"]
     assert set(pb["walsender_cpu_s_per_slot"]) == {"load_test_slot_0", "decode_only_0"}
     assert pb["processes"]["walsenders"] == 2 and pb["processes"]["claims"] == 1 and pb["processes"]["inserts"] > 0
-    assert pb["cpu_s"]["walsenders"] > 0 and pb["cpu_s"]["inserts"] > 0 and pb["cpu_s"]["claims"] > 0
+    # /proc counts a process's CPU in 10 ms ticks: the walsenders and the one claim backend work
+    # for the whole run, but the web service spreads its inserts over a pool of backends, each of
+    # which a fast machine can keep below a tick for the whole window (0.0 s was seen)
+    assert pb["cpu_s"]["walsenders"] > 0 and pb["cpu_s"]["claims"] > 0 and pb["cpu_s"]["inserts"] >= 0
     named = sum(v for k, v in pb["cpu_s"].items() if k != "other")
     assert named + pb["cpu_s"]["other"] == pytest.approx(r["cpu_s"]["postgres"], abs=1e-3)
     assert pb["decode_only"]["slots"] == 1 and pb["decode_only"]["cpu_s_per_slot"] > 0
