@@ -9,9 +9,9 @@ flushed (:mod:`lab.pipelines.wal_relay`: a helper that writes rows and confirms 
 them must, or the synced slot can be past rows the promoted standby lacks); Debezium, which
 takes one host, is killed and started again pointed at the new primary, from its synced slot
 and its offsets. The fault waits until the slot of the pipeline's own streaming process
-(Debezium's, the relay's) is held again on the new primary. After the run's cleanup it fails back (:meth:`PostgresFailover.undo`:
-the promoted standby stops, the primary starts, the standby is rebuilt from it). Its resume
-figure is the longest stop of delivery after the primary's stop."""
+(Debezium's, the relay's) is held again on the new primary. After the run's cleanup it fails
+back (:meth:`PostgresFailover.undo`: the promoted standby stops, the primary starts, the standby
+is rebuilt from it). Its resume figure is the longest stop of delivery after the primary's stop."""
 
 from __future__ import annotations
 

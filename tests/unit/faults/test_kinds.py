@@ -219,7 +219,8 @@ def test_a_helpers_slot_takes_the_walsender_source_and_failover_faults() -> None
     f = parse("walsender-kill@1s").resolved(Scenario(consumers=2), Handed)
     assert f.target is None and f.hit_consumers(Scenario(consumers=2)) == []
     assert f.record(Handed, None)["slot"] == "handed_slot"  # type: ignore[attr-defined]
-    assert refusal("postgres-failover=fast@1s", Handed, HA) is None and refusal("postgres-failover@1s", Handed, HA) is None
+    assert refusal("postgres-failover=fast@1s", Handed, HA) is None
+    assert refusal("postgres-failover@1s", Handed, HA) is None
     assert "needs the ha topology" in str(refusal("postgres-failover@1s", Handed, SINGLE))
     for kind in ("debezium-kill@1s", "broker-restart@1s", "slot-invalidation@1s"):
         assert refusal(kind, Handed) is not None, kind

@@ -6,9 +6,8 @@ from __future__ import annotations
 import importlib
 from datetime import UTC, datetime
 
-import pytest
-
 import psycopg
+import pytest
 
 from lab.pg.replication import ReplicationStream
 from lab.pipelines import PIPELINES
