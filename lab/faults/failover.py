@@ -3,12 +3,15 @@ copy on the standby, stop the primary (MODE ``immediate``, the default: a crash,
 asynchronous standby had not received is gone; ``fast``: a fast shutdown streams every commit
 first, a planned switchover) and promote the standby. The direct readers, the consumers' claim
 connections, the web service's pool and the runner find the new primary through the DSN's host
-list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.supervision`); a
-pipeline whose helper streams a slot (the relay) is refused (:meth:`PostgresFailover.helper_refusal`);
-Debezium, which takes one host, is killed and started again pointed at the new primary, from
-its synced slot and its offsets. After the run's cleanup it fails back (:meth:`PostgresFailover.undo`:
-the promoted standby stops, the primary starts, the standby is rebuilt from it). Its resume
-figure is the longest stop of delivery after the primary's stop."""
+list (a consumer that exits is replaced, the supervision of :mod:`lab.faults.supervision`), and
+so does the relay of ``wal-relay``, which confirms its slot only behind hand-overs the standby
+flushed (:mod:`lab.pipelines.wal_relay`: a helper that writes rows and confirms its slot behind
+them must, or the synced slot can be past rows the promoted standby lacks); Debezium, which
+takes one host, is killed and started again pointed at the new primary, from its synced slot
+and its offsets. The fault waits until the slot of the pipeline's own streaming process
+(Debezium's, the relay's) is held again on the new primary. After the run's cleanup it fails
+back (:meth:`PostgresFailover.undo`: the promoted standby stops, the primary starts, the standby
+is rebuilt from it). Its resume figure is the longest stop of delivery after the primary's stop."""
 
 from __future__ import annotations
 
@@ -68,21 +71,7 @@ class PostgresFailover(BaseFault):
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
         return (self.needs_ha(scenario, settings, "the single topology has no standby to promote "
                               "(postgres-restart restarts it)")
-                or self.helper_refusal(scenario, pipeline)
                 or super().refusal(scenario, pipeline, settings))
-
-    @staticmethod
-    def helper_refusal(scenario: Scenario, pipeline: PipelineFactory) -> str | None:
-        """A helper that streams a slot (the relay) confirms it behind rows it wrote to a table: the
-        standby's synced copy of the slot is bounded by the WAL the standby received, the rows'
-        commits come later, so a promotion after a crash can find the slot past rows that never
-        reached the standby (they are lost). Refused until the helper confirms only what the
-        standby has."""
-        if pipeline.helper_slot is None:
-            return None
-        return (f"fault {scenario.fault!r}: on {pipeline.name} its helper ({', '.join(pipeline.helpers)}) "
-                "confirms its slot behind rows it writes to a table, which a promoted standby may lack "
-                "while its synced slot is past them")
 
     def settle_s(self) -> float:
         return FAILOVER_SETTLE_S
@@ -115,7 +104,7 @@ class PostgresFailover(BaseFault):
                             pid=[p.pid for p in service.processes()], start_to_streaming_s=service.last_start_s)
         finally:
             state.paused = False
-        # Debezium was moved (a helper's slot would be waited for alike)
+        # Debezium was moved, the relay reconnects by itself: either holds its slot again
         if (slot := source_slot(PIPELINES[ctx.scenario.pipeline])) is not None:
             await held_again(ctx, slot, None, "the standby was promoted")
 

@@ -189,8 +189,7 @@ class WalSource:
 
     async def _fill(self, batch: list[Item], max_items: int, first_wait: float, flush_wait: float) -> None:
         assert self._stream is not None
-        read, decode, marks = self._stream.read, self._decoder.decode, self._marks
-        stream = self._stream
+        read, decode, marks, report = self._stream.read, self._decoder.decode, self._marks, self._report
         while len(batch) < max_items:
             x = await read(flush_wait if batch else first_wait)
             if x is None:
@@ -202,7 +201,7 @@ class WalSource:
                 batch.append(Item(0, "", "", (x.data_start, marks.row(), payload)))
             elif kind == 0x43:  # 'C'
                 if (lsn := marks.passed(commit_end_lsn(payload))) is not None:
-                    stream.set_status(lsn)
+                    report(lsn)
             else:
                 marks.passed()
                 if kind != 0x42:  # not 'B': Relation and the rest keep the decoder's state

@@ -169,7 +169,7 @@ def test_a_postgres_failover_crashes_the_primary_unless_told_fast() -> None:
     no target, no duration, no other mode, on any pipeline."""
     assert parse_fault("postgres-failover@5s") == Fault("postgres-failover", None, 5.0, 0.0, mode="immediate")
     assert parse_fault("postgres-failover=fast@20s")["mode"] == "fast"
-    for pipeline in ("wal", "wal-sharded", "kafka", "rabbitmq"):
+    for pipeline in ("wal", "wal-sharded", "wal-relay", "kafka", "rabbitmq"):
         assert parsed(pipeline=pipeline, consumers=2, fault="postgres-failover@5s")["mode"] == "immediate"
     with pytest.raises(ValueError, match="postgres-failover=MODE takes immediate or fast"):
         parse_fault("postgres-failover=smart@5s")

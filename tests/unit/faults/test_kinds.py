@@ -210,17 +210,17 @@ def test_a_pipeline_can_refuse_every_fault() -> None:
     assert refusal("consumer-kill:1@1s", Handed) is None and refusal("broker-restart@1s", Queue) is None
 
 
-def test_a_helpers_slot_takes_the_walsender_and_source_faults_but_not_a_failover() -> None:
-    """The relay outlives its walsender and PostgreSQL's restart; its slot is the untargeted
-    walsender-kill's, as Debezium's is; a failover could lose rows it queued (PostgresFailover)."""
+def test_a_helpers_slot_takes_the_walsender_source_and_failover_faults() -> None:
+    """The relay outlives its walsender, PostgreSQL's restart and a failover (it confirms its slot
+    behind the standby); its slot is the untargeted walsender-kill's, as Debezium's is."""
     assert refusal("walsender-kill@1s", Handed) is None and refusal("postgres-restart@1s+1s", Handed) is None
     assert "on handed the walsender is its helper's (relay); write walsender-kill@T without a target" in str(
         refusal("walsender-kill:1@1s", Handed))
     f = parse("walsender-kill@1s").resolved(Scenario(consumers=2), Handed)
     assert f.target is None and f.hit_consumers(Scenario(consumers=2)) == []
     assert f.record(Handed, None)["slot"] == "handed_slot"  # type: ignore[attr-defined]
-    why = refusal("postgres-failover=fast@1s", Handed, HA)
-    assert why is not None and "its helper (relay) confirms its slot behind rows it writes to a table" in why
-    assert "\n" not in why and refusal("postgres-failover@1s", Poll, HA) is None
+    assert refusal("postgres-failover=fast@1s", Handed, HA) is None
+    assert refusal("postgres-failover@1s", Handed, HA) is None
+    assert "needs the ha topology" in str(refusal("postgres-failover@1s", Handed, SINGLE))
     for kind in ("debezium-kill@1s", "broker-restart@1s", "slot-invalidation@1s"):
         assert refusal(kind, Handed) is not None, kind

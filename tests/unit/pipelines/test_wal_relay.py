@@ -6,19 +6,24 @@ from __future__ import annotations
 import importlib
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 
+from lab.pg.replication import ReplicationStream
 from lab.pipelines import PIPELINES
 from lab.pipelines.wal import WalSource
 from lab.pipelines.wal_relay import (
     HAND_OVER,
     HELPER,
     RELAY_SLOT,
+    STANDBY_FLUSH,
     TAKE,
     RelayPipeline,
     RelayReader,
+    confirmable_behind,
     hand_over_params,
     queue_stats,
+    standby_flushed,
     taken_items,
 )
 from lab.scenario import Scenario
@@ -92,12 +97,74 @@ def test_the_relay_takes_its_walsenders_kill_and_a_postgres_restart(spec: str) -
         assert f.record(RelayPipeline, None)["slot"] == RELAY_SLOT  # type: ignore[arg-type]
 
 
-def test_a_failover_is_refused_with_its_reason() -> None:
+@pytest.mark.parametrize("spec", ["postgres-failover@3s", "postgres-failover=fast@3s"])
+def test_a_failover_applies_under_ha_only(spec: str) -> None:
     from lab.faults import check
 
-    with pytest.raises(ValueError, match=r"its helper \(relay\) confirms its slot behind rows it writes"):
-        check(Scenario(pipeline="wal-relay", consumers=2, fault="postgres-failover@3s"),
-              Settings().replace(topology="ha"))
+    s = Scenario(pipeline="wal-relay", consumers=2, fault=spec)
+    check(s, Settings().replace(topology="ha"))
+    with pytest.raises(ValueError, match="needs the ha topology"):
+        check(s, Settings().replace(topology="single"))
+
+
+def test_a_position_is_confirmable_once_the_standby_flushed_the_wal_after_its_hand_over() -> None:
+    pending = [(1000, 10), (2000, 20), (3000, 30)]
+    assert confirmable_behind(pending, 999) == (None, 0)  # not even the first hand-over is there
+    assert confirmable_behind(pending, 1000) == (10, 1)
+    assert confirmable_behind(pending, 2999) == (20, 2)
+    assert confirmable_behind(pending, 10**9) == (30, 3)
+    assert confirmable_behind(pending, 0) == (None, 0)  # a standby without a flushed position: wait
+    assert confirmable_behind(pending, None) == (30, 3)  # no standby: nothing to wait for
+    assert confirmable_behind([], 5000) == (None, 0)
+
+
+def test_the_standbys_flushed_position_is_the_lowest_of_those_the_server_waits_for() -> None:
+    assert standby_flushed(0, 0, None) is None  # synchronized_standby_slots is empty (a promoted standby)
+    assert standby_flushed(1, 1, 4242) == 4242
+    assert standby_flushed(2, 1, 4242) == 0  # one named slot is missing: wait for it
+    assert standby_flushed(1, 0, None) == 0
+
+
+def _reader(topology: str) -> RelayReader:
+    r = RelayReader(Scenario(pipeline="wal-relay"), Settings().replace(topology=topology), 0)
+    r._stream = ReplicationStream.__new__(ReplicationStream)  # set_status only: no connection
+    r._stream._status_lsn = 0
+    return r
+
+
+def test_under_ha_the_relay_confirms_only_behind_the_standby() -> None:
+    r = _reader("ha")
+    assert r.behind_standby
+    r._report(500)  # a hand-over committed: resolved, not confirmed
+    assert r.waiting and r._stream is not None and r._stream.status_lsn == 0
+    assert not r._settled()  # a keepalive's position may not pass it either
+    r.release(7000, 6999)  # the standby is behind the hand-over's WAL
+    assert r._stream.status_lsn == 0 and r.waiting
+    r._report(800)
+    r.release(9000, 7000)  # the first hand-over is there, the second not yet
+    assert r._stream.status_lsn == 500 and r.waiting
+    r.release(9100, 9000)
+    assert r._stream.status_lsn == 800 and not r.waiting and r._settled()
+
+
+def test_a_broken_stream_releases_nothing() -> None:
+    r = _reader("ha")
+    r._report(500)
+    r._broken = psycopg.OperationalError("gone")
+    r.release(7000, None)
+    assert r._stream is not None and r._stream.status_lsn == 0 and r.waiting
+
+
+def test_under_single_a_resolved_position_is_confirmed_at_once() -> None:
+    r = _reader("single")
+    assert not r.behind_standby
+    r._report(500)
+    assert r._stream is not None and r._stream.status_lsn == 500 and not r.waiting
+
+
+def test_the_standby_query_reads_the_servers_own_standbys() -> None:
+    q = STANDBY_FLUSH.lower()
+    assert "synchronized_standby_slots" in q and "restart_lsn" in q and "pg_current_wal_insert_lsn()" in q
 
 
 def test_consumer_faults_apply_to_wal_relay() -> None:
