@@ -325,7 +325,7 @@ def test_a_fast_shutdown_does_not_wait_for_an_idle_wal_reader(restored: NativeSt
 
 
 @pytest.mark.parametrize(("pipeline", "m", "at", "mode"),
-                         [("wal", 4000, "5s", "fast"), ("wal-relay", 6000, "5s", "immediate"),
+                         [("wal", 6000, "5s", "fast"), ("wal-relay", 6000, "5s", "immediate"),
                           pytest.param("wal-relay", 4000, "5s", "fast", marks=pytest.mark.matrix),
                           pytest.param("kafka", 9000, "20s", "fast", marks=pytest.mark.matrix)])
 def test_a_promoted_standby_loses_nothing(restored: NativeStack, pipeline: str, m: int, at: str,
@@ -339,8 +339,8 @@ def test_a_promoted_standby_loses_nothing(restored: NativeStack, pipeline: str, 
     acknowledged rows the asynchronous standby never received: counted, not lost); afterwards the
     lab fails back: the primary serves again with a standby in recovery streaming from it, and
     no slot of the run is left. Kafka needs longer: Debezium's slot copy is persisted only after
-    it confirmed a few seconds of changes; the relay's crash cell sends for 30 s, as its slot's
-    copy took up to 17 s to persist on a fresh stack and the crash must come while rows flow."""
+    it confirmed a few seconds of changes. The default cells send for 30 s: a slot's synced copy
+    took up to 20 s to persist on a fresh stack, and the failover must come while rows flow."""
     ha = restored
     assert ha.standby is not None
     primary = ha.postgres.processes()[0].pid
