@@ -213,7 +213,15 @@ class Settings:
         """The password ``name`` (``pg`` or ``rabbitmq``): the setting if given, else this
         stack's generated one (created on first use, never changed afterwards)."""
         given = {"pg": self.pg_password, "rabbitmq": self.rabbitmq_password}[name]
-        return given if given is not None else _stack_secrets(self.secrets_dir)[name]
+        return given if given is not None else _stack_secrets(self.stack_dir)[name]
+
+    def write_secret(self, name: str, text: str, mode: int = 0o600) -> Path:
+        """``<stack_dir>/secrets/<name>`` holds ``text`` (:func:`write_private`), in a stack dir
+        the lab claimed (:func:`claim_stack_dir`): never in a directory that is not its own."""
+        claim_stack_dir(self.stack_dir)
+        path = self.secrets_dir / name
+        write_private(path, text, mode)
+        return path
 
     @property
     def pg_passfile(self) -> Path:
@@ -230,7 +238,7 @@ class Settings:
         except FileNotFoundError:
             current = None
         if current != line:
-            write_private(path, line)
+            self.write_secret(path.name, line)
         return path
 
     # Endpoints -------------------------------------------------------------------------
@@ -347,7 +355,10 @@ class Settings:
 
     @property
     def run_lock(self) -> Path:
-        """Held by every run, series and idle baseline on this stack (one lab process at a time)."""
+        """Held by every run, series and idle baseline on this stack (one lab process at a time).
+        Whoever asks for it is about to create it: the stack dir is claimed first
+        (:func:`claim_stack_dir`; a directory that is not the lab's is refused)."""
+        claim_stack_dir(self.stack_dir)
         return self.stack_dir / "run.lock"
 
     @property
@@ -406,8 +417,7 @@ class Settings:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
         ``PG*`` variables with ``PGPASSFILE``, the Kafka bootstrap servers, the AMQP URL
         without its password and a 0600 file holding the full URL."""
-        url_file = self.secrets_dir / "amqp-url"
-        write_private(url_file, self.amqp_url + "\n")
+        url_file = self.write_secret("amqp-url", self.amqp_url + "\n")
         return {
             "PGHOST": self.pg_host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
             "PGUSER": self.pg_user, "PGPASSFILE": str(self.pg_passfile),
@@ -474,6 +484,55 @@ def docker_host_address(url: str) -> str | None:
 HA_PORT_STEP = 10
 
 
+#: the file that makes a directory a stack dir of the lab's: created when the lab claims it
+#: (:func:`claim_stack_dir`), the only sign ``lab stack down --purge`` takes for deleting it
+STACK_MARKER = ".fanout-lab-stack"
+#: every name the lab itself creates at the top of a stack dir (services' state dirs, secrets, the
+#: lock, runs' scratch, records of children, hosts and delayer, the engine)
+STACK_NAMES = frozenset({
+    STACK_MARKER, "run.lock", "secrets", "runs", "children", "hosts.json", "delayer", "engine", "idle-web.log",
+    "postgres", "postgres-standby", "kafka", "kafka-1", "kafka-2", "kafka-3", "rabbitmq", "rabbitmq-1",
+    "rabbitmq-2", "rabbitmq-3", "debezium-kafka", "debezium-rabbitmq", "slots.pending",
+})
+
+
+class NotAStackDir(ValueError):
+    """A stack dir that holds what the lab did not create: the lab writes nothing into it."""
+
+
+def foreign_entries(stack_dir: Path) -> list[str]:
+    """The entries of ``stack_dir`` that the lab did not create: names not in :data:`STACK_NAMES`,
+    other than a stack dir nested in it (one carrying its own marker). Empty for a directory that
+    does not exist."""
+    try:
+        entries = list(stack_dir.iterdir())
+    except FileNotFoundError:
+        return []
+    return sorted(p.name for p in entries if p.name not in STACK_NAMES and not (p / STACK_MARKER).is_file())
+
+
+def claim_stack_dir(stack_dir: Path) -> None:
+    """Make ``stack_dir`` the lab's before anything is written into it: created with its marker
+    (:data:`STACK_MARKER`), or marked when it is empty or holds only the lab's own names (a stack
+    dir an older lab made); refused (:class:`NotAStackDir`, one line) when it holds anything else,
+    so that nothing of the lab's, not even a lock or a secret, lands in someone's directory and a
+    later ``--purge`` can never take it for a stack dir."""
+    marker = stack_dir / STACK_MARKER
+    if marker.is_file():
+        return
+    foreign = foreign_entries(stack_dir)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise NotAStackDir(f"{stack_dir} is not a stack dir of the lab's (it holds {shown}, which the lab did not "
+                           "create), so nothing is written into it; point LAB_STACK_DIR at a new or empty directory")
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"a fanout-lab stack dir: `lab stack down --purge` may delete it\n")
+    finally:
+        os.close(fd)
+
+
 def write_private(path: Path, text: str, mode: int = 0o600) -> None:
     """Write ``text`` atomically into ``path``, created with ``mode`` (0600; its directory 0700):
     a fresh file opened with that mode and renamed into place, so no reader ever sees it wider
@@ -491,13 +550,16 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
-def _stack_secrets(folder: Path) -> dict[str, str]:
-    """The stack's generated passwords, created once (0600); concurrent first uses agree."""
+def _stack_secrets(stack_dir: Path) -> dict[str, str]:
+    """The stack's generated passwords, created once (0600) in a stack dir the lab claimed;
+    concurrent first uses agree."""
+    folder = stack_dir / "secrets"
     path = folder / "secrets.json"
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         pass
+    claim_stack_dir(stack_dir)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = folder / f".secrets.{os.getpid()}.tmp"
     tmp.unlink(missing_ok=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import signal
 import time
 from typing import Any
@@ -87,8 +86,8 @@ class NativeStack:
 
     def provision(self) -> None:
         """Check Java 21+ and fetch and cache every artifact; starts nothing. Creates (and
-        marks) the stack dir."""
-        stackdir.mark(self.settings.stack_dir)
+        marks) the stack dir, or refuses a directory that is not the lab's (:mod:`lab.stack.stackdir`)."""
+        stackdir.claim(self.settings.stack_dir)
         java_home(self.settings)  # cached artifacts skip every Java call: check it here
         for service in [*self._startable(), self.debezium["kafka"]]:
             log.info("provisioning %s", service.name)
@@ -184,7 +183,7 @@ class NativeStack:
             except Exception as exc:
                 errors.append(str(exc))
         if purge and not errors:  # a node that did not stop keeps its pid file: down can find it again
-            shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
+            stackdir.remove(self.settings.stack_dir)
         if errors:
             kept = f"; state kept in {self.settings.stack_dir} (not purged)" if purge else ""
             raise StackError("could not stop cleanly: " + "; ".join(errors) + kept)

@@ -97,7 +97,7 @@ def cluster_cookie(settings: Settings) -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         value = secrets.token_hex(20).upper()
-        write_private(path, value)
+        settings.write_secret(path.name, value)
         return value
 
 
