@@ -24,7 +24,7 @@ import psycopg
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children, hosts, proc, stackdir
+from lab.stack import children, hosts, proc, remote_engine, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka_broker import KafkaCluster, KafkaService
@@ -150,33 +150,43 @@ class NativeStack:
     def down(self, *, purge: bool = False) -> None:
         """Stop everything this stack started (by pid), a killed run's processes first
         (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
-        ``purge`` also deletes all state: only a stack dir carrying the lab's marker, stacks
-        nested in it stopped first (:mod:`lab.stack.stackdir`)."""
+        ``purge`` also deletes all state (no slot is dropped: the cluster goes), the stack's own
+        engine taken down first: only a stack dir the lab claimed, stacks nested in it purged first,
+        each by its own ``down`` under its own lock (:mod:`lab.stack.stackdir`)."""
         on_hosts = self._on_hosts()
         if on_hosts is not None:
             return on_hosts.down(purge=purge)
         errors: list[str] = []
         if purge:
             stackdir.check_purgeable(self.settings.stack_dir)  # refused before anything stops
-            for nested in stackdir.nested_stacks(self.settings.stack_dir):
-                log.warning("stopping the stack nested in %s before purging", nested)
-                try:
-                    children.stop_all(self.settings.replace(stack_dir=nested))
-                    stackdir.stop_recorded(nested)
-                except Exception as exc:
-                    errors.append(f"nested stack {nested}: {exc}")
+            nested = stackdir.nested_stacks(self.settings.stack_dir)
+            with stackdir.locked(nested):  # one in use is refused, naming its command, before anything stops
+                for inner in nested:  # deepest first, each with its own down: hosts, link delay, engine too
+                    log.warning("purging the stack nested in %s first", inner)
+                    try:
+                        inner_settings = self.settings.replace(stack_dir=inner, hosts="loopback", link_delay_ms=0.0)
+                        NativeStack(inner_settings).down(purge=True)
+                    except Exception as exc:
+                        errors.append(f"nested stack {inner}: {exc}")
+            if errors:
+                raise StackError("could not purge: " + "; ".join(errors) + f"; state kept in {self.settings.stack_dir}")
         try:
             children.stop_all(self.settings)
         except Exception as exc:
             errors.append(str(exc))
         # the other topology's nodes too: `down` stops whatever this stack dir runs
         for service in [*self.debezium.values(), *self._other_topology(), *reversed(self.services)]:
-            if service is self.postgres:
+            if service is self.postgres and not purge:  # a purge deletes the cluster, its slots with it
                 self._drop_slots(errors)
             try:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{service.name}: {exc}")
+        if purge and not errors and remote_engine.exists(self.settings):  # its data root is in the stack dir
+            try:
+                remote_engine.down(self.settings, purge=True)
+            except Exception as exc:
+                errors.append(f"engine: {exc}")
         if not errors:  # the hosts last: a namespace lives on while a process runs in it
             try:
                 hosts.remove(self.settings)

@@ -272,9 +272,13 @@ class RabbitMQService:
             raise StackError(f"{exc}; last log lines: {tail}") from None
 
     def stop(self, *, purge: bool = False) -> None:
-        """``rabbitmqctl stop`` (graceful), then make sure node, its children and epmd are gone."""
+        """``rabbitmqctl stop`` (graceful), then make sure node, its children and epmd are gone.
+        ``purge`` (the data goes too): by pid only, SIGTERM to the node's script, which asks nothing
+        of the node's name or ports (a nested stack is purged with settings that are not its own)."""
         node = proc.running(self.dir)
-        if node is not None:
+        if node is not None and purge:
+            self._kill()
+        elif node is not None:
             tree = [node]
             with contextlib.suppress(psutil.Error):
                 tree += node.children(recursive=True)

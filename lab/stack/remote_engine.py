@@ -235,6 +235,14 @@ def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | No
         time.sleep(0.2)
 
 
+def exists(settings: Settings) -> bool:
+    """Whether anything of the stack's engine is there: a recorded daemon still running, or what
+    :func:`leftovers` finds (``lab stack down --purge`` takes it down before deleting its data root)."""
+    e = engine_layout(settings)
+    running = any(proc.running(e.state_dir / f"{name}.run") for name in ("dockerd", "containerd"))
+    return running or bool(leftovers(settings))
+
+
 def leftovers(settings: Settings) -> list[str]:
     """What of the engine exists now: its namespace, processes, mounts."""
     e = engine_layout(settings)

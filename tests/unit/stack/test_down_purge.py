@@ -15,7 +15,7 @@ from lab.stack.native import NativeStack
 def _stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str | None) -> NativeStack:
     settings = Settings().replace(stack_dir=tmp_path / "stack", data_dir=tmp_path / "data")
     settings.stack_dir.mkdir(parents=True)
-    stackdir.claim(settings.stack_dir)
+    (settings.stack_dir / stackdir.MARKER).write_text("")
     (settings.stack_dir / "marker").write_text("pid files live here")
     stack = NativeStack(settings)
     monkeypatch.setattr(children, "stop_all", lambda settings: None)
@@ -57,6 +57,49 @@ def test_purge_stops_a_nested_stack_first(tmp_path: Path, monkeypatch: pytest.Mo
     assert stackdir.nested_stacks(stack.settings.stack_dir) == [nested]
     stack.down(purge=True)
     assert not service.is_running() or service.status() == "zombie"
+    assert not stack.settings.stack_dir.exists()
+
+
+def test_a_purge_refuses_while_a_nested_stack_is_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command holding a nested stack's lock (the tests' run on `<stack_dir>/test`) refuses the
+    purge in one line naming it; nothing is stopped or deleted."""
+    import subprocess
+    import sys
+
+    stack = _stack(tmp_path, monkeypatch, failing=None)
+    nested = stack.settings.stack_dir / "test"
+    nested.mkdir()
+    (nested / stackdir.MARKER).write_text("")
+    service = proc.spawn(["sleep", "300"], state_dir=nested / "postgres", log_path=nested / "postgres.log")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, f'{os.getpid()} lab run --pipeline wal'.encode())\nprint('held', flush=True)\ntime.sleep(60)",
+         str(nested / "run.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StackError, match=rf"in use by `lab run --pipeline wal` \(pid {holder.pid}\)"):
+            stack.down(purge=True)
+        assert service.is_running() and service.status() != "zombie"
+        assert (nested / "postgres" / "pid.json").exists() and stack.settings.stack_dir.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        proc.terminate(nested / "postgres", timeout=5)
+
+
+def test_a_nested_stack_is_purged_with_its_own_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its host layout (and with it its link delay) is removed too, not only its processes stopped."""
+    from lab.stack import hosts
+
+    stack = _stack(tmp_path, monkeypatch, failing=None)
+    nested = stack.settings.stack_dir / "test"
+    nested.mkdir()
+    (nested / stackdir.MARKER).write_text("")
+    removed: list[Path] = []
+    monkeypatch.setattr(hosts, "remove", lambda settings: removed.append(settings.stack_dir) or [])
+    stack.down(purge=True)
+    assert removed == [nested, stack.settings.stack_dir]
     assert not stack.settings.stack_dir.exists()
 
 
