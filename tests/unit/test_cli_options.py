@@ -182,3 +182,24 @@ def test_a_command_that_reaches_the_services_refuses_while_the_netns_layout_is_n
     assert cli.main(command) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"lab: error: {hosts.NOT_UP}"]
     assert not started
+
+
+def test_a_non_finite_vary_value_is_refused_in_one_line_before_any_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lab bench options --vary cooldown_s=0,inf`: the values are not the options' own argparse
+    types, so the scenario refuses inf, and before the first value's runs."""
+    import lab.study.options
+
+    started: list[object] = []
+
+    async def never(*args: object, **kwargs: object) -> dict[str, object]:
+        started.append(args)
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(lab.study.options, "run_scenario", never)
+    monkeypatch.setenv("LAB_STACK_DIR", str(tmp_path))
+    monkeypatch.setattr(cli, "get_settings", Settings.from_env)
+    assert cli.main(["bench", "options", "--vary", "cooldown_s=0,inf", "--messages", "10"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "lab: error: cooldown_s must be a finite number, got inf"]
+    assert not started

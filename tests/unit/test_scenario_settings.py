@@ -86,3 +86,35 @@ def test_cli_rejects_bad_scenarios_before_starting_anything(args: list[str], lin
     res = subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, check=False)
     assert res.returncode == 2
     assert res.stderr.startswith(line) and len(res.stderr.strip().splitlines()) == 1
+
+
+FLOAT_FIELDS = [f.name for f in __import__("dataclasses").fields(Scenario) if f.type == "float"]
+INT_FIELDS = [f.name for f in __import__("dataclasses").fields(Scenario) if f.type == "int"]
+
+
+def test_every_float_field_is_known() -> None:
+    assert {"cooldown_s", "drain_timeout_s", "ready_timeout_s", "rate", "work_delay_ms", "step_s"} <= set(FLOAT_FIELDS)
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS + INT_FIELDS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_number_is_refused_by_the_scenario_itself(name: str, value: float) -> None:
+    """A notebook or an API caller reaches the runner without the CLI's option types: `cooldown_s=inf`
+    would sleep holding the stack's lock, `drain_timeout_s=nan` removes the deadline, `rate=nan`
+    turns an open-loop run into a burst."""
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number, got -?(nan|inf)$"):
+        Scenario(**{name: value})
+
+
+@pytest.mark.parametrize(("name", "value"), [("cooldown_s", 1e300), ("drain_timeout_s", 1e9), ("rate", 1e12),
+                                             ("ready_timeout_s", 1e7), ("work_delay_ms", 1e10)])
+def test_a_float_beyond_its_bound_is_refused(name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be at most"):
+        Scenario(**{name: value})
+
+
+def test_a_bool_or_a_text_is_not_a_number() -> None:
+    with pytest.raises(ValueError, match="consumers must be a number, got True"):
+        Scenario(consumers=True)
+    with pytest.raises(ValueError, match="rate must be a number, got '5'"):
+        Scenario(rate="5")  # type: ignore[arg-type]
