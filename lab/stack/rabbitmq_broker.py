@@ -110,6 +110,12 @@ def write_cookie(path: Path, value: str) -> None:
     write_private(path, value, mode=0o400)
 
 
+#: how to get the host's package for ``LAB_RABBITMQ_VERSION=3.10``: the script installs it without
+#: starting the distribution's broker, and stops, disables and masks that service
+INSTALL_310 = ("install it with `sudo LAB_RABBITMQ_VERSION=3.10 bash scripts/system-deps.sh` "
+               "(`LAB_RABBITMQ_VERSION=3.10 make setup` does the same)")
+
+
 def root_needed(version: str, host_installed: bool) -> str | None:
     """Why a user without root cannot run RabbitMQ ``version`` here, or None when it can: 4.0 runs
     from the lab's Debian root by ``chroot`` in a private mount namespace (root only); 3.10 runs
@@ -118,8 +124,7 @@ def root_needed(version: str, host_installed: bool) -> str | None:
         return (f"RabbitMQ {version} runs from a Debian root by chroot (LAB_RABBITMQ_VERSION=3.10 runs the "
                 "host's rabbitmq-server package without root)")
     if not host_installed:
-        return (f"RabbitMQ {version} is not installed ({SCRIPTS / 'rabbitmq-server'}): "
-                "sudo apt-get install rabbitmq-server")
+        return f"RabbitMQ {version} is not installed ({SCRIPTS / 'rabbitmq-server'}): {INSTALL_310}"
     return None
 
 
@@ -197,27 +202,17 @@ class RabbitMQService:
 
     # NativeService -------------------------------------------------------------------
     def provision(self) -> None:
-        """Build the Debian root (4.0) or install the host's package (3.10); starts nothing."""
+        """Build the Debian root (4.0), or check that the host's package (3.10) is installed; starts
+        nothing. The lab never installs a package itself: ``scripts/system-deps.sh`` does, under a
+        ``policy-rc.d`` that keeps the distribution's broker from starting, and masks its service."""
         if self._installed():
             return
         release = RELEASES[self.settings.rabbitmq_version]
         if release is not None:
             rootfs.debian_root(self.settings, *release)
             return
-        if not is_root():
-            raise StackError(
-                f"RabbitMQ is not installed ({SCRIPTS / 'rabbitmq-server'} is missing); "
-                "run `sudo apt-get install rabbitmq-server` (Debian/Ubuntu) and retry"
-            )
-        log.info("installing rabbitmq-server with apt-get")
-        env = child_env(DEBIAN_FRONTEND="noninteractive")
-        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
-            res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-            if res.returncode != 0:
-                lines = (res.stderr or res.stdout).strip().splitlines() or [str(res.returncode)]
-                raise StackError(f"`{' '.join(argv)}` failed: {lines[-1]}")
-        if not (SCRIPTS / "rabbitmq-server").exists():
-            raise StackError(f"rabbitmq-server was installed but {SCRIPTS} is missing its scripts")
+        raise StackError(f"RabbitMQ 3.10 is not installed ({SCRIPTS / 'rabbitmq-server'} is missing): "
+                         f"{INSTALL_310}")
 
     def start(self) -> None:
         """Start epmd and the node, wait until the ``rabbit`` app runs; no-op when running."""
