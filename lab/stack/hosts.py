@@ -39,7 +39,7 @@ from pathlib import Path
 from lab.settings import Settings
 from lab.stack import linkdelay
 from lab.stack.base import StackError
-from lab.stack.netns import entered, lab_link, reachable, route_table
+from lab.stack.netns import entered, kernel_route, reachable, route_link
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +200,12 @@ def _has_address(netns: str | None, dev: str, address: str) -> bool:
 
 
 def routed(settings: Settings) -> bool:
-    """Whether the root namespace routes this stack's /24 onto its own bridge (its runner link):
-    only then may anything connect to the layout's addresses from here (:func:`lab.stack.netns.reachable`)."""
+    """Whether the kernel sends a packet from here to every host of this stack's layout straight
+    onto its own bridge (its runner link), policy rules and more specific routes included: only
+    then may anything connect to the layout's addresses (:func:`lab.stack.netns.reachable`)."""
     lay = layout(settings)
-    return lab_link(route_table(), lay.addresses["runner"]) == lay.runner_link
+    return all(route_link(kernel_route(address), address) == lay.runner_link
+               for host, address in lay.addresses.items() if host != "runner")
 
 
 NOT_UP = "the netns layout of this stack is not up: lab stack up --hosts netns"
