@@ -371,6 +371,33 @@ def exclusive(path: Path, what: str, owner: int | None = None) -> Iterator[None]
         os.close(fd)  # releases the lock
 
 
+@contextlib.contextmanager
+def waited(path: Path, what: str, timeout: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block, waiting up to ``timeout`` seconds for
+    another holder to finish (another stack's build of the same cached root or images, which this
+    one would otherwise delete half-made); after that a StackError naming the holder. Not
+    re-entrant: each lock file is taken once per call chain."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+                    raise StackError(f"{what} is in use by {holder} for over {timeout:.0f} s; "
+                                     "wait for it to finish") from None
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {holder_label()}".strip().encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class Interrupted(BaseException):
     """A command ended by SIGTERM or SIGINT after its cleanup ran; ``signame``: which signal.
 
