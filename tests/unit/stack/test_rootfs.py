@@ -156,7 +156,7 @@ def test_a_build_under_way_in_another_stack_is_waited_for_not_removed(
          str(root.with_name(root.name + ".lock"))], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(rootfs, "LOCK_WAIT_S", 1.0)
+        monkeypatch.setattr(rootfs, "LOCK_WAIT_S", 1.0, raising=False)
         with pytest.raises(StackError, match=rf"is in use by `lab stack up` \(pid {holder.pid}\)"):
             rootfs.debian_root(s, "trixie", ["rabbitmq-server"])
     finally:
