@@ -250,9 +250,20 @@ class Settings:
 
     @property
     def engine_url(self) -> str:
-        """The ``DOCKER_HOST`` of this stack's own engine (``lab stack engine up``): tcp on its
-        address on the stack's private bridge, and only there."""
+        """The ``DOCKER_HOST`` of this stack's own engine (``lab stack engine up``): tcp with mutual
+        TLS on its address on the stack's private bridge, and only there."""
         return f"tcp://{self.address('engine')}:{ENGINE_PORT}"
+
+    @property
+    def engine_tls_dir(self) -> Path:
+        """The stack's own engine's CA, server and client certificates and keys (0700, keys 0600):
+        only who can read the client's key reaches that engine (:mod:`lab.stack.enginetls`)."""
+        return self.secrets_dir / "engine"
+
+    @property
+    def own_engine(self) -> bool:
+        """Whether ``docker_host`` is this stack's own engine (reached with :attr:`engine_tls_dir`)."""
+        return self.docker_host == self.engine_url
 
     # Hosts -----------------------------------------------------------------------------
     @property
@@ -456,7 +467,7 @@ NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers":
 #: on ``broker`` and ``rabbitmq``), the PostgreSQL standby
 HA_NETNS_HOSTS = {"broker-2": 9, "broker-3": 10, "rabbitmq-2": 11, "rabbitmq-3": 12, "postgres-standby": 13}
 ENGINE_OCTET = 7  # the stack's own Docker engine (lab stack engine up), one more host on the bridge
-ENGINE_PORT = 2375  # its API, plain tcp: reachable only on the stack's private bridge
+ENGINE_PORT = 2376  # its API: tcp with mutual TLS (Docker's port for it), on the stack's private bridge only
 
 
 def stack_subnet(stack_id: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from lab.settings import Settings, child_env, docker_host_address
@@ -31,14 +32,25 @@ def require_engine_routed(settings: Settings) -> None:
                          "lab stack engine up")
 
 
+def engine_tls(tls_dir: Path) -> Any:
+    """The SDK's TLS configuration for the stack's own engine: its client certificate, verified
+    against its CA (:mod:`lab.stack.enginetls`)."""
+    from docker.tls import TLSConfig
+
+    return TLSConfig(client_cert=(str(tls_dir / "cert.pem"), str(tls_dir / "key.pem")),
+                     ca_cert=str(tls_dir / "ca.pem"), verify=True)
+
+
 def docker_client(settings: Settings) -> Any:
-    """A pinged ``docker.DockerClient`` for ``settings.docker_host``; StackError when unreachable."""
+    """A pinged ``docker.DockerClient`` for ``settings.docker_host`` (the stack's own engine with its
+    client certificate); StackError when unreachable."""
     import docker
 
     require_engine_routed(settings)
     try:
         if settings.docker_host:
-            client = docker.DockerClient(base_url=settings.docker_host, timeout=120)
+            tls = engine_tls(settings.engine_tls_dir) if settings.own_engine else None
+            client = docker.DockerClient(base_url=settings.docker_host, timeout=120, tls=tls)
         else:
             client = docker.from_env(timeout=120)
         client.ping()
@@ -94,22 +106,26 @@ def compose_bind(settings: Settings) -> str:
 
 
 def compose_env(settings: Settings) -> dict[str, str]:
-    """The environment docker-compose.yml is interpolated with: ports, credentials, engine.
-
-    Passwords travel in the environment, never on a command line. Ports bind 127.0.0.1 unless
-    the services are reached from elsewhere (:func:`compose_bind`).
+    """The environment docker-compose.yml is interpolated with: ports, user names, where the
+    services are reached, the engine. No password: the containers get theirs as files the lab
+    copies in (:class:`lab.stack.compose.ComposeStack`), never in their environment, which any
+    ``docker inspect`` shows. Ports bind 127.0.0.1 unless the services are reached from elsewhere
+    (:func:`compose_bind`).
     """
     s = settings
     require_engine_routed(s)  # every compose call gets its environment here
     extra = {
-        "LAB_PG_PORT": str(s.pg_port), "LAB_PG_USER": s.pg_user, "LAB_PG_PASSWORD": s.secret("pg"),
+        "LAB_PG_PORT": str(s.pg_port), "LAB_PG_USER": s.pg_user,
         "LAB_KAFKA_PORT": str(s.kafka_port), "LAB_KAFKA_VERSION": s.kafka_version,
         "LAB_AMQP_PORT": str(s.amqp_port),
-        "LAB_RABBITMQ_USER": s.rabbitmq_user, "LAB_RABBITMQ_PASSWORD": s.secret("rabbitmq"),
         "LAB_SERVICES_HOST": s.service_host,
         "LAB_COMPOSE_BIND": compose_bind(s),
     }
     env = child_env(s, **extra)
+    for name in ("LAB_PG_PASSWORD", "LAB_RABBITMQ_PASSWORD"):
+        env.pop(name, None)
     if s.docker_host:
         env["DOCKER_HOST"] = s.docker_host
+    if s.own_engine:  # the docker and compose CLIs take the client certificate from here
+        env |= {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(s.engine_tls_dir)}
     return env

@@ -128,6 +128,26 @@ def root_needed(version: str, host_installed: bool) -> str | None:
     return None
 
 
+def user_definitions(settings: Settings) -> dict[str, object]:
+    """RabbitMQ definitions of the lab user (administrator, full permissions on vhost ``/``) with a
+    salted hash of its password, never the password: imported at every boot, they make the node
+    seed no default user (``guest`` never exists). The native node's and the compose container's."""
+    # rabbit_password_hashing_sha256: base64(salt + sha256(salt + password)), 4-byte salt
+    salt = secrets.token_bytes(4)
+    digest = hashlib.sha256(salt + settings.secret("rabbitmq").encode()).digest()
+    return {
+        "users": [{
+            "name": settings.rabbitmq_user,
+            "password_hash": base64.b64encode(salt + digest).decode(),
+            "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": ["administrator"],
+        }],
+        "vhosts": [{"name": "/"}],
+        "permissions": [{"user": settings.rabbitmq_user, "vhost": "/",
+                         "configure": ".*", "write": ".*", "read": ".*"}],
+    }
+
+
 def erlang_address(address: str) -> str:
     """An IPv4 address as an Erlang tuple: ``10.231.5.8`` -> ``{10,231,5,8}``."""
     return "{" + ",".join(str(int(part)) for part in address.split(".")) + "}"
@@ -425,29 +445,12 @@ class RabbitMQService:
         (self.etc / "enabled_plugins").write_text("[].\n")
         if self.spread:
             (self.etc / "inetrc").write_text(inetrc(s))
-        write_private(definitions, json.dumps(self._definitions(), indent=2))  # a password hash: 0600
+        write_private(definitions, json.dumps(user_definitions(s), indent=2))  # a password hash: 0600
         cookie = self.home / ".erlang.cookie"
         if self.index is not None:  # the cluster's nodes and CLI calls share one cookie
             write_cookie(cookie, cluster_cookie(s))
         elif not cookie.exists():
             write_private(cookie, secrets.token_hex(20).upper(), mode=0o400)
-
-    def _definitions(self) -> dict[str, object]:
-        s = self.settings
-        # rabbit_password_hashing_sha256: base64(salt + sha256(salt + password)), 4-byte salt
-        salt = secrets.token_bytes(4)
-        digest = hashlib.sha256(salt + s.secret("rabbitmq").encode()).digest()
-        return {
-            "users": [{
-                "name": s.rabbitmq_user,
-                "password_hash": base64.b64encode(salt + digest).decode(),
-                "hashing_algorithm": "rabbit_password_hashing_sha256",
-                "tags": ["administrator"],
-            }],
-            "vhosts": [{"name": "/"}],
-            "permissions": [{"user": s.rabbitmq_user, "vhost": "/",
-                             "configure": ".*", "write": ".*", "read": ".*"}],
-        }
 
     def _start_epmd(self) -> None:
         s = self.settings

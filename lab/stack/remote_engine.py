@@ -3,10 +3,12 @@
 A second ``dockerd`` (with a ``containerd`` of its own) runs in a network namespace of the stack,
 ``fl-<id>-engine``, one more host on the bridge of :mod:`lab.stack.hosts` at the address
 ``Settings.address("engine")`` (``10.231.n.7``). It listens on tcp at that address and nowhere
-else (no unix socket, so the host's engine at ``/var/run/docker.sock`` is never touched), without
-TLS: the address is reachable only from this machine's root namespace and the stack's other
-hosts, over a bridge that forwards to no other network. Pointing the compose backend at it
-(``LAB_DOCKER_HOST=tcp://10.231.n.7:2375``) exercises everything a remote engine changes: every
+else (no unix socket, so the host's engine at ``/var/run/docker.sock`` is never touched), with
+mutual TLS: it answers only a client presenting the stack's client certificate, whose key only
+root can read (:mod:`lab.stack.enginetls`). An engine's API is root on the machine: any uid of
+this machine, and any host on the bridge, can open a connection to the address, none of them but
+root can authenticate. Pointing the compose backend at it (``LAB_DOCKER_HOST=tcp://10.231.n.7:2376``,
+which it then reaches with that certificate) exercises everything a remote engine changes: every
 docker and compose call crosses the network, the services' ports are reached at the engine's
 address, not 127.0.0.1.
 
@@ -48,9 +50,10 @@ from typing import Any
 
 import psutil
 
-from lab.settings import ENGINE_PORT, Settings
-from lab.stack import hosts, netns, proc
+from lab.settings import ENGINE_PORT, Settings, claim_stack_dir
+from lab.stack import enginetls, hosts, netns, proc
 from lab.stack.base import StackError
+from lab.stack.engine import engine_tls
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -73,6 +76,7 @@ class EngineLayout:
     state_dir: Path  # <stack_dir>/engine: data root, logs, pid records
     exec_root: Path  # /run/fanout-lab/engine-<id>: dockerd's exec root and containerd's state
     cgroup_parent: str
+    tls_dir: Path  # <stack_dir>/secrets/engine: the CA, dockerd's and the client's certificates and keys
 
     @property
     def data_root(self) -> Path:
@@ -110,6 +114,7 @@ def engine_layout(settings: Settings) -> EngineLayout:
         namespace=lay.engine_ns, link=lay.engine_link, address=settings.address("engine"),
         url=settings.engine_url, state_dir=settings.stack_dir / "engine",
         exec_root=RUN_DIR / f"engine-{settings.stack_id}", cgroup_parent=f"/{hosts.PREFIX}-{settings.stack_id}-engine",
+        tls_dir=settings.engine_tls_dir,
     )
 
 
@@ -131,11 +136,13 @@ def containerd_config(e: EngineLayout) -> str:
 
 
 def dockerd_command(e: EngineLayout, dockerd: str = "dockerd") -> list[str]:
-    """dockerd on tcp at the engine's address only (``--tls=false`` said explicitly: dockerd 20.10
-    otherwise waits ~15 s at start to warn about an unauthenticated tcp socket), with its own
-    data root, exec root, pid file, containerd and cgroup parent."""
+    """dockerd on tcp at the engine's address only, verifying every client's certificate against the
+    stack's CA (``--tlsverify``), with its own data root, exec root, pid file, containerd and cgroup
+    parent."""
+    tls = e.tls_dir
     return [
-        dockerd, "--host", f"tcp://{e.address}:{ENGINE_PORT}", "--tls=false",
+        dockerd, "--host", f"tcp://{e.address}:{ENGINE_PORT}", "--tlsverify", "--tlscacert", str(tls / "ca.pem"),
+        "--tlscert", str(tls / "server-cert.pem"), "--tlskey", str(tls / "server-key.pem"),
         "--data-root", str(e.data_root), "--exec-root", str(e.dockerd_exec_root),
         "--pidfile", str(e.pidfile), "--containerd", str(e.containerd_socket),
         "--cgroup-parent", e.cgroup_parent,
@@ -180,6 +187,8 @@ def _start(settings: Settings, e: EngineLayout, say: Say) -> None:
         raise StackError(f"the subnet {lay.subnet} of this stack is routed elsewhere already; "
                          "give this stack another LAB_STACK_DIR")
     containerd, dockerd = _exe("containerd"), _exe("dockerd")
+    claim_stack_dir(settings.stack_dir)
+    enginetls.ensure(e.tls_dir, e.address)  # before dockerd reads them; a running one keeps its own
     try:
         hosts.ensure_switch(lay)
         hosts.add_host(lay, e.namespace, e.link, e.address)
@@ -220,7 +229,7 @@ def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | No
                 raise StackError(f"the engine's address {e.address} is not routed onto its lab bridge")
             return None
         try:
-            client = docker.DockerClient(base_url=e.url, timeout=120)
+            client = docker.DockerClient(base_url=e.url, timeout=120, tls=engine_tls(e.tls_dir))
             client.ping()
             return client
         except Exception:
