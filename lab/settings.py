@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -131,7 +132,8 @@ class Settings:
     lock_owner: int | None = None
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
-    docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
+    docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": docker_host_env's
+    docker_host_env: str = ""  # DOCKER_HOST as this process got it: the engine Docker's own clients use
     services_host: str = ""  # where the services' ports are reached; "": ``host`` (a local engine)
     compose_project: str = "fanout-lab"
     compose_images: str = "official"  # "official" (docker-compose.yml) or "local" (lab stack images build)
@@ -179,6 +181,7 @@ class Settings:
             link_delay_via=env.get("LAB_LINK_DELAY_VIA", d.link_delay_via) or d.link_delay_via,
             lock_owner=_int(env, "LAB_LOCK_OWNER", 0) or None,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
+            docker_host_env=env.get("DOCKER_HOST", d.docker_host_env),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
             compose_images=env.get("LAB_COMPOSE_IMAGES", d.compose_images),
@@ -200,6 +203,28 @@ class Settings:
             value = getattr(self, name, None)
             if name.endswith("_port") and value is not None and not 1 <= value <= 65535:
                 raise ValueError(f"{env_name}={value}: a TCP port is between 1 and 65535")
+        for env_name, value, port, what in self._derived_ports():
+            if port > 65535:
+                raise ValueError(f"{env_name}={value}: {what} would listen on port {port}, above 65535")
+        for env_name, version in (("LAB_KAFKA_VERSION", self.kafka_version),
+                                  ("LAB_DEBEZIUM_VERSION", self.debezium_version)):
+            if not VERSION.fullmatch(version) or ".." in version:  # it names directories of the cache
+                raise ValueError(f"{env_name}={version!r} is not a version like 4.2.2 or 3.6.1.Final")
+
+    def _derived_ports(self) -> list[tuple[str, int, int, str]]:
+        """``(variable, its value, port, what)`` of every port derived from a configured one: the web's
+        control listener (``LAB_WEB_PORT`` + 1 unless set), and under ``ha`` the standby
+        (``LAB_PG_PORT`` + 1) and the brokers' third nodes (+ 3·:data:`HA_PORT_STEP`)."""
+        out = []
+        if self.web_control_port is None:
+            out.append(("LAB_WEB_PORT", self.web_port, self.web_port + 1, "the web's control listener (+ 1)"))
+        if self.ha:
+            out.append(("LAB_PG_PORT", self.pg_port, self.pg_port + 1, "the ha standby (+ 1)"))
+            top = 3 * HA_PORT_STEP
+            for name in ("kafka_port", "kafka_controller_port", "amqp_port", "rabbitmq_dist_port"):
+                value = getattr(self, name)
+                out.append((_ENV_NAMES[name], value, value + top, f"the ha topology's node 3 (+ {top})"))
+        return out
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -246,7 +271,14 @@ class Settings:
     def service_host(self) -> str:
         """Where PostgreSQL, Kafka and RabbitMQ are reached: ``services_host``, else the host of
         the engine ``docker_host`` names (its published ports), else ``host``."""
-        return self.services_host or docker_host_address(self.docker_host) or self.host
+        return self.services_host or docker_host_address(self.engine_host) or self.host
+
+    @property
+    def engine_host(self) -> str:
+        """The Docker engine the compose backend talks to: ``docker_host`` (``LAB_DOCKER_HOST``), else
+        ``DOCKER_HOST`` (which Docker's clients would use), else ``""``: the local default socket. The
+        route guard and where the services are reached follow it, whichever variable named it."""
+        return self.docker_host or self.docker_host_env
 
     @property
     def engine_url(self) -> str:
@@ -493,6 +525,7 @@ def docker_host_address(url: str) -> str | None:
         return netloc[1:].split("]", 1)[0] or None
     return netloc.split(":", 1)[0] or None
 HA_PORT_STEP = 10
+VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]*")
 
 
 #: the file that makes a directory a stack dir of the lab's: created when the lab claims it

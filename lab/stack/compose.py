@@ -210,7 +210,7 @@ class ComposeStack:
         """Remove the project's containers and network (``purge``: its volumes too); nothing to
         remove when the stack's own engine is gone (they went with it), and nothing is contacted."""
         if not engine_routed(self.settings):
-            log.warning("not contacting the Docker engine at %s: its lab bridge is not up", self.settings.docker_host)
+            log.warning("not contacting the Docker engine at %s: its lab bridge is not up", self.settings.engine_host)
             return
         self._compose("down", "-t", "30", *(["-v"] if purge else []))
 
@@ -308,7 +308,7 @@ class ComposeStack:
         from lab.stack.engine import engine_version
 
         return {"images": self.image_digests(), "engine": engine_version(self.client),
-                "engine_host": self.settings.docker_host or "local", "services_host": self.settings.service_host,
+                "engine_host": self.settings.engine_host or "local", "services_host": self.settings.service_host,
                 "container_cpu": dict(self._board.modes) if self._board else {},
                 "container_cgroups": list(self._board.templates) if self._board else []}
 

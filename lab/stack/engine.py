@@ -22,13 +22,13 @@ NO_ENGINE_HINT = "start Docker (or set LAB_DOCKER_HOST) or use the native backen
 def engine_routed(settings: Settings) -> bool:
     """Whether the engine can be contacted without a packet leaving the machine: False only for an
     engine at a netns layout address (the stack's own, ``lab stack engine up``) whose bridge is gone."""
-    host = docker_host_address(settings.docker_host)
+    host = docker_host_address(settings.engine_host)
     return host is None or reachable(host)
 
 
 def require_engine_routed(settings: Settings) -> None:
     if not engine_routed(settings):
-        raise StackError(f"the Docker engine at {settings.docker_host} is on a lab bridge that is not up: "
+        raise StackError(f"the Docker engine at {settings.engine_host} is on a lab bridge that is not up: "
                          "lab stack engine up")
 
 
@@ -102,7 +102,7 @@ def compose_bind(settings: Settings) -> str:
         ipaddress.ip_address(host)
     except ValueError:
         return "0.0.0.0"
-    return host if docker_host_address(settings.docker_host) == host else "0.0.0.0"
+    return host if docker_host_address(settings.engine_host) == host else "0.0.0.0"
 
 
 def compose_env(settings: Settings) -> dict[str, str]:
