@@ -38,6 +38,7 @@ from pathlib import Path
 
 from lab.settings import Settings
 from lab.stack import linkdelay
+from lab.stack.proc import deferred_signals
 from lab.stack.base import StackError
 from lab.stack.netns import entered, kernel_route, reachable, route_link
 
@@ -258,7 +259,7 @@ def create(settings: Settings) -> Layout:
         _build(lay)
         delay(settings, lay)
     except BaseException:
-        with contextlib.suppress(Exception):
+        with deferred_signals(), contextlib.suppress(Exception):  # a second SIGTERM does not cut it short
             remove(settings)
         raise
     log.info("hosts up: %s on %s", ", ".join(f"{h} {a}" for h, a in lay.addresses.items()), lay.subnet)

@@ -117,9 +117,10 @@ class NativeStack:
                     configure_primary(self.settings)
                     reset_altered(self.settings.pg_primary_dsn)  # what a killed fault run left changed
         except BaseException:
-            for service in reversed(started):
-                with contextlib.suppress(Exception):
-                    service.stop()
+            with proc.deferred_signals():  # a second SIGTERM does not cut the rollback short
+                for service in reversed(started):
+                    with contextlib.suppress(Exception):
+                        service.stop()
             raise
 
     def _on_hosts(self) -> NativeStack | None:
