@@ -40,7 +40,7 @@ from lab.settings import Settings
 from lab.stack import linkdelay
 from lab.stack.proc import deferred_signals
 from lab.stack.base import StackError
-from lab.stack.netns import entered, kernel_route, reachable, route_link
+from lab.stack.netns import entered, kernel_route, pids_in, reachable, route_link
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,12 @@ def create(settings: Settings) -> Layout:
         delay(settings, lay)
         return lay
     if leftovers(settings):
+        busy = {ns: sorted(pids) for ns in ours(netns_names(), lay.prefix_ns)
+                if ns in lay.namespaces.values() and (pids := pids_in(ns))}
+        if busy:  # removing it would leave them running where nothing reaches or finds them
+            where = "; ".join(f"{ns}: pid {', '.join(map(str, pids[:3]))}" for ns, pids in busy.items())
+            raise StackError(f"the host layout of this stack is half made and its namespaces still run processes "
+                             f"({where}): stop them first (`lab stack down`), then start again")
         log.warning("removing an incomplete host layout of this stack: %s", ", ".join(leftovers(settings)))
         remove(settings)
     taken = _subnet_taken(settings)

@@ -81,6 +81,20 @@ def inode(netns: str) -> int | None:
         return None
 
 
+def pids_in(netns: str) -> set[int]:
+    """The processes whose network namespace is the named one (none when it does not exist)."""
+    target = inode(netns)
+    if target is None:
+        return set()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(entry / "ns" / "net").st_ino == target:
+                    found.add(int(entry.name))
+    return found
+
+
 # Where a packet to a layout address goes ---------------------------------------------------------
 def kernel_route(address: str) -> str:
     """The kernel's own answer to where a packet to ``address`` would go from this thread's network

@@ -351,16 +351,7 @@ def _procs(pids: set[int]) -> list[psutil.Process]:
 
 def _namespace_pids(e: EngineLayout) -> set[int]:
     """Processes whose network namespace is the engine's (its daemons, shims, proxies)."""
-    target = netns.inode(e.namespace)
-    if target is None:
-        return set()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(entry / "ns" / "net").st_ino == target:
-                    found.add(int(entry.name))
-    return found
+    return netns.pids_in(e.namespace)
 
 
 def _cgroup_dirs(e: EngineLayout) -> list[Path]:
