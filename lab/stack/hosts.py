@@ -40,7 +40,7 @@ from lab.settings import Settings
 from lab.stack import linkdelay
 from lab.stack.proc import deferred_signals
 from lab.stack.base import StackError
-from lab.stack.netns import entered, kernel_route, pids_in, reachable, route_link
+from lab.stack.netns import entered, kernel_route, pids_in, reachable, route_link, run_tool
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def plen(subnet: str) -> str:
 # Reading the system -------------------------------------------------------------------------------
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     try:
-        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        done = run_tool(["ip", *args])
     except FileNotFoundError:  # no iproute2: no namespace of ours can exist either
         if check:
             raise StackError("LAB_HOSTS=netns needs the ip command (iproute2)") from None
@@ -354,8 +354,8 @@ def counter_rules(lay: Layout, host: str) -> str:
 def _nft(ns: str, script: str) -> str:
     try:
         with entered(ns):
-            done = subprocess.run(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
-                                  input=script or None, capture_output=True, text=True)
+            done = run_tool(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
+                            input=script or None)
     except FileNotFoundError:
         raise StackError("LAB_HOSTS=netns counts bytes per pair of hosts with the nft command (nftables), "
                          "which is not installed") from None

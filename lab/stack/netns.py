@@ -32,6 +32,7 @@ from lab.stack.base import StackError
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 IP_TIMEOUT_S = 10.0  # an `ip` call that hangs (a held rtnl lock) is an error, not a wait for ever
+TOOL_TIMEOUT_S = 30.0  # any other call of a system tool (run_tool)
 #: every address a netns layout can have (each stack's /24 is one of these)
 LAB_NETWORK = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/16")
 #: the runner's end of a stack's veth pair into its bridge, in the root namespace:
@@ -39,6 +40,16 @@ LAB_NETWORK = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/16")
 RUNNER_LINK = re.compile(r"fl([0-9a-f]{6})-runp")
 #: the prefix of every namespace the lab makes (:attr:`lab.stack.hosts.Layout.prefix_ns`)
 NS_PREFIX = "fl-"
+
+
+def run_tool(argv: list[str], *, input: str | None = None, timeout: float = TOOL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """One of the system's tools (``ip``, ``nft``, ``tc``, ``iptables``, ``umount``) with a deadline,
+    in this thread's namespace: a call that hangs (a held lock, a busy mount) ends as a failure whose
+    error names the timeout (status 124), never a wait for ever. A missing tool raises as ever."""
+    try:
+        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} did not finish within {timeout:.0f} s")
 
 
 def _setns(fd: int) -> None:

@@ -41,7 +41,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -281,20 +280,20 @@ def down(settings: Settings, *, purge: bool = False) -> list[str]:
     proc.wait_gone(_procs(_namespace_pids(e) | _cgroup_pids(e)), timeout=10)
     unmounted = 0
     for path in _mounts(e):  # overlays, shm and netns files of containers dockerd never stopped
-        unmounted += subprocess.run(["umount", "-l", path], capture_output=True).returncode == 0
+        unmounted += netns.run_tool(["umount", "-l", path]).returncode == 0
     if unmounted:
         done.append(f"{unmounted} mounts left by a stopped engine unmounted")
     _remove_cgroups(e)
     errors = []
     if e.namespace in hosts.netns_names():  # takes its eth0 and with it its veth pair
-        res = subprocess.run(["ip", "netns", "del", e.namespace], capture_output=True, text=True)
+        res = netns.run_tool(["ip", "netns", "del", e.namespace])
         if res.returncode == 0:
             done.append(e.namespace)
         else:
             errors.append(res.stderr.strip())
     lay = hosts.layout(settings)
     if lay.switch in hosts.netns_names() and e.link in hosts.link_names(lay.switch):  # a half-made pair
-        subprocess.run(["ip", "-n", lay.switch, "link", "del", e.link], capture_output=True)
+        netns.run_tool(["ip", "-n", lay.switch, "link", "del", e.link])
     done += hosts.release_switch(settings)
     shutil.rmtree(e.exec_root, ignore_errors=True)
     with contextlib.suppress(OSError):  # /run/fanout-lab, once no other stack's engine uses it

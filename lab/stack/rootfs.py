@@ -35,6 +35,7 @@ from pathlib import Path
 
 from lab.settings import Settings, child_env, is_root
 from lab.stack import proc
+from lab.stack.netns import run_tool
 from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,9 @@ def unmount_under(path: Path) -> None:
         if not points:
             return
         for point in points:
-            res = subprocess.run(["umount", str(point)], capture_output=True, text=True, check=False)
+            res = run_tool(["umount", str(point)])
             if res.returncode != 0:  # busy: detach it now, the kernel drops it when released
-                subprocess.run(["umount", "--lazy", str(point)], capture_output=True, text=True, check=False)
+                run_tool(["umount", "--lazy", str(point)])
     left = mounts_under(path)
     if left:
         raise StackError(f"{left[0]} is still mounted; unmount it (umount -l {left[0]}) before the lab removes {path}")
