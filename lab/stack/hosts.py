@@ -291,7 +291,9 @@ def ensure_switch(lay: Layout) -> None:
         _ip("-n", sw, "link", "set", "lo", "up")
         _ip("-n", sw, "link", "set", lay.bridge, "up")
     if lay.runner_link in link_names():
+        _nft(None, runner_guard(lay))  # kept current (idempotent)
         return
+    _nft(None, runner_guard(lay))  # before the link exists: no host ever reaches this machine's listeners
     # the runner's side: its end stays here, the other one is a port of the bridge
     _ip("link", "add", lay.runner_link, "type", "veth", "peer", "name", lay.links["runner"])
     _ip("link", "set", lay.links["runner"], "netns", sw)
@@ -331,7 +333,35 @@ def release_switch(settings: Settings) -> list[str]:
         gone.append(lay.switch)
     if lay.runner_link in link_names() and _ip("link", "del", lay.runner_link, check=False).returncode == 0:
         gone.append(lay.runner_link)
+    if lay.runner_link not in link_names():
+        _drop_runner_guard(lay)
     return gone
+
+
+def guard_table(lay: Layout) -> str:
+    """The root namespace's nftables table that keeps this stack's hosts from this machine's listeners."""
+    return f"{lay.prefix_link}guard"
+
+
+def runner_guard(lay: Layout) -> str:
+    """An nftables script for the root namespace: what arrives over the runner's link from the lab's
+    hosts may answer the runner, never open anything here: a TCP connection's first packet (the
+    host's sshd, anything on 0.0.0.0), UDP and SCTP, pings are dropped. Stateless (no conntrack, whose
+    cost would land on every packet the runs measure); replaced whole, so it can be applied again."""
+    table, link = guard_table(lay), lay.runner_link
+    return (f"add table inet {table}\ndelete table inet {table}\n"
+            f"add table inet {table}\n"
+            f"add chain inet {table} input {{ type filter hook input priority 0; policy accept; }}\n"
+            f'add rule inet {table} input iifname "{link}" tcp flags & (syn | ack) == syn counter drop\n'
+            f'add rule inet {table} input iifname "{link}" meta l4proto {{ udp, sctp }} counter drop\n'
+            f'add rule inet {table} input iifname "{link}" icmp type echo-request counter drop\n')
+
+
+def _drop_runner_guard(lay: Layout) -> None:
+    """Remove :func:`runner_guard`'s table (with the runner's link: nothing arrives over it any more)."""
+    table = guard_table(lay)
+    with contextlib.suppress(StackError, FileNotFoundError):
+        _nft(None, f"add table inet {table}\ndelete table inet {table}\n")
 
 
 def delay(settings: Settings, lay: Layout) -> str | None:
@@ -351,7 +381,7 @@ def counter_rules(lay: Layout, host: str) -> str:
             f"add chain inet {NFT_TABLE} out {{ type filter hook output priority 0; policy accept; }}\n" + rules)
 
 
-def _nft(ns: str, script: str) -> str:
+def _nft(ns: str | None, script: str) -> str:
     try:
         with entered(ns):
             done = run_tool(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
@@ -360,7 +390,7 @@ def _nft(ns: str, script: str) -> str:
         raise StackError("LAB_HOSTS=netns counts bytes per pair of hosts with the nft command (nftables), "
                          "which is not installed") from None
     if done.returncode != 0:
-        raise StackError(f"nft in {ns} failed: {done.stderr.strip() or done.returncode}")
+        raise StackError(f"nft in {ns or 'the root namespace'} failed: {done.stderr.strip() or done.returncode}")
     return done.stdout
 
 
@@ -412,6 +442,8 @@ def remove(settings: Settings) -> list[str]:
             errors.append(done.stderr.strip())
     if errors:
         raise StackError("could not remove the hosts of this stack: " + "; ".join(errors))
+    if lay.runner_link not in link_names():
+        _drop_runner_guard(lay)
     (settings.stack_dir / RECORD).unlink(missing_ok=True)
     if gone:
         log.info("hosts removed: %s", ", ".join(gone))

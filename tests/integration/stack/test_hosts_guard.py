@@ -175,3 +175,26 @@ def test_a_layout_address_sent_elsewhere_by_a_rule_or_a_host_route_is_refused(
         subprocess.run(["ip", "link", "del", link], capture_output=True)  # its routes go with it
         subprocess.run(["ip", "netns", "del", ns], check=True)
     assert f"lookup {table}" not in subprocess.run(["ip", "rule"], capture_output=True, text=True).stdout
+
+
+def test_a_host_cannot_open_a_connection_to_this_machines_listeners(guard_settings: Settings) -> None:
+    """A listener of the root namespace on every interface (as the host's sshd) is not reachable from
+    a lab host through the runner's address; the runner's own connections to the hosts still work."""
+    s = guard_settings
+    lay = hosts.create(s)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with hosts.entered(lay.namespaces["consumers"]), socket.socket(socket.AF_INET, socket.SOCK_STREAM) as c:
+            c.settimeout(1.5)
+            assert c.connect_ex((lay.addresses["runner"], port)) != 0  # dropped: timed out
+        with hosts.entered(lay.namespaces["web"]):  # a host's own listener, reached from the runner
+            server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            server.bind((lay.addresses["web"], 0))
+            server.listen()
+            assert proc.port_open(server.getsockname()[1], lay.addresses["web"])
+        finally:
+            server.close()

@@ -183,3 +183,19 @@ def test_a_half_made_layout_whose_namespaces_still_run_processes_is_refused_not_
     with pytest.raises(StackError, match="routed via stop here"):
         hosts.create(s)
     assert removed == [s]
+
+
+def test_the_hosts_may_answer_the_runner_but_open_nothing_on_this_machine() -> None:
+    """The root namespace drops what a host starts over the runner's link (a TCP SYN to the host's
+    sshd on 0.0.0.0, UDP, a ping); the replies to the runner's own connections pass. Stateless."""
+    lay = hosts.layout(Settings(stack_dir=Path("/x/stack"), hosts="netns"))
+    script = hosts.runner_guard(lay)
+    table = hosts.guard_table(lay)
+    assert table.startswith(lay.prefix_link)
+    lines = script.splitlines()
+    assert lines[:3] == [f"add table inet {table}", f"delete table inet {table}", f"add table inet {table}"]
+    rules = [ln for ln in lines if ln.startswith("add rule")]
+    assert rules and all(f'iifname "{lay.runner_link}"' in r and r.endswith("drop") for r in rules)
+    assert any("tcp flags & (syn | ack) == syn" in r for r in rules)
+    assert any("udp" in r for r in rules) and any("echo-request" in r for r in rules)
+    assert "ct state" not in script  # no conntrack on the measured packets
