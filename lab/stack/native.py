@@ -17,6 +17,7 @@ import contextlib
 import logging
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -114,6 +115,7 @@ class NativeStack:
                     started.append(service)
                     service.start()
                 if service is self.postgres:  # the topology's slot and setting on the primary
+                    self._drop_pending_slots()
                     configure_primary(self.settings)
                     reset_altered(self.settings.pg_primary_dsn)  # what a killed fault run left changed
         except BaseException:
@@ -205,7 +207,9 @@ class NativeStack:
         if not self.postgres.processes():
             return
         if self.settings.netns and not hosts.routed(self.settings):  # its address leads off the machine now
-            log.warning("replication slots not dropped: %s", hosts.NOT_UP)
+            # recorded: the next `up` drops them once PostgreSQL is reached again (they pin its WAL)
+            self.pending_slots.write_text(f"{hosts.NOT_UP}\n")
+            log.warning("replication slots not dropped (%s): the next `lab stack up` drops them", hosts.NOT_UP)
             return
         try:
             dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
@@ -219,6 +223,19 @@ class NativeStack:
         else:
             if dropped:
                 log.info("dropped replication slots %s", ", ".join(dropped))
+
+    @property
+    def pending_slots(self) -> Path:
+        """The record of slots a ``down`` could not drop (the host layout was not routed then)."""
+        return self.settings.stack_dir / "slots.pending"
+
+    def _drop_pending_slots(self) -> None:
+        """Drop the slots a ``down`` left (:attr:`pending_slots`), now that PostgreSQL is reached."""
+        if not self.pending_slots.exists():
+            return
+        dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
+        log.info("dropped the replication slots an earlier `down` could not: %s", ", ".join(dropped) or "none")
+        self.pending_slots.unlink(missing_ok=True)
 
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other

@@ -221,3 +221,26 @@ def test_a_database_never_created_is_recognised_in_the_login_error() -> None:
     assert missing_database(error, "lab")
     assert not missing_database(error, "other")
     assert not missing_database('connection to server at "10.231.7.2", port 5432 failed: Connection refused', "lab")
+
+
+def test_slots_a_down_could_not_drop_are_recorded_and_dropped_by_the_next_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`down` on a netns layout that is not routed any more cannot reach PostgreSQL to drop the slots
+    (its address would lead off the machine): it records that, and the next `up` drops them."""
+    from lab.pg import slots
+    from lab.stack import hosts
+
+    settings = Settings().replace(stack_dir=tmp_path / "stack", data_dir=tmp_path / "data", hosts="netns")
+    stackdir.claim(settings.stack_dir)
+    stack = NativeStack(settings)
+    monkeypatch.setattr(stack.postgres, "processes", lambda: [object()])
+    monkeypatch.setattr(hosts, "routed", lambda settings: False)
+    dropped: list[str] = []
+    monkeypatch.setattr(slots, "drop_slots", lambda dsn, prefix: dropped.append(prefix) or ["load_test_slot_0"])
+    errors: list[str] = []
+    stack._drop_slots(errors)
+    assert errors == [] and dropped == [] and stack.pending_slots.exists()
+    stack._drop_pending_slots()  # what `up` does once PostgreSQL runs, before the topology's own slot
+    assert dropped == [""] and not stack.pending_slots.exists()
+    stack._drop_pending_slots()  # nothing recorded: nothing dropped
+    assert dropped == [""]
