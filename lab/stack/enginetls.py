@@ -75,7 +75,8 @@ def ensure(tls_dir: Path, address: str) -> Path:
                  "-subj", "/CN=fanout-lab engine CA", "-addext", "basicConstraints=critical,CA:TRUE",
                  "-addext", "keyUsage=critical,keyCertSign,cRLSign")
         leaf = "basicConstraints = CA:FALSE\nkeyUsage = critical, digitalSignature\n"
-        _sign(tls_dir, "server", f"/CN={address}", leaf + f"subjectAltName = IP:{address}\nextendedKeyUsage = serverAuth\n")
+        _sign(tls_dir, "server", f"/CN={address}",
+              leaf + f"subjectAltName = IP:{address}\nextendedKeyUsage = serverAuth\n")
         _sign(tls_dir, "client", "/CN=fanout-lab root", leaf + "extendedKeyUsage = clientAuth\n")
     finally:  # the CA's key signs these two and nothing else
         for leftover in ("ca-key.pem", "server.csr", "client.csr", "server.ext", "client.ext"):

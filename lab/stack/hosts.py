@@ -38,9 +38,9 @@ from pathlib import Path
 
 from lab.settings import Settings
 from lab.stack import linkdelay
-from lab.stack.proc import deferred_signals
 from lab.stack.base import StackError
 from lab.stack.netns import entered, kernel_route, pids_in, reachable, route_link, run_tool
+from lab.stack.proc import deferred_signals
 
 log = logging.getLogger(__name__)
 
@@ -290,10 +290,9 @@ def ensure_switch(lay: Layout) -> None:
         _ip("-n", sw, "link", "add", lay.bridge, "type", "bridge")
         _ip("-n", sw, "link", "set", "lo", "up")
         _ip("-n", sw, "link", "set", lay.bridge, "up")
+    _nft(None, runner_guard(lay))  # before the runner's link exists: no host ever reaches this machine's listeners
     if lay.runner_link in link_names():
-        _nft(None, runner_guard(lay))  # kept current (idempotent)
         return
-    _nft(None, runner_guard(lay))  # before the link exists: no host ever reaches this machine's listeners
     # the runner's side: its end stays here, the other one is a port of the bridge
     _ip("link", "add", lay.runner_link, "type", "veth", "peer", "name", lay.links["runner"])
     _ip("link", "set", lay.links["runner"], "netns", sw)

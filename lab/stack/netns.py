@@ -42,7 +42,8 @@ RUNNER_LINK = re.compile(r"fl([0-9a-f]{6})-runp")
 NS_PREFIX = "fl-"
 
 
-def run_tool(argv: list[str], *, input: str | None = None, timeout: float = TOOL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run_tool(argv: list[str], *, input: str | None = None,
+             timeout: float = TOOL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """One of the system's tools (``ip``, ``nft``, ``tc``, ``iptables``, ``umount``) with a deadline,
     in this thread's namespace: a call that hangs (a held lock, a busy mount) ends as a failure whose
     error names the timeout (status 124), never a wait for ever. A missing tool raises as ever."""

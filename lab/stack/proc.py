@@ -95,7 +95,7 @@ def deferred_signals() -> Iterator[None]:
         yield
     finally:
         for sig, handler in old.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     if hit:  # after the block only, and only when it ended normally: an exception already propagates
         signal.raise_signal(hit[0])
 

@@ -58,18 +58,6 @@ def locked(stacks: list[Path]) -> Iterator[None]:
         yield
 
 
-def stop_recorded(stack_dir: Path, timeout: float = 30.0) -> list[int]:
-    """Stop every process recorded by a pid file under ``stack_dir`` (services and a run's
-    children); returns the pids that were running."""
-    stopped: list[int] = []
-    for pid_file in sorted(stack_dir.rglob(proc.pidfile(Path()).name)):
-        running = proc.running(pid_file.parent)
-        if running is not None:
-            stopped.append(running.pid)
-            proc.terminate(pid_file.parent, timeout=timeout)
-    return stopped
-
-
 def check_purgeable(stack_dir: Path) -> None:
     """Refuse, in one line, to delete a directory the lab would not claim as its stack dir."""
     if is_marked(stack_dir) or not foreign_entries(stack_dir):

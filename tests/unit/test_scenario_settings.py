@@ -142,7 +142,8 @@ def test_a_version_that_is_not_one_is_refused(version: str) -> None:
         Settings.from_env({"LAB_KAFKA_VERSION": version} if version else {"LAB_KAFKA_VERSION": " "})
     with pytest.raises(ValueError, match="LAB_DEBEZIUM_VERSION"):
         Settings.from_env({"LAB_DEBEZIUM_VERSION": version or "x/y"})
-    assert Settings.from_env({"LAB_KAFKA_VERSION": "4.3.1", "LAB_DEBEZIUM_VERSION": "3.6.1.Final"}).kafka_version == "4.3.1"
+    good = Settings.from_env({"LAB_KAFKA_VERSION": "4.3.1", "LAB_DEBEZIUM_VERSION": "3.6.1.Final"})
+    assert (good.kafka_version, good.debezium_version) == ("4.3.1", "3.6.1.Final")
 
 
 def test_docker_host_is_the_engine_when_lab_docker_host_is_empty() -> None:
