@@ -35,8 +35,8 @@ from pathlib import Path
 
 from lab.settings import Settings, child_env, is_root
 from lab.stack import proc
-from lab.stack.netns import run_tool
 from lab.stack.base import StackError
+from lab.stack.netns import run_tool
 
 log = logging.getLogger(__name__)
 

@@ -151,7 +151,9 @@ def test_the_containers_get_their_credentials_as_files() -> None:
 
     class Container:
         name = "postgres-1"
-        got: dict[str, bytes] = {}
+
+        def __init__(self) -> None:
+            self.got: dict[str, bytes] = {}
 
         def put_archive(self, path: str, data: bytes) -> bool:
             self.got[path] = data

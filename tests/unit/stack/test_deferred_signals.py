@@ -28,12 +28,11 @@ def sigterm_raises() -> Iterator[None]:
 
 def test_a_signal_inside_is_raised_once_the_block_is_over(sigterm_raises: None) -> None:
     done: list[str] = []
-    with pytest.raises(Interrupted):
-        with deferred_signals():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)  # the handler would have run here
-            os.kill(os.getpid(), signal.SIGTERM)  # a second one: not raised twice
-            done.append("finished")
+    with pytest.raises(Interrupted), deferred_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler would have run here
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one: not raised twice
+        done.append("finished")
     assert done == ["finished"]
     assert signal.getsignal(signal.SIGTERM) is raise_interrupted
 
