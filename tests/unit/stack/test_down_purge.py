@@ -149,23 +149,25 @@ def test_no_secret_and_no_lock_is_written_into_a_directory_not_the_labs(tmp_path
     assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
 
 
-def test_a_users_directory_survives_env_provision_and_purge(tmp_path: Path) -> None:
+def test_a_users_directory_survives_env_provision_and_purge(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """What a user would type: `lab stack env`, `lab stack provision`, `lab stack down --purge` with
     LAB_STACK_DIR at a directory holding their file. Each is refused in one line (exit status 2),
     and the directory keeps exactly what it held."""
-    import os
-    import subprocess
-    import sys
+    from lab import cli
 
     d = tmp_path / "mine"
     d.mkdir()
     (d / "notes").write_text("keep\n")
-    env = {**os.environ, "LAB_STACK_DIR": str(d), "LAB_DATA_DIR": str(tmp_path / "data"), "LAB_BACKEND": "native"}
+    monkeypatch.setenv("LAB_STACK_DIR", str(d))
+    monkeypatch.setenv("LAB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("LAB_BACKEND", "native")
+    monkeypatch.setattr(cli, "get_settings", Settings.from_env)  # not the process's cached settings
     for command in (["stack", "env"], ["stack", "provision"], ["stack", "down", "--purge"]):
-        res = subprocess.run([sys.executable, "-m", "lab", *command], env=env, capture_output=True, text=True,
-                             timeout=120, check=False)
-        assert res.returncode == 2, (command, res.stderr)
-        assert len(res.stderr.strip().splitlines()) == 1 and str(d) in res.stderr, (command, res.stderr)
+        code = cli.main(command)
+        err = capsys.readouterr().err
+        assert code == 2, (command, err)
+        assert len(err.strip().splitlines()) == 1 and str(d) in err, (command, err)
         assert sorted(p.name for p in d.iterdir()) == ["notes"], command
     assert (d / "notes").read_text() == "keep\n"
 
