@@ -55,11 +55,12 @@ def _docker(settings: Settings, *flags: str, as_nobody: bool) -> subprocess.Comp
 
 
 def test_a_non_root_uid_cannot_reach_the_engine(engine: Settings) -> None:
+    plain = _docker(engine, as_nobody=True)  # what any local user would try first
+    assert plain.returncode != 0 and not plain.stdout.strip(), ("plain tcp", plain.stdout, plain.stderr)
     tls = engine.engine_tls_dir
     with_certificate = ["--tlsverify", "--tlscacert", str(tls / "ca.pem"), "--tlscert", str(tls / "cert.pem"),
                         "--tlskey", str(tls / "key.pem")]
     tries = {
-        "plain tcp": [],
         "TLS, no client certificate": ["--tls"],
         "TLS, the stack's certificate files": with_certificate,
     }
