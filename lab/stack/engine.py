@@ -6,6 +6,7 @@ the local one when it is empty. Only ``lab/stack`` imports the Docker SDK.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import shutil
 import subprocess
@@ -41,6 +42,37 @@ def engine_tls(tls_dir: Path) -> Any:
                      ca_cert=str(tls_dir / "ca.pem"), verify=True)
 
 
+@functools.cache
+def _blind_api_client() -> type:
+    """``docker.APIClient`` deaf to the environment's CA bundles and proxies (``trust_env`` is always
+    False): requests lets ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` replace a session's own CA when
+    a request names none, so the stack's CA would be ignored and its engine refused; a proxy has no
+    business on the lab's bridge either."""
+    import docker
+
+    class BlindAPIClient(docker.APIClient):
+        @property
+        def trust_env(self) -> bool:
+            return False
+
+        @trust_env.setter
+        def trust_env(self, value: bool) -> None:
+            pass
+
+    return BlindAPIClient
+
+
+def own_engine_client(url: str, tls_dir: Path, *, timeout: int = 120, version: str | None = None) -> Any:
+    """An SDK client (``docker.DockerClient``) of the stack's own engine at ``url``: its client
+    certificate, verified against its CA (:func:`engine_tls`), whatever the environment says.
+    ``version``: the API version (None: asked of the engine at once)."""
+    import docker
+
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = _blind_api_client()(base_url=url, timeout=timeout, tls=engine_tls(tls_dir), version=version)
+    return client
+
+
 def docker_client(settings: Settings) -> Any:
     """A pinged ``docker.DockerClient`` for ``settings.docker_host`` (the stack's own engine with its
     client certificate); StackError when unreachable."""
@@ -49,8 +81,8 @@ def docker_client(settings: Settings) -> Any:
     require_engine_routed(settings)
     try:
         if settings.docker_host:
-            tls = engine_tls(settings.engine_tls_dir) if settings.own_engine else None
-            client = docker.DockerClient(base_url=settings.docker_host, timeout=120, tls=tls)
+            client = (own_engine_client(settings.docker_host, settings.engine_tls_dir) if settings.own_engine
+                      else docker.DockerClient(base_url=settings.docker_host, timeout=120))
         else:
             client = docker.from_env(timeout=120)
         client.ping()
@@ -128,4 +160,6 @@ def compose_env(settings: Settings) -> dict[str, str]:
         env["DOCKER_HOST"] = s.docker_host
     if s.own_engine:  # the docker and compose CLIs take the client certificate from here
         env |= {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(s.engine_tls_dir)}
+        for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # Compose v1's requests would trust these instead
+            env.pop(name, None)
     return env

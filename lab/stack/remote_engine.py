@@ -52,7 +52,7 @@ import psutil
 from lab.settings import ENGINE_PORT, Settings, claim_stack_dir
 from lab.stack import enginetls, hosts, netns, proc
 from lab.stack.base import StackError
-from lab.stack.engine import engine_tls
+from lab.stack.engine import own_engine_client
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -219,8 +219,6 @@ def _wait(ready: Callable[[], bool], timeout: float, what: str, e: EngineLayout)
 def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | None:
     """A pinged SDK client of the engine, or None when it does not answer within ``timeout``
     (``watch``: StackError as soon as dockerd has exited, naming its log's last lines)."""
-    import docker
-
     deadline = time.monotonic() + timeout
     while True:
         if not netns.reachable(e.address):  # its bridge is gone: the address would lead off the machine
@@ -228,7 +226,7 @@ def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | No
                 raise StackError(f"the engine's address {e.address} is not routed onto its lab bridge")
             return None
         try:
-            client = docker.DockerClient(base_url=e.url, timeout=120, tls=engine_tls(e.tls_dir))
+            client = own_engine_client(e.url, e.tls_dir)
             client.ping()
             return client
         except Exception:

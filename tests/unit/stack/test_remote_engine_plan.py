@@ -182,3 +182,27 @@ def test_engine_down_purge_names_its_data_root_not_the_stack_dir() -> None:
     assert args.purge_data and not getattr(args, "purge", False)
     assert args.locks  # like `lab stack down`: refused while a run holds the stack
     assert not getattr(build_parser().parse_args(["stack", "engine", "status"]), "locks", False)
+
+
+def test_the_engine_client_keeps_the_stacks_ca_whatever_the_environment_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """requests lets REQUESTS_CA_BUNDLE replace a session's own CA when a request names none (the
+    engine would then be refused as unknown): the engine's client, and the compose CLI's environment,
+    keep the stack's CA."""
+    from lab.stack import enginetls
+    from lab.stack.engine import compose_env, own_engine_client
+
+    tls = enginetls.ensure(tmp_path / "secrets" / "engine", "10.231.83.7")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    client = own_engine_client("tcp://10.231.83.7:2376", tls, version="1.41")
+    assert client.api.base_url == "https://10.231.83.7:2376"
+    merged = client.api.merge_environment_settings("https://10.231.83.7:2376/v1.41/_ping", {}, None, None, None)
+    assert merged["verify"] == str(tls / "ca.pem") and merged["cert"] == (str(tls / "cert.pem"), str(tls / "key.pem"))
+    assert not merged["proxies"]
+    s = Settings(stack_dir=tmp_path)
+    monkeypatch.setattr("lab.stack.engine.reachable", lambda host: True)  # as with the engine up
+    env = compose_env(s.replace(docker_host=s.engine_url))
+    assert env["DOCKER_TLS_VERIFY"] == "1" and env["DOCKER_CERT_PATH"] == str(s.engine_tls_dir)
+    assert "REQUESTS_CA_BUNDLE" not in env and "CURL_CA_BUNDLE" not in env
