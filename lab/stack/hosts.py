@@ -245,6 +245,7 @@ def create(settings: Settings) -> Layout:
     require_root()
     lay = layout(settings)
     if complete(settings):
+        _nft(None, runner_guard(lay))  # a layout made before the guard existed gets it too
         delay(settings, lay)
         return lay
     if leftovers(settings):
