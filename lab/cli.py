@@ -687,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("lab: interrupted by SIGINT\n")
         return 130
     except Exception as exc:  # anything else still ends in one line (-v: the traceback in the log)
-        logging.getLogger("lab.cli").debug("failed", exc_info=True)
+        logging.getLogger("lab.cli").info("failed", exc_info=True)  # INFO: what -v shows
         sys.stderr.write(f"lab: error: {type(exc).__name__}: {one_line(exc)}\n")
         return 1
 

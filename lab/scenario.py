@@ -61,6 +61,11 @@ _FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d
                     r"(?:\+(?P<duration>.+))?")
 _TIME = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?")
 FAULT_GRAMMAR = "KIND[:TARGET]@START[+DURATION], e.g. consumer-kill:1@10s or sink-outage@5s+3s"
+DAY_S = 86_400.0
+#: the largest value of each float field: a run must end (a cooldown of a year holds the stack's
+#: lock as surely as one of ``inf``); the CLI's options carry the same bounds (lab.cli.SCENARIO_NUMBERS)
+FLOAT_LIMITS = {"rate": 1e7, "work_delay_ms": 3_600_000.0, "ready_timeout_s": DAY_S, "drain_timeout_s": 7 * DAY_S,
+                "cooldown_s": DAY_S, "step_s": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,7 @@ class Scenario:
     decode_slots: int = 0  # extra slots that decode every change and publish none: the decode cost per slot
 
     def __post_init__(self) -> None:
+        self._check_numbers()
         if self.pipeline not in PIPELINE_NAMES:
             raise ValueError(
                 f"unknown pipeline {self.pipeline!r}: choose one of {', '.join(PIPELINE_NAMES)}"
@@ -194,6 +200,22 @@ class Scenario:
                                  "(one OS process per consumer)")
         if self.rate_steps:
             self._derive_staircase()
+
+    def _check_numbers(self) -> None:
+        """Every numeric field is a finite number (not a bool, not nan or inf, which a notebook or an
+        API caller can pass: ``cooldown_s=inf`` would sleep holding the stack's lock, a nan deadline
+        never passes, a nan rate sends at once), each float within :data:`FLOAT_LIMITS`."""
+        for f in dataclasses.fields(self):
+            if f.type not in ("int", "float"):
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
+            limit = FLOAT_LIMITS.get(f.name)
+            if limit is not None and value > limit:
+                raise ValueError(f"{f.name} must be at most {limit:g}, got {value!r}")
 
     def _derive_staircase(self) -> None:
         rates = parse_rate_steps(self.rate_steps)

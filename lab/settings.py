@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -131,7 +132,8 @@ class Settings:
     lock_owner: int | None = None
 
     # The compose backend (lab/stack/compose.py, README "With Docker instead")
-    docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": the local one
+    docker_host: str = ""  # the engine, DOCKER_HOST-style (tcp://, ssh://, unix://); "": docker_host_env's
+    docker_host_env: str = ""  # DOCKER_HOST as this process got it: the engine Docker's own clients use
     services_host: str = ""  # where the services' ports are reached; "": ``host`` (a local engine)
     compose_project: str = "fanout-lab"
     compose_images: str = "official"  # "official" (docker-compose.yml) or "local" (lab stack images build)
@@ -179,6 +181,7 @@ class Settings:
             link_delay_via=env.get("LAB_LINK_DELAY_VIA", d.link_delay_via) or d.link_delay_via,
             lock_owner=_int(env, "LAB_LOCK_OWNER", 0) or None,
             docker_host=env.get("LAB_DOCKER_HOST", d.docker_host),
+            docker_host_env=env.get("DOCKER_HOST", d.docker_host_env),
             services_host=env.get("LAB_SERVICES_HOST", d.services_host),
             compose_project=env.get("LAB_COMPOSE_PROJECT", d.compose_project),
             compose_images=env.get("LAB_COMPOSE_IMAGES", d.compose_images),
@@ -200,6 +203,28 @@ class Settings:
             value = getattr(self, name, None)
             if name.endswith("_port") and value is not None and not 1 <= value <= 65535:
                 raise ValueError(f"{env_name}={value}: a TCP port is between 1 and 65535")
+        for env_name, value, port, what in self._derived_ports():
+            if port > 65535:
+                raise ValueError(f"{env_name}={value}: {what} would listen on port {port}, above 65535")
+        for env_name, version in (("LAB_KAFKA_VERSION", self.kafka_version),
+                                  ("LAB_DEBEZIUM_VERSION", self.debezium_version)):
+            if not VERSION.fullmatch(version) or ".." in version:  # it names directories of the cache
+                raise ValueError(f"{env_name}={version!r} is not a version like 4.2.2 or 3.6.1.Final")
+
+    def _derived_ports(self) -> list[tuple[str, int, int, str]]:
+        """``(variable, its value, port, what)`` of every port derived from a configured one: the web's
+        control listener (``LAB_WEB_PORT`` + 1 unless set), and under ``ha`` the standby
+        (``LAB_PG_PORT`` + 1) and the brokers' third nodes (+ 3·:data:`HA_PORT_STEP`)."""
+        out = []
+        if self.web_control_port is None:
+            out.append(("LAB_WEB_PORT", self.web_port, self.web_port + 1, "the web's control listener (+ 1)"))
+        if self.ha:
+            out.append(("LAB_PG_PORT", self.pg_port, self.pg_port + 1, "the ha standby (+ 1)"))
+            top = 3 * HA_PORT_STEP
+            for name in ("kafka_port", "kafka_controller_port", "amqp_port", "rabbitmq_dist_port"):
+                value = getattr(self, name)
+                out.append((_ENV_NAMES[name], value, value + top, f"the ha topology's node 3 (+ {top})"))
+        return out
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -213,7 +238,15 @@ class Settings:
         """The password ``name`` (``pg`` or ``rabbitmq``): the setting if given, else this
         stack's generated one (created on first use, never changed afterwards)."""
         given = {"pg": self.pg_password, "rabbitmq": self.rabbitmq_password}[name]
-        return given if given is not None else _stack_secrets(self.secrets_dir)[name]
+        return given if given is not None else _stack_secrets(self.stack_dir)[name]
+
+    def write_secret(self, name: str, text: str, mode: int = 0o600) -> Path:
+        """``<stack_dir>/secrets/<name>`` holds ``text`` (:func:`write_private`), in a stack dir
+        the lab claimed (:func:`claim_stack_dir`): never in a directory that is not its own."""
+        claim_stack_dir(self.stack_dir)
+        path = self.secrets_dir / name
+        write_private(path, text, mode)
+        return path
 
     @property
     def pg_passfile(self) -> Path:
@@ -230,7 +263,7 @@ class Settings:
         except FileNotFoundError:
             current = None
         if current != line:
-            write_private(path, line)
+            self.write_secret(path.name, line)
         return path
 
     # Endpoints -------------------------------------------------------------------------
@@ -238,13 +271,31 @@ class Settings:
     def service_host(self) -> str:
         """Where PostgreSQL, Kafka and RabbitMQ are reached: ``services_host``, else the host of
         the engine ``docker_host`` names (its published ports), else ``host``."""
-        return self.services_host or docker_host_address(self.docker_host) or self.host
+        return self.services_host or docker_host_address(self.engine_host) or self.host
+
+    @property
+    def engine_host(self) -> str:
+        """The Docker engine the compose backend talks to: ``docker_host`` (``LAB_DOCKER_HOST``), else
+        ``DOCKER_HOST`` (which Docker's clients would use), else ``""``: the local default socket. The
+        route guard and where the services are reached follow it, whichever variable named it."""
+        return self.docker_host or self.docker_host_env
 
     @property
     def engine_url(self) -> str:
-        """The ``DOCKER_HOST`` of this stack's own engine (``lab stack engine up``): tcp on its
-        address on the stack's private bridge, and only there."""
+        """The ``DOCKER_HOST`` of this stack's own engine (``lab stack engine up``): tcp with mutual
+        TLS on its address on the stack's private bridge, and only there."""
         return f"tcp://{self.address('engine')}:{ENGINE_PORT}"
+
+    @property
+    def engine_tls_dir(self) -> Path:
+        """The stack's own engine's CA, server and client certificates and keys (0700, keys 0600):
+        only who can read the client's key reaches that engine (:mod:`lab.stack.enginetls`)."""
+        return self.secrets_dir / "engine"
+
+    @property
+    def own_engine(self) -> bool:
+        """Whether ``docker_host`` is this stack's own engine (reached with :attr:`engine_tls_dir`)."""
+        return self.docker_host == self.engine_url
 
     # Hosts -----------------------------------------------------------------------------
     @property
@@ -347,7 +398,10 @@ class Settings:
 
     @property
     def run_lock(self) -> Path:
-        """Held by every run, series and idle baseline on this stack (one lab process at a time)."""
+        """Held by every run, series and idle baseline on this stack (one lab process at a time).
+        Whoever asks for it is about to create it: the stack dir is claimed first
+        (:func:`claim_stack_dir`; a directory that is not the lab's is refused)."""
+        claim_stack_dir(self.stack_dir)
         return self.stack_dir / "run.lock"
 
     @property
@@ -406,8 +460,7 @@ class Settings:
         """What a tool needs to connect, with no secret in it (``lab stack env``): libpq's
         ``PG*`` variables with ``PGPASSFILE``, the Kafka bootstrap servers, the AMQP URL
         without its password and a 0600 file holding the full URL."""
-        url_file = self.secrets_dir / "amqp-url"
-        write_private(url_file, self.amqp_url + "\n")
+        url_file = self.write_secret("amqp-url", self.amqp_url + "\n")
         return {
             "PGHOST": self.pg_host, "PGPORT": str(self.pg_port), "PGDATABASE": self.pg_database,
             "PGUSER": self.pg_user, "PGPASSFILE": str(self.pg_passfile),
@@ -446,7 +499,7 @@ NETNS_HOSTS = {"postgres": 2, "broker": 3, "debezium": 4, "web": 5, "consumers":
 #: on ``broker`` and ``rabbitmq``), the PostgreSQL standby
 HA_NETNS_HOSTS = {"broker-2": 9, "broker-3": 10, "rabbitmq-2": 11, "rabbitmq-3": 12, "postgres-standby": 13}
 ENGINE_OCTET = 7  # the stack's own Docker engine (lab stack engine up), one more host on the bridge
-ENGINE_PORT = 2375  # its API, plain tcp: reachable only on the stack's private bridge
+ENGINE_PORT = 2376  # its API: tcp with mutual TLS (Docker's port for it), on the stack's private bridge only
 
 
 def stack_subnet(stack_id: str) -> str:
@@ -472,6 +525,56 @@ def docker_host_address(url: str) -> str | None:
         return netloc[1:].split("]", 1)[0] or None
     return netloc.split(":", 1)[0] or None
 HA_PORT_STEP = 10
+VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z._+-]*")
+
+
+#: the file that makes a directory a stack dir of the lab's: created when the lab claims it
+#: (:func:`claim_stack_dir`), the only sign ``lab stack down --purge`` takes for deleting it
+STACK_MARKER = ".fanout-lab-stack"
+#: every name the lab itself creates at the top of a stack dir (services' state dirs, secrets, the
+#: lock, runs' scratch, records of children, hosts and delayer, the engine)
+STACK_NAMES = frozenset({
+    STACK_MARKER, "run.lock", "secrets", "runs", "children", "hosts.json", "delayer", "engine", "idle-web.log",
+    "postgres", "postgres-standby", "kafka", "kafka-1", "kafka-2", "kafka-3", "rabbitmq", "rabbitmq-1",
+    "rabbitmq-2", "rabbitmq-3", "debezium-kafka", "debezium-rabbitmq", "slots.pending",
+})
+
+
+class NotAStackDir(ValueError):
+    """A stack dir that holds what the lab did not create: the lab writes nothing into it."""
+
+
+def foreign_entries(stack_dir: Path) -> list[str]:
+    """The entries of ``stack_dir`` that the lab did not create: names not in :data:`STACK_NAMES`,
+    other than a stack dir nested in it (one carrying its own marker). Empty for a directory that
+    does not exist."""
+    try:
+        entries = list(stack_dir.iterdir())
+    except FileNotFoundError:
+        return []
+    return sorted(p.name for p in entries if p.name not in STACK_NAMES and not (p / STACK_MARKER).is_file())
+
+
+def claim_stack_dir(stack_dir: Path) -> None:
+    """Make ``stack_dir`` the lab's before anything is written into it: created with its marker
+    (:data:`STACK_MARKER`), or marked when it is empty or holds only the lab's own names (a stack
+    dir an older lab made); refused (:class:`NotAStackDir`, one line) when it holds anything else,
+    so that nothing of the lab's, not even a lock or a secret, lands in someone's directory and a
+    later ``--purge`` can never take it for a stack dir."""
+    marker = stack_dir / STACK_MARKER
+    if marker.is_file():
+        return
+    foreign = foreign_entries(stack_dir)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise NotAStackDir(f"{stack_dir} is not a stack dir of the lab's (it holds {shown}, which the lab did not "
+                           "create), so nothing is written into it; point LAB_STACK_DIR at a new or empty directory")
+    stack_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"a fanout-lab stack dir: `lab stack down --purge` may delete it\n")
+    finally:
+        os.close(fd)
 
 
 def write_private(path: Path, text: str, mode: int = 0o600) -> None:
@@ -491,13 +594,16 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
-def _stack_secrets(folder: Path) -> dict[str, str]:
-    """The stack's generated passwords, created once (0600); concurrent first uses agree."""
+def _stack_secrets(stack_dir: Path) -> dict[str, str]:
+    """The stack's generated passwords, created once (0600) in a stack dir the lab claimed;
+    concurrent first uses agree."""
+    folder = stack_dir / "secrets"
     path = folder / "secrets.json"
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         pass
+    claim_stack_dir(stack_dir)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = folder / f".secrets.{os.getpid()}.tmp"
     tmp.unlink(missing_ok=True)

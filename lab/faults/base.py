@@ -20,10 +20,11 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import threading
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar
 
 import psutil
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from lab.stack.base import Stack
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+JOIN_S = 180.0  # an injection's thread: a service's stop (60 s) and start (120 s) at most
 RESUME_WAIT_S = 60.0  # a fault's service or slot should be back well within this after its injection
 # run.json's fault block has always carried every kind's parameter, 0 / "" where a kind has none
 PARAMS: dict[str, Any] = {"extra_s": 0.0, "keep_mb": 0, "rows": 0, "mode": ""}
@@ -63,6 +66,7 @@ class FaultState:
     supervising: bool = False
     paused: bool = False
     helpers: list[asyncio.Task[None]] = field(default_factory=list)  # e.g. the supervision: failures fail the run
+    threads: list[threading.Event] = field(default_factory=list)  # set when an off_loop call's thread ended
 
     def start(self, gate_mono: float) -> None:
         self.t0 = gate_mono
@@ -73,6 +77,32 @@ class FaultState:
         mono, wall = (time.monotonic(), time.time()) if at_mono is None else (at_mono, at)
         self.events.append({"what": what, "t_s": round(mono - self.t0, 3), "at": wall, **info})
         log.info("fault: %s %s", what, info)
+
+    def off_loop(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        """``asyncio.to_thread(fn, ...)``, its thread kept track of: cancelling the injection does not
+        stop a thread (a service still stopping, a Debezium still starting), so the cleanup waits for
+        every one (:meth:`join_threads`) before it restores what the fault holds."""
+        ended = threading.Event()
+        self.threads.append(ended)
+
+        def call() -> T:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ended.set()
+
+        return asyncio.to_thread(call)
+
+    def join_threads(self, timeout: float = JOIN_S) -> int:
+        """Wait up to ``timeout`` in all for the threads of :meth:`off_loop` calls; returns how many
+        still run (logged: the restoration goes on regardless)."""
+        deadline = time.monotonic() + timeout
+        for ended in self.threads:
+            ended.wait(max(0.0, deadline - time.monotonic()))
+        left = sum(not e.is_set() for e in self.threads)
+        if left:
+            log.error("fault cleanup: %d thread(s) of the injection still run after %.0f s", left, timeout)
+        return left
 
     def continue_stopped(self, why: str = "continued by cleanup") -> None:
         """SIGCONT every process still stopped; one event naming them; never raises."""
@@ -88,8 +118,9 @@ class FaultState:
 
     def start_down(self, stack: Stack) -> None:
         """Start every service the fault stopped and did not start again; never raises."""
+        self.join_threads()  # a stop or start still under way in a thread ends first
         for name in list(self.down):
-            try:  # its stop may still be under way in a thread: finish it, then start
+            try:  # stopped for sure, then started
                 stack.stop_service(name)
                 stack.start_service(name)
                 self.event("started by cleanup", service=name)

@@ -4,7 +4,6 @@ It resumes at the replacement's first work call after the kill."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,7 +24,7 @@ class ConsumerKill(BaseFault):
         replacement = ctx.replace_consumer(self.target)  # marked as being replaced before the kill
         old.kill()
         ctx.state.event("kill", consumer=self.target, pid=old.pid)
-        await asyncio.to_thread(old.wait, 10)
+        await ctx.state.off_loop(old.wait, 10)
         await replacement
 
     def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:

@@ -5,7 +5,6 @@ Debezium holds its slot (for :data:`lab.faults.supervision.HELD_S` in a row)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -32,7 +31,7 @@ class DebeziumKill(BaseFault):
     async def inject(self, ctx: FaultContext) -> None:
         sink = ctx.pipeline.cdc_sink
         assert sink is not None
-        pid = await asyncio.to_thread(ctx.stack.kill_debezium, sink)
+        pid = await ctx.state.off_loop(ctx.stack.kill_debezium, sink)
         if pid is None:
             raise RunStopped(f"no Debezium Server ({sink}) to kill")
         ctx.state.event("debezium killed", sink=sink, pid=pid)

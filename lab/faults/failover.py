@@ -93,10 +93,10 @@ class PostgresFailover(BaseFault):
             self.thread = asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(stack.fail_over, immediate=self.mode == "immediate"))
             times = await asyncio.shield(self.thread)
-            state.event("standby promoted", **times, slots=await asyncio.to_thread(standby.slots))
+            state.event("standby promoted", **times, slots=await state.off_loop(standby.slots))
             if sink is not None:  # its JVM retries the old primary's one address: move it
                 stack.move_debezium(sink, standby.port)
-                pid = await asyncio.to_thread(stack.kill_debezium, sink)
+                pid = await state.off_loop(stack.kill_debezium, sink)
                 state.event("debezium stopped to move", sink=sink, pid=pid)
                 await start_debezium_again(ctx)
                 service: Any = stack.debezium[sink]  # type: ignore[attr-defined]  # the native stack's
@@ -126,7 +126,7 @@ class PostgresFailover(BaseFault):
             wanted = {r[0] for r in await cur.fetchall()}
             nudged = 0.0
             while True:
-                copies = [c for c in await asyncio.to_thread(standby.slots) if c["slot"] in wanted]
+                copies = [c for c in await ctx.state.off_loop(standby.slots) if c["slot"] in wanted]
                 if {c["slot"] for c in copies if c["synced"] and not c["temporary"]} == wanted:
                     return round(time.monotonic() - t0, 3), copies
                 if time.monotonic() - t0 > SYNC_WAIT_S:

@@ -42,10 +42,10 @@ class BrokerNodeKill(BaseFault):
         name, stack, state = f"{ctx.pipeline.cdc_sink}-{self.target}", ctx.stack, ctx.state
         supervise(ctx)
         state.down.append(name)
-        pids = await asyncio.to_thread(stack.kill_node, name)
+        pids = await state.off_loop(stack.kill_node, name)
         state.event("node killed", node=name, pids=pids)
         await asyncio.sleep(self.duration_s)
-        await asyncio.to_thread(stack.start_service, name)
+        await state.off_loop(stack.start_service, name)
         state.down.remove(name)
         ctx.attach(name)
         service: Any = stack.service(name)  # type: ignore[attr-defined]  # the native stack's

@@ -183,10 +183,10 @@ class SlotInvalidation(BaseFault):
             ctx.state.stopped.remove(proc)
         ctx.state.event("resume", consumers=[i])
         try:
-            code = await asyncio.to_thread(proc.wait, READER_EXIT_S)
+            code = await ctx.state.off_loop(proc.wait, READER_EXIT_S)
         except psutil.TimeoutExpired:
             proc.kill()
-            code = await asyncio.to_thread(proc.wait, 10)
+            code = await ctx.state.off_loop(proc.wait, 10)
             invalidation["reader_error"] = f"still running {READER_EXIT_S:.0f} s after its slot was lost: killed"
         else:
             invalidation["reader_error"] = ctx.consumer_error(i)

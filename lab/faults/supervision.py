@@ -71,7 +71,7 @@ async def start_debezium_again(ctx: FaultContext) -> None:
     sink = ctx.pipeline.cdc_sink
     assert sink is not None
     with tied():  # like the run's first Debezium: it dies with the runner
-        await asyncio.to_thread(ctx.stack.start_debezium, sink, durable=True, resume=True)
+        await ctx.state.off_loop(ctx.stack.start_debezium, sink, durable=True, resume=True)
     ctx.attach("debezium")
 
 

@@ -67,7 +67,7 @@ def _roots(stack: Stack, name: str) -> Callable[[], Iterable[Any]]:
 
 def is_local(stack: Stack) -> bool:
     """Whether the stack's services are processes of this host (their CPU is in its busy time)."""
-    return stack.backend == "native" or not stack.settings.docker_host
+    return stack.backend == "native" or not stack.settings.engine_host
 
 
 def stack_record(stack: Stack) -> dict[str, Any]:

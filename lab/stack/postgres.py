@@ -127,6 +127,26 @@ def lock_pid(data_dir: Path) -> int | None:
     return _lock_field(data_dir, 0)
 
 
+def lock_start(data_dir: Path) -> int | None:
+    """When the postmaster that wrote ``postmaster.pid`` started (line 3, seconds since the epoch)."""
+    return _lock_field(data_dir, 2)
+
+
+#: how much later than a lock's postmaster a live process must have started to be another one (the
+#: wall clock, in which both times are, can be stepped)
+LOCK_SLACK_S = 120.0
+
+
+def stale_lock(lock_started: float | None, pid_started: float, boot_time: float) -> bool:
+    """Whether a ``postmaster.pid`` whose pid is alive is stale all the same: the pid is another
+    process now, because the lock was written before this boot, or because the live process started
+    clearly after the lock's postmaster did. Unsure (no start time in the lock) is not stale: the
+    lock of a postmaster that may be alive is never removed."""
+    if lock_started is None:
+        return False
+    return lock_started < boot_time or pid_started > lock_started + LOCK_SLACK_S
+
+
 def lock_port(data_dir: Path) -> int | None:
     """The port in ``postmaster.pid`` (line 4)."""
     return _lock_field(data_dir, 3)
@@ -395,9 +415,16 @@ class PostgresService:
                 f"did not start; stop it (kill -INT {pid}) or use another LAB_STACK_DIR"
             )
         pid = lock_pid(self.data_dir)
-        if pid is not None and psutil.pid_exists(pid):  # a recycled pid: the lock file is stale
+        if pid is not None and psutil.pid_exists(pid):  # PostgreSQL would refuse to start beside it
             lock = self.data_dir / "postmaster.pid"
-            log.warning("removing stale %s (pid %d is no PostgreSQL of it)", lock, pid)
+            try:
+                created: float | None = psutil.Process(pid).create_time()
+            except psutil.NoSuchProcess:
+                created = None
+            if created is not None and not stale_lock(lock_start(self.data_dir), created, psutil.boot_time()):
+                raise StackError(f"{lock} names pid {pid}, which runs and started before that lock was written: "
+                                 f"it may be a PostgreSQL of {self.data_dir}; stop it, or delete {lock} if none is")
+            log.warning("removing stale %s (pid %d is another process now: it started after that lock)", lock, pid)
             lock.unlink(missing_ok=True)
 
     def _prepare(self) -> None:

@@ -72,6 +72,34 @@ def tied() -> Iterator[None]:
         _tied.reset(token)
 
 
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Within the block SIGTERM and SIGINT interrupt nothing: the first one is delivered again to its
+    own handler (an :class:`Interrupted`, a KeyboardInterrupt) once the block is over, so that a
+    process started is always recorded (:func:`spawn`) and a rollback always runs to its end (a
+    second signal while ``up`` undoes what it started). Only the main thread's handlers run Python
+    code, and inside a running event loop a signal cancels at the next ``await``: elsewhere the
+    block runs as it is."""
+    try:
+        asyncio.get_running_loop()
+        in_loop = True
+    except RuntimeError:
+        in_loop = False
+    if in_loop or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit: list[int] = []
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    old = {sig: signal.signal(sig, lambda signum, frame: hit.append(signum)) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if hit:  # after the block only, and only when it ended normally: an exception already propagates
+        signal.raise_signal(hit[0])
+
+
 def start_ticks(pid: int) -> int | None:
     """Field 22 of ``/proc/<pid>/stat``: when ``pid`` started, in ticks since boot; None if gone."""
     try:
@@ -116,7 +144,8 @@ def spawn(
     group = extra_groups = None
     if user is not None and os.geteuid() == 0:  # drop root's gid and groups too, not just the uid
         group, extra_groups = pwd.getpwnam(user).pw_gid, list[int]()
-    with open(log_path, "ab") as out, entered(netns):
+    # a signal between the start and the pid file would leave a service nobody can find: deferred
+    with deferred_signals(), open(log_path, "ab") as out, entered(netns):
         popen = subprocess.Popen(
             [str(a) for a in argv],
             stdin=subprocess.DEVNULL,
@@ -131,12 +160,12 @@ def spawn(
             close_fds=True,
             preexec_fn=die_with_parent(os.getpid()) if _tied.get() else None,
         )
-    proc = psutil.Process(popen.pid)
-    record = {"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "create_time": proc.create_time(),
-              "argv": [str(a) for a in argv]}  # create_time: for readers of older records only
-    tmp = pidfile(state_dir).with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(pidfile(state_dir))
+        proc = psutil.Process(popen.pid)
+        record = {"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "create_time": proc.create_time(),
+                  "argv": [str(a) for a in argv]}  # create_time: for readers of older records only
+        tmp = pidfile(state_dir).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(pidfile(state_dir))
     return proc
 
 
@@ -368,6 +397,33 @@ def exclusive(path: Path, what: str, owner: int | None = None) -> Iterator[None]
         yield
     finally:
         del _held[path]
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def waited(path: Path, what: str, timeout: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block, waiting up to ``timeout`` seconds for
+    another holder to finish (another stack's build of the same cached root or images, which this
+    one would otherwise delete half-made); after that a StackError naming the holder. Not
+    re-entrant: each lock file is taken once per call chain."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = lock_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+                    raise StackError(f"{what} is in use by {holder} for over {timeout:.0f} s; "
+                                     "wait for it to finish") from None
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {holder_label()}".strip().encode(), 0)
+        yield
+    finally:
         os.close(fd)  # releases the lock
 
 

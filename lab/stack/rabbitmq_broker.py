@@ -97,7 +97,7 @@ def cluster_cookie(settings: Settings) -> str:
         return path.read_text().strip()
     except FileNotFoundError:
         value = secrets.token_hex(20).upper()
-        write_private(path, value)
+        settings.write_secret(path.name, value)
         return value
 
 
@@ -110,6 +110,12 @@ def write_cookie(path: Path, value: str) -> None:
     write_private(path, value, mode=0o400)
 
 
+#: how to get the host's package for ``LAB_RABBITMQ_VERSION=3.10``: the script installs it without
+#: starting the distribution's broker, and stops, disables and masks that service
+INSTALL_310 = ("install it with `sudo LAB_RABBITMQ_VERSION=3.10 bash scripts/system-deps.sh` "
+               "(`LAB_RABBITMQ_VERSION=3.10 make setup` does the same)")
+
+
 def root_needed(version: str, host_installed: bool) -> str | None:
     """Why a user without root cannot run RabbitMQ ``version`` here, or None when it can: 4.0 runs
     from the lab's Debian root by ``chroot`` in a private mount namespace (root only); 3.10 runs
@@ -118,9 +124,28 @@ def root_needed(version: str, host_installed: bool) -> str | None:
         return (f"RabbitMQ {version} runs from a Debian root by chroot (LAB_RABBITMQ_VERSION=3.10 runs the "
                 "host's rabbitmq-server package without root)")
     if not host_installed:
-        return (f"RabbitMQ {version} is not installed ({SCRIPTS / 'rabbitmq-server'}): "
-                "sudo apt-get install rabbitmq-server")
+        return f"RabbitMQ {version} is not installed ({SCRIPTS / 'rabbitmq-server'}): {INSTALL_310}"
     return None
+
+
+def user_definitions(settings: Settings) -> dict[str, object]:
+    """RabbitMQ definitions of the lab user (administrator, full permissions on vhost ``/``) with a
+    salted hash of its password, never the password: imported at every boot, they make the node
+    seed no default user (``guest`` never exists). The native node's and the compose container's."""
+    # rabbit_password_hashing_sha256: base64(salt + sha256(salt + password)), 4-byte salt
+    salt = secrets.token_bytes(4)
+    digest = hashlib.sha256(salt + settings.secret("rabbitmq").encode()).digest()
+    return {
+        "users": [{
+            "name": settings.rabbitmq_user,
+            "password_hash": base64.b64encode(salt + digest).decode(),
+            "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": ["administrator"],
+        }],
+        "vhosts": [{"name": "/"}],
+        "permissions": [{"user": settings.rabbitmq_user, "vhost": "/",
+                         "configure": ".*", "write": ".*", "read": ".*"}],
+    }
 
 
 def erlang_address(address: str) -> str:
@@ -197,27 +222,17 @@ class RabbitMQService:
 
     # NativeService -------------------------------------------------------------------
     def provision(self) -> None:
-        """Build the Debian root (4.0) or install the host's package (3.10); starts nothing."""
+        """Build the Debian root (4.0), or check that the host's package (3.10) is installed; starts
+        nothing. The lab never installs a package itself: ``scripts/system-deps.sh`` does, under a
+        ``policy-rc.d`` that keeps the distribution's broker from starting, and masks its service."""
         if self._installed():
             return
         release = RELEASES[self.settings.rabbitmq_version]
         if release is not None:
             rootfs.debian_root(self.settings, *release)
             return
-        if not is_root():
-            raise StackError(
-                f"RabbitMQ is not installed ({SCRIPTS / 'rabbitmq-server'} is missing); "
-                "run `sudo apt-get install rabbitmq-server` (Debian/Ubuntu) and retry"
-            )
-        log.info("installing rabbitmq-server with apt-get")
-        env = child_env(DEBIAN_FRONTEND="noninteractive")
-        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
-            res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-            if res.returncode != 0:
-                lines = (res.stderr or res.stdout).strip().splitlines() or [str(res.returncode)]
-                raise StackError(f"`{' '.join(argv)}` failed: {lines[-1]}")
-        if not (SCRIPTS / "rabbitmq-server").exists():
-            raise StackError(f"rabbitmq-server was installed but {SCRIPTS} is missing its scripts")
+        raise StackError(f"RabbitMQ 3.10 is not installed ({SCRIPTS / 'rabbitmq-server'} is missing): "
+                         f"{INSTALL_310}")
 
     def start(self) -> None:
         """Start epmd and the node, wait until the ``rabbit`` app runs; no-op when running."""
@@ -272,9 +287,13 @@ class RabbitMQService:
             raise StackError(f"{exc}; last log lines: {tail}") from None
 
     def stop(self, *, purge: bool = False) -> None:
-        """``rabbitmqctl stop`` (graceful), then make sure node, its children and epmd are gone."""
+        """``rabbitmqctl stop`` (graceful), then make sure node, its children and epmd are gone.
+        ``purge`` (the data goes too): by pid only, SIGTERM to the node's script, which asks nothing
+        of the node's name or ports (a nested stack is purged with settings that are not its own)."""
         node = proc.running(self.dir)
-        if node is not None:
+        if node is not None and purge:
+            self._kill()
+        elif node is not None:
             tree = [node]
             with contextlib.suppress(psutil.Error):
                 tree += node.children(recursive=True)
@@ -426,29 +445,12 @@ class RabbitMQService:
         (self.etc / "enabled_plugins").write_text("[].\n")
         if self.spread:
             (self.etc / "inetrc").write_text(inetrc(s))
-        write_private(definitions, json.dumps(self._definitions(), indent=2))  # a password hash: 0600
+        write_private(definitions, json.dumps(user_definitions(s), indent=2))  # a password hash: 0600
         cookie = self.home / ".erlang.cookie"
         if self.index is not None:  # the cluster's nodes and CLI calls share one cookie
             write_cookie(cookie, cluster_cookie(s))
         elif not cookie.exists():
             write_private(cookie, secrets.token_hex(20).upper(), mode=0o400)
-
-    def _definitions(self) -> dict[str, object]:
-        s = self.settings
-        # rabbit_password_hashing_sha256: base64(salt + sha256(salt + password)), 4-byte salt
-        salt = secrets.token_bytes(4)
-        digest = hashlib.sha256(salt + s.secret("rabbitmq").encode()).digest()
-        return {
-            "users": [{
-                "name": s.rabbitmq_user,
-                "password_hash": base64.b64encode(salt + digest).decode(),
-                "hashing_algorithm": "rabbit_password_hashing_sha256",
-                "tags": ["administrator"],
-            }],
-            "vhosts": [{"name": "/"}],
-            "permissions": [{"user": s.rabbitmq_user, "vhost": "/",
-                             "configure": ".*", "write": ".*", "read": ".*"}],
-        }
 
     def _start_epmd(self) -> None:
         s = self.settings

@@ -3,10 +3,12 @@
 A second ``dockerd`` (with a ``containerd`` of its own) runs in a network namespace of the stack,
 ``fl-<id>-engine``, one more host on the bridge of :mod:`lab.stack.hosts` at the address
 ``Settings.address("engine")`` (``10.231.n.7``). It listens on tcp at that address and nowhere
-else (no unix socket, so the host's engine at ``/var/run/docker.sock`` is never touched), without
-TLS: the address is reachable only from this machine's root namespace and the stack's other
-hosts, over a bridge that forwards to no other network. Pointing the compose backend at it
-(``LAB_DOCKER_HOST=tcp://10.231.n.7:2375``) exercises everything a remote engine changes: every
+else (no unix socket, so the host's engine at ``/var/run/docker.sock`` is never touched), with
+mutual TLS: it answers only a client presenting the stack's client certificate, whose key only
+root can read (:mod:`lab.stack.enginetls`). An engine's API is root on the machine: any uid of
+this machine, and any host on the bridge, can open a connection to the address, none of them but
+root can authenticate. Pointing the compose backend at it (``LAB_DOCKER_HOST=tcp://10.231.n.7:2376``,
+which it then reaches with that certificate) exercises everything a remote engine changes: every
 docker and compose call crosses the network, the services' ports are reached at the engine's
 address, not 127.0.0.1.
 
@@ -39,7 +41,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,9 +49,10 @@ from typing import Any
 
 import psutil
 
-from lab.settings import ENGINE_PORT, Settings
-from lab.stack import hosts, netns, proc
+from lab.settings import ENGINE_PORT, Settings, claim_stack_dir
+from lab.stack import enginetls, hosts, netns, proc
 from lab.stack.base import StackError
+from lab.stack.engine import own_engine_client
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -73,6 +75,7 @@ class EngineLayout:
     state_dir: Path  # <stack_dir>/engine: data root, logs, pid records
     exec_root: Path  # /run/fanout-lab/engine-<id>: dockerd's exec root and containerd's state
     cgroup_parent: str
+    tls_dir: Path  # <stack_dir>/secrets/engine: the CA, dockerd's and the client's certificates and keys
 
     @property
     def data_root(self) -> Path:
@@ -110,6 +113,7 @@ def engine_layout(settings: Settings) -> EngineLayout:
         namespace=lay.engine_ns, link=lay.engine_link, address=settings.address("engine"),
         url=settings.engine_url, state_dir=settings.stack_dir / "engine",
         exec_root=RUN_DIR / f"engine-{settings.stack_id}", cgroup_parent=f"/{hosts.PREFIX}-{settings.stack_id}-engine",
+        tls_dir=settings.engine_tls_dir,
     )
 
 
@@ -131,11 +135,13 @@ def containerd_config(e: EngineLayout) -> str:
 
 
 def dockerd_command(e: EngineLayout, dockerd: str = "dockerd") -> list[str]:
-    """dockerd on tcp at the engine's address only (``--tls=false`` said explicitly: dockerd 20.10
-    otherwise waits ~15 s at start to warn about an unauthenticated tcp socket), with its own
-    data root, exec root, pid file, containerd and cgroup parent."""
+    """dockerd on tcp at the engine's address only, verifying every client's certificate against the
+    stack's CA (``--tlsverify``), with its own data root, exec root, pid file, containerd and cgroup
+    parent."""
+    tls = e.tls_dir
     return [
-        dockerd, "--host", f"tcp://{e.address}:{ENGINE_PORT}", "--tls=false",
+        dockerd, "--host", f"tcp://{e.address}:{ENGINE_PORT}", "--tlsverify", "--tlscacert", str(tls / "ca.pem"),
+        "--tlscert", str(tls / "server-cert.pem"), "--tlskey", str(tls / "server-key.pem"),
         "--data-root", str(e.data_root), "--exec-root", str(e.dockerd_exec_root),
         "--pidfile", str(e.pidfile), "--containerd", str(e.containerd_socket),
         "--cgroup-parent", e.cgroup_parent,
@@ -180,6 +186,8 @@ def _start(settings: Settings, e: EngineLayout, say: Say) -> None:
         raise StackError(f"the subnet {lay.subnet} of this stack is routed elsewhere already; "
                          "give this stack another LAB_STACK_DIR")
     containerd, dockerd = _exe("containerd"), _exe("dockerd")
+    claim_stack_dir(settings.stack_dir)
+    enginetls.ensure(e.tls_dir, e.address)  # before dockerd reads them; a running one keeps its own
     try:
         hosts.ensure_switch(lay)
         hosts.add_host(lay, e.namespace, e.link, e.address)
@@ -211,8 +219,6 @@ def _wait(ready: Callable[[], bool], timeout: float, what: str, e: EngineLayout)
 def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | None:
     """A pinged SDK client of the engine, or None when it does not answer within ``timeout``
     (``watch``: StackError as soon as dockerd has exited, naming its log's last lines)."""
-    import docker
-
     deadline = time.monotonic() + timeout
     while True:
         if not netns.reachable(e.address):  # its bridge is gone: the address would lead off the machine
@@ -220,7 +226,7 @@ def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | No
                 raise StackError(f"the engine's address {e.address} is not routed onto its lab bridge")
             return None
         try:
-            client = docker.DockerClient(base_url=e.url, timeout=120)
+            client = own_engine_client(e.url, e.tls_dir)
             client.ping()
             return client
         except Exception:
@@ -233,6 +239,14 @@ def _client(e: EngineLayout, *, timeout: float, watch: bool = False) -> Any | No
                                  f"(log: {e.state_dir / 'dockerd.log'})")
             return None
         time.sleep(0.2)
+
+
+def exists(settings: Settings) -> bool:
+    """Whether anything of the stack's engine is there: a recorded daemon still running, or what
+    :func:`leftovers` finds (``lab stack down --purge`` takes it down before deleting its data root)."""
+    e = engine_layout(settings)
+    running = any(proc.running(e.state_dir / f"{name}.run") for name in ("dockerd", "containerd"))
+    return running or bool(leftovers(settings))
 
 
 def leftovers(settings: Settings) -> list[str]:
@@ -264,20 +278,20 @@ def down(settings: Settings, *, purge: bool = False) -> list[str]:
     proc.wait_gone(_procs(_namespace_pids(e) | _cgroup_pids(e)), timeout=10)
     unmounted = 0
     for path in _mounts(e):  # overlays, shm and netns files of containers dockerd never stopped
-        unmounted += subprocess.run(["umount", "-l", path], capture_output=True).returncode == 0
+        unmounted += netns.run_tool(["umount", "-l", path]).returncode == 0
     if unmounted:
         done.append(f"{unmounted} mounts left by a stopped engine unmounted")
     _remove_cgroups(e)
     errors = []
     if e.namespace in hosts.netns_names():  # takes its eth0 and with it its veth pair
-        res = subprocess.run(["ip", "netns", "del", e.namespace], capture_output=True, text=True)
+        res = netns.run_tool(["ip", "netns", "del", e.namespace])
         if res.returncode == 0:
             done.append(e.namespace)
         else:
             errors.append(res.stderr.strip())
     lay = hosts.layout(settings)
     if lay.switch in hosts.netns_names() and e.link in hosts.link_names(lay.switch):  # a half-made pair
-        subprocess.run(["ip", "-n", lay.switch, "link", "del", e.link], capture_output=True)
+        netns.run_tool(["ip", "-n", lay.switch, "link", "del", e.link])
     done += hosts.release_switch(settings)
     shutil.rmtree(e.exec_root, ignore_errors=True)
     with contextlib.suppress(OSError):  # /run/fanout-lab, once no other stack's engine uses it
@@ -334,16 +348,7 @@ def _procs(pids: set[int]) -> list[psutil.Process]:
 
 def _namespace_pids(e: EngineLayout) -> set[int]:
     """Processes whose network namespace is the engine's (its daemons, shims, proxies)."""
-    target = netns.inode(e.namespace)
-    if target is None:
-        return set()
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(entry / "ns" / "net").st_ino == target:
-                    found.add(int(entry.name))
-    return found
+    return netns.pids_in(e.namespace)
 
 
 def _cgroup_dirs(e: EngineLayout) -> list[Path]:

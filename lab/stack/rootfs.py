@@ -7,8 +7,9 @@ minimal Debian root into its cache and runs the broker from it, sharing the host
 
 * :func:`debian_root` builds ``<cache_dir>/rootfs/<suite>-<digest of the package list>`` once,
   idempotently: into a temporary directory, marked complete by a stamp file, then renamed; a
-  half-built root from an interrupted run is removed and rebuilt. Another caller (a Docker image
-  build, say) can reuse the same root.
+  half-built root from an interrupted run is removed and rebuilt. One build at a time per root
+  (a lock file beside it, waited for), so two stack dirs sharing the cache never remove each
+  other's half-built root. Another caller (the compose backend's local images) reuses the same root.
 * :func:`chroot_argv` wraps a command so that it runs inside the root in a private mount
   namespace (``unshare --mount``): ``/proc`` and ``/dev`` are mounted there, and each host
   directory in ``binds`` appears at the same absolute path inside. The mounts vanish with the
@@ -33,13 +34,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab.settings import Settings, child_env, is_root
+from lab.stack import proc
 from lab.stack.base import StackError
+from lab.stack.netns import run_tool
 
 log = logging.getLogger(__name__)
 
 MIRROR = "http://deb.debian.org/debian"
 STAMP = ".lab-rootfs-complete"
 BUILD_TIMEOUT = 1800.0
+LOCK_WAIT_S = BUILD_TIMEOUT + 120.0  # another caller's build of the same root: its timeout, and its cleanup
 
 
 def mounts_under(path: Path, mountinfo: str | None = None) -> list[Path]:
@@ -71,9 +75,9 @@ def unmount_under(path: Path) -> None:
         if not points:
             return
         for point in points:
-            res = subprocess.run(["umount", str(point)], capture_output=True, text=True, check=False)
+            res = run_tool(["umount", str(point)])
             if res.returncode != 0:  # busy: detach it now, the kernel drops it when released
-                subprocess.run(["umount", "--lazy", str(point)], capture_output=True, text=True, check=False)
+                run_tool(["umount", "--lazy", str(point)])
     left = mounts_under(path)
     if left:
         raise StackError(f"{left[0]} is still mounted; unmount it (umount -l {left[0]}) before the lab removes {path}")
@@ -98,10 +102,20 @@ def is_built(root: Path) -> bool:
 
 
 def debian_root(settings: Settings, suite: str, packages: Sequence[str]) -> Path:
-    """A minimal Debian ``suite`` root with ``packages`` installed; built on first call (root only)."""
+    """A minimal Debian ``suite`` root with ``packages`` installed; built on first call (root only).
+    One build at a time per root, across every stack dir sharing the cache (``<root>.lock``): a
+    second caller waits for the first and uses its root, never removes it half-built."""
     root = root_path(settings, suite, packages)
     if is_built(root):
         return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with proc.waited(root.with_name(root.name + ".lock"), f"the build of {root}", LOCK_WAIT_S):
+        if is_built(root):  # built by the caller we waited for
+            return root
+        return _build(root, suite, packages)
+
+
+def _build(root: Path, suite: str, packages: Sequence[str]) -> Path:
     if not is_root():
         raise StackError(f"building the Debian {suite} root {root} needs root (debootstrap, chroot)")
     exe = shutil.which("debootstrap") or ("/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None)

@@ -1,51 +1,42 @@
 """The stack dir's own marker, and what ``lab stack down --purge`` may delete.
 
-A stack dir the lab creates carries :data:`MARKER`. ``--purge`` deletes a directory only when it
-carries it, so a mistyped ``LAB_STACK_DIR`` (a home directory, a project checkout) is refused
-instead of deleted. A stack dir made by an older lab is recognised by its generated secrets and
-marked at its next start. Stacks nested under the one purged (the test suite keeps its own under
-``<stack_dir>/test``) are stopped first, by their recorded pids.
+The lab writes into a stack dir only once it has claimed it (:func:`lab.settings.claim_stack_dir`):
+created with :data:`MARKER`, or marked when it is empty or holds only names the lab creates (a
+stack dir an older lab made). A directory holding anything else (a mistyped ``LAB_STACK_DIR``: a
+home directory, a project checkout) is refused before anything is written into it, secrets and
+lock included. ``--purge`` deletes only a directory the lab would claim, and deletes its marker
+last, so a purge cut short can be run again.
+
+Stacks nested under the one purged (the test suite keeps its own under ``<stack_dir>/test``) are
+purged first, each by its own ``down``, under its own lock: a nested stack in use is refused,
+naming the command that holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from lab.stack import proc
+from lab.settings import STACK_MARKER, claim_stack_dir, foreign_entries
+from lab.stack import proc, rootfs
 from lab.stack.base import StackError
 
 log = logging.getLogger(__name__)
 
-MARKER = ".fanout-lab-stack"
+MARKER = STACK_MARKER
 NESTED_DEPTH = 3  # how deep below a purged stack dir nested stacks are looked for
-_LAB_ONLY = {MARKER, "run.lock"}  # what a stack dir holds before its first start (the lock)
+claim = claim_stack_dir
 
 
 def is_marked(stack_dir: Path) -> bool:
     return (stack_dir / MARKER).is_file()
 
 
-def mark(stack_dir: Path) -> bool:
-    """Create ``stack_dir`` with its marker, or mark an existing one the lab made (empty but for
-    the lock, or holding the lab's generated secrets). Returns whether it is marked now."""
-    stack_dir.mkdir(parents=True, exist_ok=True)
-    if is_marked(stack_dir):
-        return True
-    names = {p.name for p in stack_dir.iterdir()}
-    if names <= _LAB_ONLY or (stack_dir / "secrets" / "secrets.json").is_file():
-        fd = os.open(stack_dir / MARKER, os.O_WRONLY | os.O_CREAT, 0o644)
-        os.write(fd, b"a fanout-lab stack dir: `lab stack down --purge` may delete it\n")
-        os.close(fd)
-        return True
-    log.warning("%s holds files the lab did not create: not marked, `lab stack down --purge` will keep it",
-                stack_dir)
-    return False
-
-
 def nested_stacks(stack_dir: Path) -> list[Path]:
-    """Marked stack dirs below ``stack_dir`` (not itself), symlinks not followed."""
+    """Marked stack dirs below ``stack_dir`` (not itself), deepest first, symlinks not followed."""
     found: list[Path] = []
     base = len(stack_dir.parts)
     for root, dirs, files in os.walk(stack_dir, followlinks=False):
@@ -54,26 +45,45 @@ def nested_stacks(stack_dir: Path) -> list[Path]:
             found.append(here)
         if len(here.parts) - base >= NESTED_DEPTH:
             dirs[:] = []
-    return found
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
-def stop_recorded(stack_dir: Path, timeout: float = 30.0) -> list[int]:
-    """Stop every process recorded by a pid file under ``stack_dir`` (services and a run's
-    children); returns the pids that were running."""
-    stopped: list[int] = []
-    for pid_file in sorted(stack_dir.rglob(proc.pidfile(Path()).name)):
-        running = proc.running(pid_file.parent)
-        if running is not None:
-            stopped.append(running.pid)
-            proc.terminate(pid_file.parent, timeout=timeout)
-    return stopped
+@contextlib.contextmanager
+def locked(stacks: list[Path]) -> Iterator[None]:
+    """Hold the lock of every stack dir in ``stacks`` for the block, each taken without waiting: a
+    stack another command uses is refused in one line naming that command and its pid."""
+    with contextlib.ExitStack() as held:
+        for stack_dir in stacks:
+            held.enter_context(proc.exclusive(stack_dir / "run.lock", f"the stack nested in {stack_dir}"))
+        yield
 
 
 def check_purgeable(stack_dir: Path) -> None:
-    """Refuse, in one line, to delete a directory the lab did not mark as its stack dir."""
-    if not stack_dir.exists() or is_marked(stack_dir):
-        return
-    if {p.name for p in stack_dir.iterdir()} <= _LAB_ONLY:  # only the lock this very command created
+    """Refuse, in one line, to delete a directory the lab would not claim as its stack dir."""
+    if is_marked(stack_dir) or not foreign_entries(stack_dir):
         return
     raise StackError(f"not purged: {stack_dir} carries no {MARKER} marker, so the lab did not create it "
                      "as a stack dir; check LAB_STACK_DIR, and delete it yourself if it is one")
+
+
+def remove(stack_dir: Path) -> None:
+    """Delete a stack dir (:func:`check_purgeable` first): every entry but the marker, never through
+    a mount (:func:`lab.stack.rootfs.remove_tree`), then the marker, then the directory. A purge cut
+    short keeps the marker, so the next one recognises the rest as the lab's."""
+    check_purgeable(stack_dir)
+    if not stack_dir.exists():
+        return
+    for entry in stack_dir.iterdir():
+        if entry.name == MARKER:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            rootfs.remove_tree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+    left = sorted(p.name for p in stack_dir.iterdir() if p.name != MARKER)
+    if left:
+        raise StackError(f"not purged: {', '.join(left[:3])} in {stack_dir} could not be deleted; "
+                         "its marker is kept, so `lab stack down --purge` can be run again")
+    (stack_dir / MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another process may have created something meanwhile
+        stack_dir.rmdir()

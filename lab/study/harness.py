@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +39,10 @@ from lab.scenario import Scenario
 from lab.settings import Settings, child_env
 from lab.stack import children, proc
 from lab.stack.base import StackError
+from lab.stack.hosts import namespace
 
 Say = Callable[[str], None]
+SENDERS_TIMEOUT_S = 1800.0
 
 
 def _truncate(settings: Settings) -> None:
@@ -51,63 +52,76 @@ def _truncate(settings: Settings) -> None:
 
 def _inserts_only(settings: Settings, web_argv: list[str], senders_argv: list[str],
                   senders_cpu: Callable[[str, Path], float], messages: int) -> float:
-    """One web + senders pair: (web CPU over the send phase + senders' own CPU) per message."""
+    """One web + senders pair: (web CPU over the send phase + senders' own CPU) per message. Both run
+    where a run's web and senders run (the ``web`` host under ``LAB_HOSTS=netns``), started as a
+    run's children: recorded and tied to this process, so a SIGKILLed bench leaves nothing holding
+    the port that ``lab stack down`` cannot find."""
     holder = children.port_holder(settings.web_port)
     if holder is not None:  # its wait on the port would take another web service for its own
         raise StackError(f"port {settings.web_port} (LAB_WEB_PORT) is taken by pid {holder}: "
                          "the harness starts its own web service there")
     _truncate(settings)
-    env = child_env(settings)
+    env, host = child_env(settings), namespace(settings, "web")
     with tempfile.TemporaryDirectory(prefix="lab-harness-") as tmp:
-        out = Path(tmp) / "senders.json"
-        with open(Path(tmp) / "web.log", "ab") as log:
-            web = subprocess.Popen([sys.executable, *web_argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+        out, web_log, senders_log = Path(tmp) / "senders.json", Path(tmp) / "web.log", Path(tmp) / "senders.log"
+        web = children.spawn(settings, "harness-web", [sys.executable, *web_argv], log_path=web_log, env=env,
+                             netns=host)
+        started = [web]
         try:
-            watched = psutil.Process(web.pid)
-            proc.wait_until(lambda: proc.port_open(settings.web_port), timeout=150, what="web",
-                            proc=watched, log_path=Path(tmp) / "web.log")
+            proc.wait_until(lambda: proc.port_open(settings.web_port, settings.web_host), timeout=150, what="web",
+                            proc=web, log_path=web_log)
             time.sleep(1.0)  # the pool finishes opening
-            cpu0 = sum(watched.cpu_times()[:2])
+            cpu0 = sum(web.cpu_times()[:2])
             extra = ["--out", str(out)] if "lab.workload.senders" in senders_argv else []
-            run = subprocess.run([sys.executable, *senders_argv, *extra], capture_output=True,
-                                 text=True, env=env, timeout=1800, check=False)
-            web_cpu = sum(watched.cpu_times()[:2]) - cpu0
+            senders = children.spawn(settings, "harness-senders", [sys.executable, *senders_argv, *extra],
+                                     log_path=senders_log, env=env, netns=host)
+            started.append(senders)
+            try:
+                code = senders.wait(timeout=SENDERS_TIMEOUT_S)
+            finally:
+                children.stop([senders], timeout=10)
+            web_cpu = sum(web.cpu_times()[:2]) - cpu0
         finally:
-            children.stop([psutil.Process(web.pid)], timeout=30)  # TERM, bounded wait, KILL
-            web.wait()
-        if run.returncode != 0:
-            raise RuntimeError(f"senders failed ({run.returncode}): {run.stderr.strip()[-300:]}")
+            children.stop([web], timeout=30)  # TERM, bounded wait, KILL
+            children.forget(settings, started)
+        report = senders_log.read_text()
+        if code != 0:
+            raise RuntimeError(f"senders failed ({code}): {report.strip()[-300:]}")
         with psycopg.connect(settings.pg_dsn) as conn:
             rows = conn.execute("SELECT count(*) FROM messages").fetchone()
         if rows != (messages,):
             raise RuntimeError(f"expected {messages} rows, found {rows}")
         # both senders report their CPU over the send phase only (not their start-up)
-        return (web_cpu + senders_cpu(run.stdout, out)) * 1000 / messages
+        return (web_cpu + senders_cpu(report, out)) * 1000 / messages
+
+
+def harness_commands(settings: Settings, messages: int, senders: int, *, naive: bool, client: str | None = None,
+                     http: str | None = None) -> tuple[list[str], list[str]]:
+    """The web's and the senders' arguments (after the interpreter) of one arm: the web listens
+    where a run's web does (``Settings.web_host``), the senders reach it there."""
+    dsn, port = settings.pg_dsn, str(settings.web_port)
+    if naive:
+        return (["-m", "lab.workload.naive", "web", "--host", settings.web_host, "--port", port, "--dsn", dsn],
+                ["-m", "lab.workload.naive", "senders", "--url", settings.web_url, "--messages", str(messages),
+                 "--senders", str(senders)])
+    return (["-m", "lab.workload.web", "--host", settings.web_host, "--port", port, "--dsn", dsn,
+             *(["--http", http] if http else [])],
+            ["-m", "lab.workload.senders", "--url", settings.web_url, "--messages", str(messages),
+             "--senders", str(senders), *(["--client", client] if client else [])])
 
 
 def _naive(settings: Settings, messages: int, senders: int) -> float:
-    return _inserts_only(
-        settings,
-        ["-m", "lab.workload.naive", "web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn],
-        ["-m", "lab.workload.naive", "senders", "--url", settings.web_url, "--messages", str(messages),
-         "--senders", str(senders)],
-        lambda stdout, _: float(json.loads(stdout.strip().splitlines()[-1])["cpu_s"]),
-        messages,
-    )
+    web_argv, senders_argv = harness_commands(settings, messages, senders, naive=True)
+    return _inserts_only(settings, web_argv, senders_argv,
+                         lambda stdout, _: float(json.loads(stdout.strip().splitlines()[-1])["cpu_s"]), messages)
 
 
 def _real_inserts(settings: Settings, messages: int, senders: int, *, client: str | None = None,
                   http: str | None = None) -> float:
     """The lab's web and senders, inserts only; ``None``: the module's default."""
-    return _inserts_only(
-        settings,
-        ["-m", "lab.workload.web", "--port", str(settings.web_port), "--dsn", settings.pg_dsn,
-         *(["--http", http] if http else [])],
-        ["-m", "lab.workload.senders", "--url", settings.web_url, "--messages", str(messages),
-         "--senders", str(senders), *(["--client", client] if client else [])],
-        lambda _, out: float(json.loads(out.read_text())["cpu_s"]),
-        messages,
-    )
+    web_argv, senders_argv = harness_commands(settings, messages, senders, naive=False, client=client, http=http)
+    return _inserts_only(settings, web_argv, senders_argv,
+                         lambda _, out: float(json.loads(out.read_text())["cpu_s"]), messages)
 
 
 def _real_inserts_aiohttp_client(settings: Settings, messages: int, senders: int) -> float:

@@ -100,13 +100,15 @@ def bench_options(
     base: Scenario, field: str, values: Sequence[Any], settings: Settings, *, repeats: int = 3,
     say: Say = lambda _: None,
 ) -> dict[str, Any]:
-    """Run ``base`` with each value of ``field``, alternating, ``repeats`` rounds."""
+    """Run ``base`` with each value of ``field``, alternating, ``repeats`` rounds. Every value is
+    checked (each scenario built) before the first run: a bad one is refused in one line, not
+    after the runs of the values before it."""
+    scenarios = [base.replace(**{field: v}) for v in values]
     runs: dict[str, list[dict[str, Any]]] = {str(v): [] for v in values}
     loads: list[float] = []
     failed: list[dict[str, str]] = []
     for i in range(repeats):
-        for v in values:
-            scenario = base.replace(**{field: v})
+        for v, scenario in zip(values, scenarios, strict=True):
             say(f"round {i + 1}/{repeats}: {field}={v} ({scenario.slug})")
             result = run_interruptible(run_scenario(scenario, settings))
             loads.append(os.getloadavg()[0])

@@ -5,7 +5,7 @@ service with a ``psycopg_pool`` pool (its ``connection()`` context, a cursor per
 through the standard library, the default asyncio loop) that only serves ``POST /load/messages``,
 and aiohttp senders (one ``ClientSession``, S tasks in a closed loop) that only insert.
 
-    python -m lab.workload.naive web --port P --dsn DSN
+    python -m lab.workload.naive web --port P --dsn DSN [--host ADDRESS]
     python -m lab.workload.naive senders --url http://127.0.0.1:P --messages M --senders S
 
 The senders print one JSON line: ``sent``, ``failed``, ``wall_s`` and ``cpu_s`` (their own CPU
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.workload.naive", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="role", required=True)
     w = sub.add_parser("web")
+    w.add_argument("--host", default="127.0.0.1")
     w.add_argument("--port", type=int, required=True)
     w.add_argument("--dsn", required=True)
     s = sub.add_parser("senders")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--senders", type=int, default=200)
     a = p.parse_args(argv)
     if a.role == "web":
-        web.run_app(create_app(a.dsn), host="127.0.0.1", port=a.port, access_log=None, print=None)
+        web.run_app(create_app(a.dsn), host=a.host, port=a.port, access_log=None, print=None)
         return 0
     out = asyncio.run(send_all(a.url, a.messages, a.senders))
     sys.stdout.write(json.dumps(out) + "\n")

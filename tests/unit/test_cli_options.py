@@ -182,3 +182,41 @@ def test_a_command_that_reaches_the_services_refuses_while_the_netns_layout_is_n
     assert cli.main(command) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"lab: error: {hosts.NOT_UP}"]
     assert not started
+
+
+def test_a_non_finite_vary_value_is_refused_in_one_line_before_any_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lab bench options --vary cooldown_s=0,inf`: the values are not the options' own argparse
+    types, so the scenario refuses inf, and before the first value's runs."""
+    import lab.study.options
+
+    started: list[object] = []
+
+    async def never(*args: object, **kwargs: object) -> dict[str, object]:
+        started.append(args)
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(lab.study.options, "run_scenario", never)
+    monkeypatch.setenv("LAB_STACK_DIR", str(tmp_path))
+    monkeypatch.setattr(cli, "get_settings", Settings.from_env)
+    assert cli.main(["bench", "options", "--vary", "cooldown_s=0,inf", "--messages", "10"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "lab: error: cooldown_s must be a finite number, got inf"]
+    assert not started
+
+
+def test_verbose_shows_the_traceback_of_an_unexpected_error(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-v` promises the traceback of an error the lab does not recognise (exit status 1): it is logged
+    at INFO, the level `-v` sets (WARNING without it, which keeps the one line alone)."""
+    import logging
+
+    def boom(args: object, settings: object) -> int:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_stack_status", boom)
+    caplog.set_level(logging.DEBUG, logger="lab.cli")
+    assert cli.main(["-v", "stack", "status"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == ["lab: error: RuntimeError: boom"]
+    [record] = [r for r in caplog.records if r.name == "lab.cli" and r.exc_info]
+    assert record.levelno == logging.INFO and record.exc_info[0] is RuntimeError  # type: ignore[index]

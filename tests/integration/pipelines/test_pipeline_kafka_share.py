@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from lab.pipelines.kafka import TOPIC, partition_count
@@ -94,6 +94,10 @@ def test_every_message_is_worked_once_and_nothing_is_left(stack: object, setting
     assert r["cpu_s"]["debezium"] > 0 and r["cpu_s"]["kafka"] > 0 and r["cpu_s"]["consumers"] > 0
     assert dbz_slots(settings) == []
     assert topic_gone(settings)
+    # the run's share group went with it (not one empty group left per run): deleting it again finds none
+    group = s["group_id"]
+    with pytest.raises(KafkaException, match="GROUP_ID_NOT_FOUND"):
+        admin(settings).delete_consumer_groups([group], request_timeout=10)[group].result()
 
 
 def envelope(i: int, op: str = "c") -> bytes:

@@ -81,6 +81,22 @@ def test_up_and_status(compose: object) -> None:
     assert scalar(settings, "SHOW max_wal_senders") == "64"
 
 
+def test_no_container_shows_a_password(compose: object) -> None:
+    """Whoever reaches the engine sees every container's configuration (`docker inspect`): neither
+    password is in any of them (they went in as files; that they work is what the schema applied
+    above and the rabbitmq run below show)."""
+    import json
+
+    settings = compose.settings
+    secrets = [settings.secret("pg"), settings.secret("rabbitmq")]
+    inspected = [compose.client.api.inspect_container(c.id) for c in compose.client.containers.list(
+        all=True, filters={"label": f"com.docker.compose.project={settings.compose_project}"})]
+    assert len(inspected) >= 3
+    for attrs in inspected:
+        text = json.dumps(attrs)
+        assert not [x for x in secrets if x in text], attrs["Name"]
+
+
 # The default tier runs on containers what differs there: each container service (PostgreSQL with a direct
 # reader, Kafka, RabbitMQ, Kafka with share groups). wal-sharded, poll, wal-filtered and wal-relay read
 # PostgreSQL as wal does (their native tests cover them; the relay is a local process either way); they

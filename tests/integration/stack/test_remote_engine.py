@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.settings import Settings
+from lab.settings import ENGINE_PORT, Settings
 from lab.stack.base import StackError
 from tests.conftest import test_settings as native_test_settings
 
@@ -79,11 +79,12 @@ def test_engine_listens_on_its_address_only(engine: Settings) -> None:
     assert info["state"] == "running", info
     assert set(info["images"]) >= {"fanout-lab/postgres:local", "fanout-lab/kafka:4.2.2-local"}
     address = engine.address("engine")
-    assert engine.docker_host == f"tcp://{address}:2375"
-    assert port_open(2375, address)
-    assert not port_open(2375, "127.0.0.1")  # not on this namespace's loopback
+    assert engine.docker_host == f"tcp://{address}:{ENGINE_PORT}"
+    assert port_open(ENGINE_PORT, address)
+    assert not port_open(ENGINE_PORT, "127.0.0.1")  # not on this namespace's loopback
     argv = Path(f"/proc/{info['pids']['dockerd']}/cmdline").read_bytes().split(b"\0")
-    assert b"--host" in argv and argv[argv.index(b"--host") + 1] == f"tcp://{address}:2375".encode()
+    assert b"--host" in argv and argv[argv.index(b"--host") + 1] == f"tcp://{address}:{ENGINE_PORT}".encode()
+    assert b"--tlsverify" in argv
     assert argv.count(b"--host") == 1  # no unix socket: the host's engine's is never touched
     assert os.stat(f"/proc/{info['pids']['dockerd']}/ns/net").st_ino == \
         os.stat(f"/run/netns/{info['namespace']}").st_ino
@@ -100,14 +101,14 @@ def test_the_participant_hosts_come_and_go_beside_the_engine(engine: Settings) -
     hosts.create(participants)
     try:
         assert hosts.complete(participants)
-        assert port_open(2375, engine.address("engine"))
-        with hosts.entered(lay.namespaces["consumers"]):  # a host reaches the engine over the bridge
-            assert port_open(2375, engine.address("engine"))
+        assert port_open(ENGINE_PORT, engine.address("engine"))
+        with hosts.entered(lay.namespaces["consumers"]):  # a host reaches the engine's port over the bridge
+            assert port_open(ENGINE_PORT, engine.address("engine"))
     finally:
         hosts.remove(participants)
     assert not set(lay.namespaces.values()) & set(hosts.netns_names())
     assert {lay.engine_ns, lay.switch} <= set(hosts.netns_names())
-    assert port_open(2375, engine.address("engine"))
+    assert port_open(ENGINE_PORT, engine.address("engine"))
 
 
 def test_wal_run_through_the_engine(engine: Settings) -> None:
@@ -147,6 +148,11 @@ def test_wal_run_through_the_engine(engine: Settings) -> None:
     cpu = result["cpu_s"]
     assert cpu["postgres"] > 0 and cpu["consumers"] > 0 and cpu["web"] > 0
     assert result["mem_mb"]["postgres"] > 10
+    import json
+
+    for name in ("postgres", "kafka", "rabbitmq"):  # whoever reaches the engine: no password shown
+        text = json.dumps(stack.client.api.inspect_container(stack.container(name).id))
+        assert engine.secret("pg") not in text and engine.secret("rabbitmq") not in text, name
     # the containers' CPU is part of this host's busy time: the accounting closes (within the
     # sampler's edge skew) instead of the participants' sum exceeding what the host spent
     participants = sum(v for k, v in cpu.items() if k != "unattributed")

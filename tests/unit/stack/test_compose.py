@@ -113,3 +113,54 @@ def test_container_usage_reads_cumulative_counters() -> None:
           "memory_stats": {"usage": 50 * 2**20, "stats": {"inactive_file": 0}}}
     assert container_usage(v2) == (1.0, 50.0)
     assert container_usage({}) == (0.0, 0.0)  # a stopped container
+
+
+def test_no_password_reaches_a_containers_environment() -> None:
+    """`docker inspect` shows a container's environment to whoever reaches the engine: no password
+    goes there, from the compose file or from the environment the lab runs compose with."""
+    for name, service in {**_services(COMPOSE), **_services(LOCAL)}.items():
+        env = service.get("environment") or {}
+        for key, value in env.items():
+            assert "PASS" not in key.upper() or key.endswith("_FILE"), (name, key)
+            assert "PASSWORD" not in str(value) or str(value).startswith("/"), (name, key, value)
+    s = Settings(pg_password="pg-secret-1234", rabbitmq_password="mq-secret-5678")
+    env = compose_env(s)
+    assert not [k for k, v in env.items() if "secret-1234" in v or "secret-5678" in v]
+
+
+def test_the_containers_get_their_credentials_as_files() -> None:
+    """PostgreSQL's password as the file POSTGRES_PASSWORD_FILE names (root's, 0600); RabbitMQ's user as
+    definitions with a salted hash, imported from conf.d: the password itself is in no file of it."""
+    import io
+    import json
+    import tarfile
+
+    from lab.stack.compose import put_files, secret_files
+
+    s = Settings(pg_password="pg-secret-1234", rabbitmq_password="mq-secret-5678")
+    files = secret_files(s)
+    pg_file = _services(COMPOSE)["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"]
+    folder, name = pg_file.rsplit("/", 2)[0], "/".join(pg_file.rsplit("/", 2)[1:])
+    assert files["postgres"][folder][name] == (b"pg-secret-1234\n", 0o600)
+    rabbit = files["rabbitmq"]["/etc/rabbitmq"]
+    conf = rabbit["conf.d/90-lab-user.conf"][0].decode()
+    assert "definitions.local.path = /etc/rabbitmq/lab-definitions.json" in conf
+    definitions = json.loads(rabbit["lab-definitions.json"][0])
+    assert definitions["users"][0]["name"] == s.rabbitmq_user and "password" not in definitions["users"][0]
+    assert b"mq-secret-5678" not in b"".join(c for c, _ in rabbit.values())
+
+    class Container:
+        name = "postgres-1"
+
+        def __init__(self) -> None:
+            self.got: dict[str, bytes] = {}
+
+        def put_archive(self, path: str, data: bytes) -> bool:
+            self.got[path] = data
+            return True
+
+    c = Container()
+    put_files(c, folder, files["postgres"][folder])
+    with tarfile.open(fileobj=io.BytesIO(c.got[folder])) as tar:
+        members = {m.name: (m.isdir(), m.mode, m.uid) for m in tar.getmembers()}
+    assert members == {"lab-secrets": (True, 0o700, 0), "lab-secrets/pg-password": (False, 0o600, 0)}

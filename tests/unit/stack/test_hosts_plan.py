@@ -160,3 +160,42 @@ def test_under_ha_each_broker_node_and_the_standby_get_a_host_of_their_own(tmp_p
     loop = s.replace(hosts="loopback")  # on loopback: one epmd, node 1's, every node @localhost
     assert not loop.rabbitmq_spread and [n[1] for n in loop.rabbitmq_nodes][2] == "rmq-3@localhost"
     assert "ERL_INETRC" not in RabbitMQService(loop, 2)._env() and not RabbitMQService(loop, 2).owns_epmd
+
+
+def test_a_half_made_layout_whose_namespaces_still_run_processes_is_refused_not_removed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Removing the namespaces would leave PostgreSQL running where no address reaches it and no
+    name finds it: `up` refuses and says to stop first."""
+    s = Settings(stack_dir=Path("/x/stack"), hosts="netns")
+    lay = hosts.layout(s)
+    removed: list[object] = []
+    monkeypatch.setattr(hosts, "require_root", lambda: None)
+    monkeypatch.setattr(hosts, "complete", lambda settings: False)
+    monkeypatch.setattr(hosts, "netns_names", lambda: [lay.switch, lay.namespaces["postgres"]])
+    monkeypatch.setattr(hosts, "leftovers", lambda settings: [lay.switch, lay.namespaces["postgres"]])
+    monkeypatch.setattr(hosts, "pids_in", lambda ns: {4242} if ns == lay.namespaces["postgres"] else set())
+    monkeypatch.setattr(hosts, "remove", lambda settings: removed.append(settings))
+    with pytest.raises(StackError, match=rf"half made .*{lay.namespaces['postgres']}: pid 4242.*lab stack down"):
+        hosts.create(s)
+    assert removed == []
+    monkeypatch.setattr(hosts, "pids_in", lambda ns: set())  # nothing runs there: removed and made again
+    monkeypatch.setattr(hosts, "_subnet_taken", lambda settings: "stop here")
+    with pytest.raises(StackError, match="routed via stop here"):
+        hosts.create(s)
+    assert removed == [s]
+
+
+def test_the_hosts_may_answer_the_runner_but_open_nothing_on_this_machine() -> None:
+    """The root namespace drops what a host starts over the runner's link (a TCP SYN to the host's
+    sshd on 0.0.0.0, UDP, a ping); the replies to the runner's own connections pass. Stateless."""
+    lay = hosts.layout(Settings(stack_dir=Path("/x/stack"), hosts="netns"))
+    script = hosts.runner_guard(lay)
+    table = hosts.guard_table(lay)
+    assert table.startswith(lay.prefix_link)
+    lines = script.splitlines()
+    assert lines[:3] == [f"add table inet {table}", f"delete table inet {table}", f"add table inet {table}"]
+    rules = [ln for ln in lines if ln.startswith("add rule")]
+    assert rules and all(f'iifname "{lay.runner_link}"' in r and r.endswith("drop") for r in rules)
+    assert any("tcp flags & (syn | ack) == syn" in r for r in rules)
+    assert any("udp" in r for r in rules) and any("echo-request" in r for r in rules)
+    assert "ct state" not in script  # no conntrack on the measured packets

@@ -173,3 +173,18 @@ def test_a_run_whose_delayer_died_says_so(tmp_path: Path) -> None:
     assert why is not None and "delayer is gone" in why and "\n" not in why
     linkdelay._record(s, {"mechanism": "netem", "delay_ms": 5.0, "namespaces": {}})
     assert NetWindow(s).lost_delay() is None  # netem has no process to lose
+
+
+def test_the_system_tools_are_waited_for_a_bounded_time() -> None:
+    """A held xtables lock, a busy umount, a hung `ip` or `nft`: an error naming the timeout, never a wait
+    for ever (iptables's own lock wait is bounded too)."""
+    import time
+
+    from lab.stack import linkdelay, netns
+
+    t0 = time.monotonic()
+    done = netns.run_tool(["sleep", "30"], timeout=0.3)
+    assert done.returncode == 124 and "did not finish within 0 s" in done.stderr
+    assert time.monotonic() - t0 < 5
+    argv = linkdelay.iptables_argv("-A", "10.231.83.0/24")
+    assert argv[:3] == ["iptables", "-w", linkdelay.XTABLES_WAIT_S] and float(argv[2]) > 0

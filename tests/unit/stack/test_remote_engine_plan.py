@@ -57,7 +57,7 @@ def test_the_engine_is_one_more_host_on_the_stacks_bridge() -> None:
     net = ipaddress.ip_network(s.hosts_subnet)
     others = {s.address(h) for h in [*NETNS_HOSTS, "runner"]}
     assert ipaddress.ip_address(s.address("engine")) in net and s.address("engine") not in others
-    assert s.engine_url == f"tcp://{s.address('engine')}:2375"
+    assert s.engine_url == f"tcp://{s.address('engine')}:2376"
     e = engine_layout(s)
     lay = hosts.layout(s)
     assert e.namespace == f"fl-{s.stack_id}-engine" and e.namespace.startswith(lay.prefix_ns)
@@ -74,15 +74,61 @@ def test_the_engine_is_one_more_host_on_the_stacks_bridge() -> None:
 def test_dockerd_listens_on_tcp_at_its_address_only_with_everything_its_own() -> None:
     e = engine_layout(Settings(stack_dir=Path("/x/stack")))
     argv = dockerd_command(e)
-    assert argv.count("--host") == 1 and argv[argv.index("--host") + 1] == f"tcp://{e.address}:2375"
+    assert argv.count("--host") == 1 and argv[argv.index("--host") + 1] == f"tcp://{e.address}:2376"
     assert not [a for a in argv if "unix://" in a or "docker.sock" in a]  # the host engine's socket untouched
-    assert "--tls=false" in argv  # said explicitly: no 15 s warning pause at start
-    flags = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--") and "=" not in a}
+    flags = {a: argv[i + 1] for i, a in enumerate(argv[:-1])
+             if a.startswith("--") and "=" not in a and not argv[i + 1].startswith("--")}
     assert flags["--data-root"] == str(e.data_root)
     assert flags["--exec-root"] == str(e.dockerd_exec_root)
     assert flags["--pidfile"] == str(e.pidfile) != "/var/run/docker.pid"
     assert flags["--containerd"] == str(e.containerd_socket)
     assert flags["--cgroup-parent"] == e.cgroup_parent
+
+
+def test_only_a_client_with_the_stacks_certificate_reaches_the_engine() -> None:
+    """Its API is root on the machine: dockerd verifies every client against the stack's own CA,
+    whose client key only root can read (never plain tcp, never TLS without a client check)."""
+    s = Settings(stack_dir=Path("/x/stack"))
+    e = engine_layout(s)
+    argv = dockerd_command(e)
+    assert "--tlsverify" in argv and "--tls=false" not in argv
+    flags = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--tls") and a != "--tlsverify"}
+    assert flags == {"--tlscacert": "/x/stack/secrets/engine/ca.pem",
+                     "--tlscert": "/x/stack/secrets/engine/server-cert.pem",
+                     "--tlskey": "/x/stack/secrets/engine/server-key.pem"}
+    assert e.tls_dir == s.engine_tls_dir == s.secrets_dir / "engine"
+    assert s.replace(docker_host=s.engine_url).own_engine and not s.own_engine
+    assert not s.replace(docker_host="tcp://10.0.0.9:2376").own_engine
+
+
+def test_the_engine_certificates_are_private_and_the_ca_key_is_gone(tmp_path: Path) -> None:
+    """Made with openssl (umask 077): keys 0600, directory 0700, the CA's key deleted once it signed
+    dockerd's certificate (for the engine's address) and the client's; both verify against the CA."""
+    import os
+    import stat
+    import subprocess
+
+    from lab.stack import enginetls
+
+    tls = tmp_path / "secrets" / "engine"
+    enginetls.ensure(tls, "10.231.83.7")
+    assert sorted(p.name for p in tls.iterdir()) == sorted([*enginetls.FILES, "address"])
+    assert stat.S_IMODE(tls.stat().st_mode) == 0o700
+    for key in ("key.pem", "server-key.pem"):
+        assert stat.S_IMODE((tls / key).stat().st_mode) == 0o600 and (tls / key).stat().st_uid == os.geteuid()
+    for cert, purpose in (("server-cert.pem", "sslserver"), ("cert.pem", "sslclient")):
+        done = subprocess.run(["openssl", "verify", "-purpose", purpose, "-CAfile", "ca.pem", cert], cwd=tls,
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+    text = subprocess.run(["openssl", "x509", "-in", "server-cert.pem", "-noout", "-ext", "subjectAltName"],
+                          cwd=tls, capture_output=True, text=True, check=True).stdout
+    assert "IP Address:10.231.83.7" in text
+    before = (tls / "cert.pem").read_bytes()
+    assert enginetls.complete(tls, "10.231.83.7") and not enginetls.complete(tls, "10.231.84.7")
+    enginetls.ensure(tls, "10.231.83.7")  # kept: a running engine's clients stay valid
+    assert (tls / "cert.pem").read_bytes() == before
+    enginetls.ensure(tls, "10.231.84.7")  # another address (the stack dir moved): made again
+    assert (tls / "cert.pem").read_bytes() != before
 
 
 def test_containerd_has_its_own_root_state_and_socket() -> None:
@@ -136,3 +182,27 @@ def test_engine_down_purge_names_its_data_root_not_the_stack_dir() -> None:
     assert args.purge_data and not getattr(args, "purge", False)
     assert args.locks  # like `lab stack down`: refused while a run holds the stack
     assert not getattr(build_parser().parse_args(["stack", "engine", "status"]), "locks", False)
+
+
+def test_the_engine_client_keeps_the_stacks_ca_whatever_the_environment_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """requests lets REQUESTS_CA_BUNDLE replace a session's own CA when a request names none (the
+    engine would then be refused as unknown): the engine's client, and the compose CLI's environment,
+    keep the stack's CA."""
+    from lab.stack import enginetls
+    from lab.stack.engine import compose_env, own_engine_client
+
+    tls = enginetls.ensure(tmp_path / "secrets" / "engine", "10.231.83.7")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    client = own_engine_client("tcp://10.231.83.7:2376", tls, version="1.41")
+    assert client.api.base_url == "https://10.231.83.7:2376"
+    merged = client.api.merge_environment_settings("https://10.231.83.7:2376/v1.41/_ping", {}, None, None, None)
+    assert merged["verify"] == str(tls / "ca.pem") and merged["cert"] == (str(tls / "cert.pem"), str(tls / "key.pem"))
+    assert not merged["proxies"]
+    s = Settings(stack_dir=tmp_path)
+    monkeypatch.setattr("lab.stack.engine.reachable", lambda host: True)  # as with the engine up
+    env = compose_env(s.replace(docker_host=s.engine_url))
+    assert env["DOCKER_TLS_VERIFY"] == "1" and env["DOCKER_CERT_PATH"] == str(s.engine_tls_dir)
+    assert "REQUESTS_CA_BUNDLE" not in env and "CURL_CA_BUNDLE" not in env

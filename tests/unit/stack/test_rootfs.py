@@ -115,3 +115,67 @@ def test_an_interrupted_build_dir_is_unmounted_before_it_is_removed(tmp_path: Pa
         for _ in range(4):
             for sub in ("bind", "proc", "sys"):
                 subprocess.run(["umount", "--lazy", str(building / sub)], capture_output=True, check=False)
+
+
+def _fake_debootstrap(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, object]]]:
+    """No network, no real root: every `debootstrap` fails at once, and what it was called with is kept."""
+    import shutil
+
+    calls: list[tuple[list[str], dict[str, object]]] = []
+    real_run = subprocess.run
+
+    def run(argv: list[str], *args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        if Path(str(argv[0])).name == "debootstrap":
+            calls.append(([str(a) for a in argv], kwargs))
+            return subprocess.CompletedProcess(argv, 1, "", "E: fake debootstrap\n")
+        return real_run(argv, *args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **kw: f"/fake/{name}" if name == "debootstrap" else None)
+    monkeypatch.setattr(rootfs, "is_root", lambda: True)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    return calls
+
+
+def test_a_build_under_way_in_another_stack_is_waited_for_not_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stack dirs share the cache: while one builds the root (holding its lock), another's `up`
+    waits for it instead of removing its half-built root; here the wait is cut short."""
+    import sys
+
+    calls = _fake_debootstrap(monkeypatch)
+    s = Settings(cache_dir=tmp_path)
+    root = rootfs.root_path(s, "trixie", ["rabbitmq-server"])
+    building = root.with_name(root.name + ".building")
+    (building / "usr").mkdir(parents=True)
+    (building / "usr" / "half").write_text("another build's work")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, f'{os.getpid()} lab stack up'.encode())\nprint('held', flush=True)\ntime.sleep(60)",
+         str(root.with_name(root.name + ".lock"))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(rootfs, "LOCK_WAIT_S", 1.0, raising=False)
+        with pytest.raises(StackError, match=rf"is in use by `lab stack up` \(pid {holder.pid}\)"):
+            rootfs.debian_root(s, "trixie", ["rabbitmq-server"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (building / "usr" / "half").read_text() == "another build's work" and calls == []
+
+
+def test_the_images_root_is_built_with_a_timeout_by_the_shared_root_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lab stack images build` bootstraps its root through debian_root: one locked build, with a
+    timeout, whose half-built leftovers are unmounted before they are removed."""
+    from lab.stack import images
+
+    calls = _fake_debootstrap(monkeypatch)
+    s = Settings(cache_dir=tmp_path)
+    with pytest.raises(StackError, match="fake debootstrap"):
+        images.rootfs_tarball(s, say=lambda _: None)
+    assert len(calls) == 1
+    argv, kwargs = calls[0]
+    assert kwargs.get("timeout") == rootfs.BUILD_TIMEOUT
+    assert argv[-2].endswith(".building") and Path(argv[-2]).parent == tmp_path / "rootfs"

@@ -11,14 +11,35 @@ from pathlib import Path
 import pytest
 
 from lab.settings import Settings
+from lab.stack.base import StackError
 from lab.stack.native import NativeStack
 from lab.stack.rabbitmq_broker import root_needed
 
 
 def test_root_needed_names_the_reason() -> None:
     assert "chroot" in (root_needed("4.0", host_installed=True) or "")
-    assert "apt-get install rabbitmq-server" in (root_needed("3.10", host_installed=False) or "")
+    assert "LAB_RABBITMQ_VERSION=3.10 bash scripts/system-deps.sh" in (root_needed("3.10", host_installed=False) or "")
     assert root_needed("3.10", host_installed=True) is None
+
+
+def test_a_missing_rabbitmq_310_is_named_not_installed_by_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` and `run` provision; as root, with the host's 3.10 package missing, they run no apt-get
+    (which would start the distribution's broker on every interface, with no timeout): one line says
+    how to install it with the script that keeps that broker from starting."""
+    import subprocess
+
+    from lab.stack import rabbitmq_broker
+
+    monkeypatch.setattr(rabbitmq_broker, "SCRIPTS", tmp_path / "no-rabbitmq" / "bin")
+    monkeypatch.setattr(rabbitmq_broker, "is_root", lambda: True)
+    ran: list[object] = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: ran.append(a) or subprocess.CompletedProcess(a, 0))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: ran.append(a))
+    settings = Settings().replace(stack_dir=tmp_path / "stack", rabbitmq_version="3.10")
+    with pytest.raises(StackError, match=r"RabbitMQ 3.10 is not installed .*LAB_RABBITMQ_VERSION=3.10 bash "
+                                         r"scripts/system-deps.sh"):
+        rabbitmq_broker.RabbitMQService(settings).provision()
+    assert ran == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")

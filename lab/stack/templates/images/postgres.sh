@@ -1,11 +1,12 @@
 #!/bin/sh
-# fanout-lab local PostgreSQL image: initdb once (superuser and password from the environment,
-# like the official image), then the server with the flags given as arguments (`postgres -c ...`).
+# fanout-lab local PostgreSQL image: initdb once (superuser from the environment, its password
+# from the file POSTGRES_PASSWORD_FILE names, like the official image), then the server with the
+# flags given as arguments (`postgres -c ...`).
 set -eu
 [ "${1:-}" = postgres ] && shift
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
     mkdir -p "$PGDATA" && chown postgres "$PGDATA" && chmod 700 "$PGDATA"
-    pwfile=$(mktemp) && printf '%s\n' "${POSTGRES_PASSWORD:?}" > "$pwfile" && chown postgres "$pwfile"
+    pwfile=$(mktemp) && cat "${POSTGRES_PASSWORD_FILE:?}" > "$pwfile" && chown postgres "$pwfile"
     runuser -u postgres -- initdb -D "$PGDATA" -U "${POSTGRES_USER:-postgres}" --pwfile="$pwfile" \
         --auth=scram-sha-256 --encoding=UTF8 --locale=C --no-instructions >/dev/null
     rm -f "$pwfile"
