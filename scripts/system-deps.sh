@@ -7,7 +7,7 @@
 # listens on every interface and idles on the measured cores); python3-venv
 # for .venv; docker-compose (v1 client) only to validate docker-compose.yml when no `docker compose`
 # plugin exists; docker.io for the compose backend (its images are built locally from debootstrap
-# roots: no registry needed).
+# roots: no registry needed); chromium, headless, for the report's screenshot and its page test.
 # SYSDEPS_ROOT (default: empty, i.e. /) is the directory the script's own paths are looked up under
 # (the packaged broker, the init system, policy-rc.d): tests/unit/test_system_deps.py runs the
 # script's decisions against a directory of its own, with apt-get and systemctl recorded instead.
@@ -24,6 +24,8 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # a Docker engine for the compose backend's tests; debootstrap for RabbitMQ 4's root and the local images
 { command -v dockerd || command -v docker; } >/dev/null 2>&1 || need+=(docker.io)
 { command -v debootstrap || [ -x "$root/usr/sbin/debootstrap" ]; } >/dev/null 2>&1 || need+=(debootstrap)
+# a real browser for the report: its first screen's screenshot and the page's test (headless)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 quiet_host_broker() {
   # the lab runs its own private node; the distribution's service must not run or start at boot

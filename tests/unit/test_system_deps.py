@@ -23,7 +23,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "system-deps.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 BROKER = "usr/lib/rabbitmq/bin/rabbitmq-server"
 POLICY = "usr/sbin/policy-rc.d"
-EVERY_OTHER = ["maven", "python3-venv", "docker-compose", "docker.io", "debootstrap"]
+EVERY_OTHER = ["maven", "python3-venv", "docker-compose", "docker.io", "debootstrap", "chromium"]
 
 APT_GET = f"""#!{BASH}
 echo "apt-get $*" >> "$LOG"
@@ -83,7 +83,7 @@ def run_script(tmp_path: Path, *, version: str | None, uid: int = 0, present: bo
     _tool(bin_dir, "update-rc.d", RECORD)
     _tool(bin_dir, "python3", f"#!{BASH}\nexit {0 if present else 1}\n")
     if present:
-        for name in ("mvn", "docker", "dockerd", "debootstrap"):
+        for name in ("mvn", "docker", "dockerd", "debootstrap", "chromium"):
             _tool(bin_dir, name, f"#!{BASH}\nexit 0\n")
     if broker:
         (root / BROKER).parent.mkdir(parents=True)
@@ -162,8 +162,9 @@ def test_without_root_it_names_the_missing_packages_and_installs_nothing(tmp_pat
     r = run_script(tmp_path, version="3.10", uid=1000)
     assert r.status == 1
     assert r.stderr.strip().splitlines() == [
-        "missing Debian packages: maven rabbitmq-server python3-venv docker-compose docker.io debootstrap; "
-        "install them: sudo apt-get install maven rabbitmq-server python3-venv docker-compose docker.io debootstrap"]
+        "missing Debian packages: maven rabbitmq-server python3-venv docker-compose docker.io debootstrap chromium; "
+        "install them: sudo apt-get install maven rabbitmq-server python3-venv docker-compose docker.io debootstrap "
+        "chromium"]
     assert r.log == []
 
 
