@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 KERNEL := $(VENV)/share/jupyter/kernels/fanout-lab/kernel.json
 
 
-.PHONY: setup lock system-deps lint check test test-full test-unit test-integration test-notebooks up down status report lab clean
+.PHONY: setup lock system-deps lint check test test-full test-unit test-integration test-notebooks up down status report site explore lab clean
 
 # requirements.lock pins every distribution (pip freeze of the venv the figures were measured
 # with); pyproject.toml keeps the supported ranges. Refresh the lock with `make lock`.
@@ -73,6 +73,16 @@ WITH ?=
 report: setup  ## the study: runs (or resumes) the series, writes data/reports/<id>/report.html (WITH=faults,control adds those parts)
 	$(BIN)/lab stack up
 	$(BIN)/lab report --profile $(PROFILE) $(if $(WITH),--with $(WITH))
+
+# The results without a run: the committed sittings (data/sittings) as a static site, no stack started
+# and nothing provisioned (the venv and the kernel only). `lab site --base-url URL` for link previews.
+OUT ?=
+
+site: $(STAMP) $(KERNEL)  ## the static site (data/site or OUT=DIR): the answer, every sitting's results, the newest report
+	$(BIN)/lab site $(if $(OUT),--out $(OUT))
+
+explore: site  ## every table and figure of the committed sittings, without a stack or a run (under a minute)
+	@echo "open the results page above in a browser (from disk), or notebooks/results.ipynb in JupyterLab"
 
 lab: setup  ## JupyterLab on notebooks/, with the stack up and `lab` importable
 	$(BIN)/pip install -q -e '.[test,notebooks]'
