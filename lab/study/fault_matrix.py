@@ -610,7 +610,7 @@ def wal_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
             ax.axvspan(*window, color="tab:red", alpha=0.12, label="fault")
         ax.set(title=f"{run['scenario']['pipeline']}", xlabel="s after the gate")
         ax.grid(alpha=0.3)
-        outside_legend(ax, fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.28))
+        outside_legend(ax, fontsize="x-small")
     axes[0].set_ylabel("WAL retained (MB)")
     peaks = {run["scenario"]["pipeline"]: max((_num(s.get("retained_bytes")) / 2**20 for ss in _per_slot(run).values()
                                                for s in ss), default=0.0) for run in cells}
@@ -644,7 +644,7 @@ def lag_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
             ax.axvspan(*window, color="tab:red", alpha=0.12)
         ax.set(title=run["scenario"]["pipeline"], xlabel="s after the gate")
         ax.grid(alpha=0.3)
-        outside_legend(ax, fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.28))
+        outside_legend(ax, fontsize="x-small")
     axes[0].set_ylabel("messages behind")
     return finding(fig, f"{kind}: where the messages wait while a consumer is dead, pipeline by pipeline",
                    "Each consumer's lag (messages claimed by nobody yet) and the broker's backlog, sampled every "

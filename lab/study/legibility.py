@@ -76,13 +76,13 @@ def _renderer(fig: Figure) -> RendererBase:
 
 
 def _label(text: Text, renderer: RendererBase, kind: str) -> Label:
-    box = text.get_window_extent(renderer)
+    box = Text.get_window_extent(text, renderer)  # the text alone (an annotation's own box holds its arrow)
     degrees = text.get_rotation()
     if degrees % 90 == 0:
         corners = np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1], [box.x0, box.y1]])
     else:  # its own width and height, turned about the centre of its drawn box
         text.set_rotation(0)
-        flat = text.get_window_extent(renderer)
+        flat = Text.get_window_extent(text, renderer)
         text.set_rotation(degrees)
         corners = rectangle(((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), flat.width, flat.height, degrees)
     return Label(text.get_text(), corners, kind)
@@ -224,19 +224,32 @@ def legends_over_data(fig: Figure, renderer: RendererBase | None = None) -> list
 
 
 def unnamed_axes(fig: Figure, renderer: RendererBase | None = None) -> list[str]:
-    """Axes that show numbers on an axis without saying what they are (no axis label); by their title."""
+    """Axes that show numbers on an axis without saying what they are (no axis label); by their title.
+    An axis of categories (pipeline names, sittings) names itself."""
     renderer = renderer or _renderer(fig)
     out = []
     for ax in fig.axes:
         if not ax.get_visible() or not ax.axison:
             continue
         for axis in (ax.xaxis, ax.yaxis):
-            numbers = [t for t in _tick_labels(axis) if any(ch.isdigit() for ch in t.get_text())]
+            numbers = [t for t in _tick_labels(axis) if _numeric(t.get_text())]
             shared = [other for other in fig.axes if other is not ax and _shares(ax, other, axis)]
             named = _shown(axis.label) or any(_shown(getattr(o, axis.axis_name + "axis").label) for o in shared)
             if numbers and not named:
                 out.append(f"{ax.get_title() or 'axes'}: {axis.axis_name} axis")
     return out
+
+
+def _numeric(text: str) -> bool:
+    """A tick label that is a number ("1,000", "−0.5", "25 %", a log axis' "$10^{2}$"), not a category."""
+    t = text.strip().replace("−", "-").replace(",", "").removesuffix("%").strip()
+    if t.startswith("$"):
+        return True
+    try:
+        float(t)
+    except ValueError:
+        return False
+    return True
 
 
 def _shares(ax: Axes, other: Axes, axis: Axis) -> bool:

@@ -126,7 +126,7 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
                                   "Latency at a fixed rate", "Maximum sustainable rate", "Broker-native experiment",
                                   "Control experiment", "Faults: how each architecture insulates", ">Appendix<",
                                   "The pipelines and the metric", "Definitions: the fixed part",
-                                  "Where and with what it ran", "How this was measured", "Every run")]
+                                  "How this was measured", "Where and with what it ran", "Every run")]
     assert -1 not in at and at == sorted(at), at
 
 
