@@ -80,10 +80,18 @@ def crossing_title(direct: str, broker: str, crossing: Mapping[str, Any] | None,
     if between:
         a, b = between
         where = f" (the lines meet at N ≈ {at:.0f})" if at is not None and math.isfinite(at) else ""
-        return f"{direct} costs less than {broker} up to N = {a}, {broker} less from N = {b}{where}"
+        first, then = (broker, direct) if _broker_cheaper(crossing.get("diffs") or {}, a) else (direct, broker)
+        return f"{first} costs less than {then} up to N = {a}, {then} less from N = {b}{where}"
     if crossing.get("beyond"):
         return f"{direct} costs less than {broker} at every N measured, {lo} to {hi}: no crossing up to N = {hi}"
     return f"{broker} costs less than {direct} at every N measured, {lo} to {hi}"
+
+
+def _broker_cheaper(diffs: Mapping[Any, Sequence[float]], n: int) -> bool:
+    """Whether the broker costs less at ``n`` in the paired differences (broker − direct, ms/msg; a
+    record read back from JSON has its N as strings)."""
+    d = diffs.get(n, diffs.get(str(n)))
+    return bool(d) and float(np.median(np.asarray(d, float))) < 0
 
 
 def answer_figure(runs: pd.DataFrame, *, messages: int, pipelines: Sequence[str],
@@ -127,17 +135,20 @@ def answer_figure(runs: pd.DataFrame, *, messages: int, pipelines: Sequence[str]
     return plots.finding(fig, title, conditions)
 
 
-def conditions(messages: int, runs: pd.DataFrame, sitting: Mapping[str, Any] | None = None) -> str:
-    """The figure's caption: volume, loop, runs per cell, and where and when (``sitting``: a row of
-    :func:`lab.study.ledger.cells` with ``day``, ``machine``, ``profile``)."""
+def conditions(messages: int, runs: pd.DataFrame, sitting: Mapping[str, Any] | None = None, *,
+               band: bool = False) -> str:
+    """The figure's caption: volume, loop, runs per cell, what the band is (``band``: one is drawn),
+    and where and when (``sitting``: a row of :func:`lab.study.ledger.cells` with ``day``,
+    ``machine``, ``profile``)."""
     at = runs[runs["messages"] == messages]
     per = at.groupby(["pipeline", "consumers"]).size()
     reps = (f"{per.min()}" if per.min() == per.max() else f"{per.min()}–{per.max()}") if not per.empty else "0"
     where = ""
     if sitting:
         where = f"; sitting of {sitting.get('day')} on {sitting.get('machine')} ({sitting.get('profile')} profile)"
+    shaded = "; shaded: the two measured N the crossing lies between" if band else ""
     return (f"{messages:,} messages per start, closed loop; points: runs ({reps} per pipeline and N), "
-            f"lines: their medians; the shaded band: the two measured N the crossing lies between{where}.")
+            f"lines: their medians{shaded}{where}.")
 
 
 def sitting_figure(record: Mapping[str, Any]) -> Figure:
@@ -151,8 +162,9 @@ def sitting_figure(record: Mapping[str, Any]) -> Figure:
     crossing = ledger.crossing(dict(record), *which, messages) if which is not None else None
     cells = ledger.cells([dict(record)])
     about = cells.iloc[0].to_dict() if not cells.empty else None
+    band = bool(crossing and crossing.get("between"))
     return answer_figure(runs, messages=messages, pipelines=pipelines, crossing=crossing,
-                         conditions=conditions(messages, runs, about))
+                         conditions=conditions(messages, runs, about, band=band))
 
 
 STYLE = """<style>

@@ -55,6 +55,8 @@ def test_the_figure_draws_the_reference_four_and_the_cheapest_other_option() -> 
      "wal costs less than kafka at every N measured, 1 to 16: no crossing up to N = 16"),
     ({"between": None, "at": None, "beyond": False}, "kafka costs less than wal at every N measured, 1 to 16"),
     (None, "wal and kafka: no paired runs to compare at N = 1–16"),
+    ({"between": (1, 4), "at": None, "beyond": False, "diffs": {"1": [-0.2, -0.1], "4": [0.1]}},  # read from JSON
+     "kafka costs less than wal up to N = 1, wal less from N = 4"),
 ])
 def test_the_crossing_in_words(crossing: dict | None, title: str) -> None:
     assert answer.crossing_title("wal", "kafka", crossing, [1, 4, 8, 16]) == title
@@ -64,7 +66,7 @@ def test_the_figure_shows_every_run_as_a_point_and_marks_the_crossing() -> None:
     runs = _answer_runs()
     fig = answer.answer_figure(runs, messages=5000, pipelines=["wal", "kafka"],
                                crossing={"between": (8, 16), "at": 12.4, "beyond": False},
-                               conditions=answer.conditions(5000, runs))
+                               conditions=answer.conditions(5000, runs, band=True))
     ax = fig.axes[0]
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert [len(c.get_offsets()) for c in points] == [8, 8]  # 4 N x 2 runs each; the 20,000-message runs left out
@@ -72,7 +74,10 @@ def test_the_figure_shows_every_run_as_a_point_and_marks_the_crossing() -> None:
     assert any(p.get_x() == 8 and p.get_width() == 8 for p in ax.patches)  # the band between N = 8 and 16
     assert [t.get_text() for t in ax.texts] == ["wal = kafka\nat N ≈ 12", "wal 1.65", "kafka 1.40"]
     assert ax.get_ylabel().startswith("ms CPU per message") and ax.get_xlabel() == "consumers N"
-    assert fig.get_supxlabel().startswith("5,000 messages per start, closed loop; points: runs (2 per pipeline")
+    caption = " ".join(fig.get_supxlabel().split())  # wrapped to the figure's width
+    assert caption.startswith("5,000 messages per start, closed loop; points: runs (2 per pipeline")
+    assert "shaded: the two measured N the crossing lies between" in caption
+    assert "shaded" not in answer.conditions(5000, runs)
 
 
 def test_end_labels_are_spread_apart_in_order() -> None:
