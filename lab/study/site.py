@@ -107,6 +107,9 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
         if shot.is_file():
             shutil.copyfile(shot, out / "first-screen.png")
         links.insert(0, ("report.html", f"The newest report on this machine ({report.name})"))
+    else:  # a site rebuilt where no report is: none of an older build's stays behind unlinked
+        for name in ("report.html", "first-screen.png"):
+            (out / name).unlink(missing_ok=True)
     published = out / "sittings"
     published.mkdir(exist_ok=True)
     names = []
