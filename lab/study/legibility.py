@@ -233,8 +233,9 @@ def unnamed_axes(fig: Figure, renderer: RendererBase | None = None) -> list[str]
             continue
         for axis in (ax.xaxis, ax.yaxis):
             numbers = [t for t in _tick_labels(axis) if _numeric(t.get_text())]
-            shared = [other for other in fig.axes if other is not ax and _shares(ax, other, axis)]
-            named = _shown(axis.label) or any(_shown(getattr(o, axis.axis_name + "axis").label) for o in shared)
+            beside = [other for other in fig.axes if other is not ax and (_shares(ax, other, axis)
+                                                                          or _same_line(ax, other, axis))]
+            named = _shown(axis.label) or any(_shown(getattr(o, axis.axis_name + "axis").label) for o in beside)
             if numbers and not named:
                 out.append(f"{ax.get_title() or 'axes'}: {axis.axis_name} axis")
     return out
@@ -250,6 +251,15 @@ def _numeric(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _same_line(ax: Axes, other: Axes, axis: Axis) -> bool:
+    """Whether ``other`` sits in the same row of a grid (for y; the same column for x): small
+    multiples name a row's y axis once, at its left."""
+    a, b = ax.get_subplotspec(), other.get_subplotspec()
+    if a is None or b is None or a.get_gridspec() is not b.get_gridspec():
+        return False
+    return a.rowspan == b.rowspan if axis.axis_name == "y" else a.colspan == b.colspan
 
 
 def _shares(ax: Axes, other: Axes, axis: Axis) -> bool:

@@ -494,7 +494,7 @@ def n_star_figure(answers: Iterable[Any], *, about: str = "N* against the messag
     ax = fig.subplots()
     if not answers:
         return _empty(fig, ax, "no crossover could be computed")
-    short = {a.condition: a.condition.split(",")[0] for a in answers}
+    short = {a.condition: a.condition.partition(", ")[0] for a in answers}  # "M = 5,000, F fitted …" → "M = 5,000"
     sources = list(dict.fromkeys(a.condition.partition(", ")[2] for a in answers if ", " in a.condition))
     finite = [v for a in answers for m in a.models for v in (m.n_star, *m.ci)
               if v is not None and math.isfinite(v)]

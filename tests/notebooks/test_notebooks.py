@@ -24,6 +24,7 @@ import lab.cli
 from lab.settings import Settings
 from lab.study import crossover, fault_matrix, ranking, series
 from lab.study.report import execute_notebook
+from tests.unit.study.test_page import meta
 
 pytestmark = pytest.mark.notebooks
 FIGURES = ("answer", "headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
@@ -402,8 +403,7 @@ def test_report_page_reads_well_in_a_real_browser(smoke_report: tuple[Path, str]
     shot = (out / "first-screen.png").read_bytes()
     assert shot[:8] == b"\x89PNG\r\n\x1a\n"
     assert (int.from_bytes(shot[16:20], "big"), int.from_bytes(shot[20:24], "big")) == browser.VIEWPORT
-    html = (out / "report.html").read_text()
-    assert '<meta property="og:image" content="first-screen.png">' in html
+    assert meta((out / "report.html").read_text(), "property", "og:image") == "first-screen.png"
 
 
 def test_report_publishes_the_site(smoke_report: tuple[Path, str], settings: Settings) -> None:
@@ -420,7 +420,7 @@ def test_report_publishes_the_site(smoke_report: tuple[Path, str], settings: Set
     index = (site / "index.html").read_text()
     for href in re.findall(r'(?:href|src)="([^"#]+)"', index):
         assert not href.startswith(("/", "http")) and (site / href).exists(), href
-    assert '<meta property="og:image" content="answer.png">' in index
+    assert meta(index, "property", "og:image") == "answer.png"
     for name in ("index.html", "results.html"):
         view = browser.view(site / name, selectors=browser.FIRST_SCREEN if name == "index.html" else ())
         assert view.problems() == [], (name, view.problems())

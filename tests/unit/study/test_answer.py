@@ -70,7 +70,7 @@ def test_the_figure_shows_every_run_as_a_point_and_marks_the_crossing() -> None:
     ax = fig.axes[0]
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert [len(c.get_offsets()) for c in points] == [8, 8]  # 4 N x 2 runs each; the 20,000-message runs left out
-    assert [ln.get_ydata().tolist() for ln in ax.get_lines()][0] == pytest.approx([0.75, 0.93, 1.17, 1.65])
+    assert list(map(float, ax.get_lines()[0].get_ydata())) == pytest.approx([0.75, 0.93, 1.17, 1.65])
     assert any(p.get_x() == 8 and p.get_width() == 8 for p in ax.patches)  # the band between N = 8 and 16
     assert [t.get_text() for t in ax.texts] == ["wal = kafka\nat N ≈ 12", "wal 1.65", "kafka 1.40"]
     assert ax.get_ylabel().startswith("ms CPU per message") and ax.get_xlabel() == "consumers N"

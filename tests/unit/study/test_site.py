@@ -9,6 +9,7 @@ import pandas as pd
 
 from lab.study import site
 from tests.unit.study.test_answer import FINDINGS
+from tests.unit.study.test_page import meta
 
 
 def test_the_index_page_links_relatively_and_previews_with_the_answers_figure() -> None:
@@ -22,11 +23,11 @@ def test_the_index_page_links_relatively_and_previews_with_the_answers_figure() 
     hrefs = re.findall(r'href="([^"]+)"', html)
     assert hrefs == ["report.html", "results.html", "sittings/20261206T212826Z-quick-6ba0.json"]
     assert not any(h.startswith(("/", "http")) for h in hrefs)
-    assert '<meta property="og:image" content="answer.png">' in html
-    assert f'<meta name="description" content="{FINDINGS[0].sentence}">' in html
+    assert meta(html, "property", "og:image") == "answer.png"
+    assert meta(html, "name", "description") == FINDINGS[0].sentence
     assert all(re.search(r'\balt="[^"]+"', tag) for tag in re.findall(r"<img[^>]*>", html))
     assert "20261207T090000Z-quick-&lt;x&gt;" in html  # no record file: named, not linked, escaped
     assert html.index('id="answer"') < html.index("<h2>The sittings</h2>")
     served = site.index_html([], "", sittings.iloc[0:0], links=[], base_url="https://lab.example/fanout/")
-    assert '<meta property="og:image" content="https://lab.example/fanout/answer.png">' in served
+    assert meta(served, "property", "og:image") == "https://lab.example/fanout/answer.png"
     assert "No sitting is recorded yet" in served
