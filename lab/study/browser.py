@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
+import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -193,9 +196,9 @@ async def _view(path: Path, screenshot: Path | None, viewport: tuple[int, int], 
         profile = Path(tmp) / "profile"
         logpath = Path(tmp) / "chromium.log"
         logfile = open(logpath, "wb")  # noqa: SIM115  (closed below, after the process)
-        proc = await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(  # a session of its own: its helpers are stopped with it
             chromium(), *FLAGS, f"--user-data-dir={profile}", f"--window-size={viewport[0]},{viewport[1]}",
-            "about:blank", stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile)
+            "about:blank", stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile, start_new_session=True)
         try:
             port, browser_path = await _devtools_port(profile, proc, logpath, timeout)
             async with aiohttp.ClientSession() as http, http.ws_connect(
@@ -227,16 +230,28 @@ async def _view(path: Path, screenshot: Path | None, viewport: tuple[int, int], 
                 finally:
                     reader.cancel()
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 10)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await _stop(proc)
             logfile.close()
     return PageView(url, tuple(errors), tuple(found["broken"]), tuple(found["noAlt"]), int(found["printed"]),
                     tuple(suspicious_lines(found["text"])), dict(found["visible"]), screenshot)
+
+
+async def _stop(proc: asyncio.subprocess.Process, timeout: float = 10.0) -> None:
+    """Stop Chromium and every helper it started (its renderer, zygote, crash handler: one process group,
+    the group of the pid it was started with), so that nothing writes to its profile any more."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 0.1)
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return  # the whole group is gone
+            await asyncio.sleep(0.05)
 
 
 def view(path: Path, *, screenshot: Path | None = None, viewport: tuple[int, int] = VIEWPORT,
