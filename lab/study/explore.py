@@ -94,7 +94,8 @@ def cost_figure(over: pd.DataFrame, *, messages: int, condition: str, pipelines:
     plots.direct_labels(ax, ends)
     most = int(at["sittings"].max()) if not at.empty else 0
     title = plots.cheapest_words(at) + (f" (median over {most} sittings)" if most > 1 else " (one sitting)")
-    return plots.finding(fig, title, f"{messages:,} messages per start, {condition}; line: the median of the "
+    where = "the series' own cells, closed loop" if condition == "main" else condition
+    return plots.finding(fig, title, f"{messages:,} messages per start, {where}; line: the median of the "
                                       "sittings' medians; band: the lowest to the highest sitting.")
 
 
@@ -109,7 +110,7 @@ def crossings(records: Sequence[Mapping[str, Any]], which: Sequence[tuple[str, s
     """:func:`crossing_rows` of every pair in ``which`` over ``records``, each sitting at its own
     volume (the messages per start most of its runs measured); a sitting that did not run both
     pipelines of a pair has no row for it."""
-    from lab.study import answer, ledger
+    from lab.study import first_screen, ledger
 
     frames = []
     for direct, broker in which:
@@ -120,7 +121,7 @@ def crossings(records: Sequence[Mapping[str, Any]], which: Sequence[tuple[str, s
             if own.empty or runs.empty or not {direct, broker} <= set(runs["pipeline"]):
                 continue
             found[str(own["sitting"].iloc[0])] = ledger.crossing(dict(record), direct, broker,
-                                                                 answer.measured_volume(runs))
+                                                                 first_screen.measured_volume(runs))
         frames.append(crossing_rows(found, direct, broker))
     return pd.concat(frames, ignore_index=True) if frames else crossing_rows({}, "", "")
 

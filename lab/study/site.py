@@ -28,7 +28,7 @@ from typing import IO
 import pandas as pd
 
 from lab.settings import Settings
-from lab.study import answer, page
+from lab.study import first_screen, page
 
 TITLE = "fanout-lab: direct WAL readers or Debezium and a broker, what each costs per message"
 QUESTION = ("Is it cheaper to let N consumers read PostgreSQL's write-ahead log directly, or to put Debezium "
@@ -46,7 +46,7 @@ def _absolute(base_url: str, name: str) -> str:
     return f"{base_url.rstrip('/')}/{name}" if base_url else name
 
 
-def index_html(findings: Sequence[answer.FindingLike], figure: str, sittings: pd.DataFrame, *,
+def index_html(findings: Sequence[first_screen.FindingLike], figure: str, sittings: pd.DataFrame, *,
                links: Sequence[tuple[str, str]], records: Sequence[str] = (), base_url: str = "",
                updated: str = "") -> str:
     """The site's first page: the question, the answer beside its figure (``figure``: an ``<img>``
@@ -55,7 +55,7 @@ def index_html(findings: Sequence[answer.FindingLike], figure: str, sittings: pd
     description = findings[0].sentence if findings else QUESTION
     meta = "".join(f'<meta {a}="{escape(n)}" content="{escape(c)}">'
                    for a, n, c in page.preview_tags(TITLE, description, _absolute(base_url, "answer.png")))
-    block = answer.answer_html(findings, figure, empty="No sitting is recorded yet: `make report` measures one.")
+    block = first_screen.answer_html(findings, figure, empty="No sitting is recorded yet: `make report` measures one.")
     items = "".join(f'<li><a href="{escape(href)}">{escape(text)}</a></li>' for href, text in links)
     rows = []
     for r in sittings.itertuples(index=False):
@@ -89,7 +89,7 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
     findings = ledger.findings(records, current=records[-1]) if records else []
     figure = ""
     if records:
-        fig = answer.sitting_figure(records[-1])
+        fig = first_screen.sitting_figure(records[-1])
         data = page.png(fig)
         (out / "answer.png").write_bytes(data)
         figure = page.img_tag(fig, "answer.png", data=data)

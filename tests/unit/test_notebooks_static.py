@@ -100,7 +100,7 @@ def test_a_notebook_says_which_cells_need_the_stack(name: str) -> None:
 def test_the_analysis_opens_with_the_answer_and_ends_with_its_appendix() -> None:
     nb = _nb("analysis")
     code = [c for c in nb.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])]
-    assert "answer.answer_html(findings" in code[0].source and "ledger.findings(sittings" in code[0].source
+    assert "first_screen.answer_html(findings" in code[0].source and "ledger.findings(sittings" in code[0].source
     assert "ranking.at_measured(" in code[1].source
     tagged = [i for i, c in enumerate(nb.cells) if "appendix" in c.metadata.get("tags", [])]
     assert tagged and tagged == list(range(len(nb.cells) - len(tagged), len(nb.cells)))  # the last cells

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from lab.study import answer, broker_native, capacity, crossover, explore, fault_matrix, legibility, plots, slow_work
+from lab.study import broker_native, capacity, crossover, explore, fault_matrix, first_screen, legibility, plots, slow_work
 from lab.study import costmodel as cm
 from lab.study import topology as topo
 from tests.unit.study.test_capacity import RESULTS as STAIRCASES
@@ -180,8 +180,8 @@ def _answer_runs() -> pd.DataFrame:
 def test_the_answer_figure_is_legible_with_lines_ending_close_together() -> None:
     runs = _answer_runs()  # kafka and rabbitmq end 0.05 ms apart: their end labels must not collide
     crossing = {"between": (8, 16), "at": 12.4, "beyond": False, "diffs": {}}
-    fig = legible(answer.answer_figure(runs, messages=5000, pipelines=list(PIPES), crossing=crossing,
-                                       conditions=answer.conditions(5000, runs)))
+    fig = legible(first_screen.answer_figure(runs, messages=5000, pipelines=list(PIPES), crossing=crossing,
+                                       conditions=first_screen.conditions(5000, runs)))
     assert fig.get_suptitle().startswith("wal costs less than kafka up to N = 8, kafka less from N = 16")
 
 

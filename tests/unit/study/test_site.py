@@ -8,7 +8,7 @@ import re
 import pandas as pd
 
 from lab.study import site
-from tests.unit.study.test_answer import FINDINGS
+from tests.unit.study.test_first_screen import FINDINGS
 from tests.unit.study.test_page import meta
 
 

@@ -1,4 +1,4 @@
-"""The first screen: the findings beside one figure (lab.study.answer), on hand-made runs and findings."""
+"""The first screen: the findings beside one figure (lab.study.first_screen), on hand-made runs and findings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection
 
-from lab.study import answer, plots
+from lab.study import first_screen, plots
 from tests.unit.study.test_legibility import _answer_runs
 
 
@@ -31,20 +31,20 @@ FINDINGS = [
 
 def test_the_volume_is_the_series_own_not_its_volume_arm() -> None:
     runs = _answer_runs()
-    assert answer.measured_volume(runs) == 5000  # 32 runs at 5,000, 2 at 20,000
+    assert first_screen.measured_volume(runs) == 5000  # 32 runs at 5,000, 2 at 20,000
 
 
 def test_the_figure_draws_the_reference_four_and_the_cheapest_other_option() -> None:
     runs = _answer_runs()
-    assert answer.main_pipelines(runs, 5000) == ["wal", "wal-sharded", "kafka", "rabbitmq"]
+    assert first_screen.main_pipelines(runs, 5000) == ["wal", "wal-sharded", "kafka", "rabbitmq"]
     relay = runs[runs["pipeline"] == "wal"].assign(pipeline="wal-relay", ms=lambda d: d["ms"] - 0.3)
     poll = runs[runs["pipeline"] == "wal"].assign(pipeline="poll", ms=lambda d: d["ms"] + 0.5)
     more = pd.concat([runs, relay, poll])
-    assert answer.main_pipelines(more, 5000) == ["wal", "wal-sharded", "wal-relay", "kafka", "rabbitmq"]
+    assert first_screen.main_pipelines(more, 5000) == ["wal", "wal-sharded", "wal-relay", "kafka", "rabbitmq"]
     only_new = pd.concat([relay, poll])
-    assert answer.main_pipelines(only_new, 5000) == ["poll", "wal-relay"]  # registry order
-    assert answer.pair(["wal-sharded", "rabbitmq", "wal", "kafka"]) == ("wal", "kafka")
-    assert answer.pair(["wal", "wal-sharded"]) is None
+    assert first_screen.main_pipelines(only_new, 5000) == ["poll", "wal-relay"]  # registry order
+    assert first_screen.pair(["wal-sharded", "rabbitmq", "wal", "kafka"]) == ("wal", "kafka")
+    assert first_screen.pair(["wal", "wal-sharded"]) is None
 
 
 @pytest.mark.parametrize(("crossing", "title"), [
@@ -59,14 +59,14 @@ def test_the_figure_draws_the_reference_four_and_the_cheapest_other_option() -> 
      "kafka costs less than wal up to N = 1, wal less from N = 4"),
 ])
 def test_the_crossing_in_words(crossing: dict | None, title: str) -> None:
-    assert answer.crossing_title("wal", "kafka", crossing, [1, 4, 8, 16]) == title
+    assert first_screen.crossing_title("wal", "kafka", crossing, [1, 4, 8, 16]) == title
 
 
 def test_the_figure_shows_every_run_as_a_point_and_marks_the_crossing() -> None:
     runs = _answer_runs()
-    fig = answer.answer_figure(runs, messages=5000, pipelines=["wal", "kafka"],
+    fig = first_screen.answer_figure(runs, messages=5000, pipelines=["wal", "kafka"],
                                crossing={"between": (8, 16), "at": 12.4, "beyond": False},
-                               conditions=answer.conditions(5000, runs, band=True))
+                               conditions=first_screen.conditions(5000, runs, band=True))
     ax = fig.axes[0]
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert [len(c.get_offsets()) for c in points] == [8, 8]  # 4 N x 2 runs each; the 20,000-message runs left out
@@ -77,7 +77,7 @@ def test_the_figure_shows_every_run_as_a_point_and_marks_the_crossing() -> None:
     caption = " ".join(fig.get_supxlabel().split())  # wrapped to the figure's width
     assert caption.startswith("5,000 messages per start, closed loop; points: runs (2 per pipeline")
     assert "shaded: the two measured N the crossing lies between" in caption
-    assert "shaded" not in answer.conditions(5000, runs)
+    assert "shaded" not in first_screen.conditions(5000, runs)
 
 
 def test_end_labels_are_spread_apart_in_order() -> None:
@@ -88,12 +88,12 @@ def test_end_labels_are_spread_apart_in_order() -> None:
 
 
 def test_the_answer_block_marks_measured_and_modelled_and_escapes() -> None:
-    html = answer.answer_html(FINDINGS, '<img src="x.png" alt="a figure">')
+    html = first_screen.answer_html(FINDINGS, '<img src="x.png" alt="a figure">')
     assert html.count('class="lab-finding"') == 2 and 'id="answer"' in html
     assert '<span class="lab-kind measured">measured</span><span class="lab-held">held in 3 of 3 sittings</span>' in html
     assert '<span class="lab-kind modelled">modelled</span></p>' in html  # one sitting: no "held in"
     assert "&lt;all&gt;" in html and "<all>" not in html
     assert re.search(r'<figure><img src="x.png" alt="a figure"></figure></section>$', html)
     assert html.index("Which option costs least") < html.index("<figure>")  # the sentences first, the figure beside
-    empty = answer.answer_html([], "", empty="No sitting is recorded yet.")
+    empty = first_screen.answer_html([], "", empty="No sitting is recorded yet.")
     assert "No sitting is recorded yet." in empty and "<figure>" not in empty
