@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -182,12 +183,17 @@ STYLE = """<style>
 </style>"""
 
 
+def _inline(text: str) -> str:
+    """Text escaped for HTML, its Markdown code spans (a pipeline's name: `wal`) as ``<code>``."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def finding_html(f: FindingLike) -> str:
     """One finding: its question, its sentence, measured or modelled, and how often it held."""
     kind = f.kind if f.kind in ("measured", "modelled") else "modelled"
     held = f'<span class="lab-held">held in {html.escape(f.held)}</span>' if f.held else ""
-    return (f'<div class="lab-finding"><p class="lab-question">{html.escape(f.question)}</p>'
-            f'<p class="lab-sentence">{html.escape(f.sentence)}'
+    return (f'<div class="lab-finding"><p class="lab-question">{_inline(f.question)}</p>'
+            f'<p class="lab-sentence">{_inline(f.sentence)}'
             f'<span class="lab-kind {kind}">{kind}</span>{held}</p></div>')
 
 

@@ -52,7 +52,7 @@ def index_html(findings: Sequence[first_screen.FindingLike], figure: str, sittin
     """The site's first page: the question, the answer beside its figure (``figure``: an ``<img>``
     tag), the links (href, text), and the index of sittings (:func:`lab.study.explore.index_table`)
     with each sitting linked to ``sittings/<id>.json`` when its id is in ``records``."""
-    description = findings[0].sentence if findings else QUESTION
+    description = findings[0].sentence.replace("`", "") if findings else QUESTION
     meta = "".join(f'<meta {a}="{escape(n)}" content="{escape(c)}">'
                    for a, n, c in page.preview_tags(TITLE, description, _absolute(base_url, "answer.png")))
     block = first_screen.answer_html(findings, figure, empty="No sitting is recorded yet: `make report` measures one.")
@@ -97,7 +97,7 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
         executed = execute_notebook("results", Path(tmp) / "results.ipynb", {"report_dir": ""}, settings=settings,
                                     echo=echo)
         page.export_html(executed, out / "results.html", title="fanout-lab: the results of every sitting",
-                         description=findings[0].sentence if findings else QUESTION,
+                         description=findings[0].sentence.replace("`", "") if findings else QUESTION,
                          image=_absolute(base_url, "answer.png") if records else "")
     links = [("results.html", "Every table and figure of the committed sittings")]
     report = report or latest_report(settings)

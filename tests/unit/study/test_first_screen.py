@@ -22,7 +22,7 @@ class Finding:  # the shape of lab.study.ledger.Finding
 
 
 FINDINGS = [
-    Finding("Which option costs least at N = 4?", "wal: 0.96 ms CPU per message (0.93–1.01 over 3 sittings).",
+    Finding("Which option costs least at N = 4?", "`wal`: 0.96 ms CPU per message (0.93–1.01 over 3 sittings).",
             "measured", "3 of 3 sittings"),
     Finding("From which N does Kafka pay off?", "Beyond N = 16 at 5,000 messages per start; N* 9–13 at 100,000 <all>.",
             "modelled", ""),
@@ -93,6 +93,7 @@ def test_the_answer_block_marks_measured_and_modelled_and_escapes() -> None:
     assert '<span class="lab-kind measured">measured</span><span class="lab-held">held in 3 of 3 sittings</span>' in html
     assert '<span class="lab-kind modelled">modelled</span></p>' in html  # one sitting: no "held in"
     assert "&lt;all&gt;" in html and "<all>" not in html
+    assert '<p class="lab-sentence"><code>wal</code>: 0.96 ms CPU per message' in html  # a code span, as Markdown
     assert re.search(r'<figure><img src="x.png" alt="a figure"></figure></section>$', html)
     assert html.index("Which option costs least") < html.index("<figure>")  # the sentences first, the figure beside
     empty = first_screen.answer_html([], "", empty="No sitting is recorded yet.")
