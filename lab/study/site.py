@@ -85,7 +85,7 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
     from lab.study.report import execute_notebook
 
     out.mkdir(parents=True, exist_ok=True)
-    records = load_sittings(settings)
+    records = load_sittings(settings=settings)
     findings = ledger.findings(records, current=records[-1]) if records else []
     figure = ""
     if records:
