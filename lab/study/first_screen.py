@@ -152,6 +152,13 @@ def conditions(messages: int, runs: pd.DataFrame, sitting: Mapping[str, Any] | N
             f"lines: their medians{shaded}{where}.")
 
 
+def headline_sitting(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The sitting a page of every sitting speaks of: the newest that is not a smoke test (whose
+    numbers are noise), else the newest; None without any."""
+    studies = [r for r in records if r.get("profile") != "smoke"]
+    return (studies or list(records) or [None])[-1]
+
+
 def sitting_figure(record: Mapping[str, Any]) -> Figure:
     """:func:`answer_figure` for one sitting's record, from its runs and its measured crossing."""
     from lab.study import ledger

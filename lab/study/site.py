@@ -86,10 +86,11 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
 
     out.mkdir(parents=True, exist_ok=True)
     records = load_sittings(settings=settings)
-    findings = ledger.findings(records, current=records[-1]) if records else []
+    current = first_screen.headline_sitting(records)
+    findings = ledger.findings(records, current=current) if current is not None else []
     figure = ""
-    if records:
-        fig = first_screen.sitting_figure(records[-1])
+    if current is not None:
+        fig = first_screen.sitting_figure(current)
         data = page.png(fig)
         (out / "answer.png").write_bytes(data)
         figure = page.img_tag(fig, "answer.png", data=data)

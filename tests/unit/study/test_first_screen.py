@@ -98,3 +98,11 @@ def test_the_answer_block_marks_measured_and_modelled_and_escapes() -> None:
     assert html.index("Which option costs least") < html.index("<figure>")  # the sentences first, the figure beside
     empty = first_screen.answer_html([], "", empty="No sitting is recorded yet.")
     assert "No sitting is recorded yet." in empty and "<figure>" not in empty
+
+
+def test_a_page_of_every_sitting_speaks_of_the_newest_study_not_a_smoke_test() -> None:
+    quick, smoke, decision = {"id": "q", "profile": "quick"}, {"id": "s", "profile": "smoke"}, {"id": "d",
+                                                                                             "profile": "decision"}
+    assert first_screen.headline_sitting([quick, decision, smoke]) is decision
+    assert first_screen.headline_sitting([smoke]) is smoke
+    assert first_screen.headline_sitting([]) is None
