@@ -483,7 +483,8 @@ def _span(r: tuple[float, float] | None) -> str:
     return words[0] if words[0] == words[1] else f"{words[0]}–{words[1]}"
 
 
-def n_star_figure(answers: Iterable[Any], *, about: str = "N* against the messages one Debezium start serves") -> Figure:
+def n_star_figure(answers: Iterable[Any], *,
+                  about: str = "N* against the messages one Debezium start serves") -> Figure:
     """N* under each condition (a volume per start, or a rate) for each pair of a direct and a
     broker pipeline, one row each: every model's point with its 95 % interval, the range over the
     models as a band, "never" at the right edge. The title gives the first pair's range under each

@@ -12,7 +12,8 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA6
 
 def _page(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "page.html"
-    path.write_text(f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>t</title></head><body>{body}</body></html>')
+    path.write_text('<!DOCTYPE html><html><head><meta charset="utf-8"><title>t</title></head>'
+                    f'<body>{body}</body></html>')
     return path
 
 

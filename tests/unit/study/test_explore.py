@@ -57,6 +57,7 @@ def test_the_crossings_of_the_sittings_in_one_sentence() -> None:
                                   "s1": {"between": (8, 16), "at": 13.0, "beyond": False},
                                   "s2": {"between": None, "at": None, "beyond": True}, "s3": None}, "wal", "kafka")
     assert list(rows["measured"]) == [True, True, True, False]
-    assert explore.crossing_words(rows, 16) == "wal and kafka cross between N = 8 and 16 in 2 of 4 sittings; beyond N = 16 in 1"
+    assert explore.crossing_words(rows, 16) == (
+        "wal and kafka cross between N = 8 and 16 in 2 of 4 sittings; beyond N = 16 in 1")
     assert explore.crossing_words(rows.iloc[2:3], 16) == "wal costs less than kafka up to N = 16 in 1 of 1 sittings"
     assert explore.pairs(_cells()) == [("wal", "kafka")]

@@ -90,7 +90,8 @@ def test_end_labels_are_spread_apart_in_order() -> None:
 def test_the_answer_block_marks_measured_and_modelled_and_escapes() -> None:
     html = first_screen.answer_html(FINDINGS, '<img src="x.png" alt="a figure">')
     assert html.count('class="lab-finding"') == 2 and 'id="answer"' in html
-    assert '<span class="lab-kind measured">measured</span><span class="lab-held">held in 3 of 3 sittings</span>' in html
+    assert ('<span class="lab-kind measured">measured</span><span class="lab-held">held in 3 of 3 sittings</span>'
+            in html)
     assert '<span class="lab-kind modelled">modelled</span></p>' in html  # one sitting: no "held in"
     assert "&lt;all&gt;" in html and "<all>" not in html
     assert '<p class="lab-sentence"><code>wal</code>: 0.96 ms CPU per message' in html  # a code span, as Markdown

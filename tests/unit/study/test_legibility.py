@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from lab.study import broker_native, capacity, crossover, explore, fault_matrix, first_screen, legibility, plots, slow_work
+from lab.study import (broker_native, capacity, crossover, explore, fault_matrix, first_screen, legibility, plots,
+                       slow_work)
 from lab.study import costmodel as cm
 from lab.study import topology as topo
 from tests.unit.study.test_capacity import RESULTS as STAIRCASES
@@ -85,7 +86,8 @@ def runs() -> pd.DataFrame:
                     "cpu_ms_per_msg": y, "window_s": 6.0, "success": True, "warmup": False, "label": "",
                     "cpu_s.postgres": y * 2.5, "cpu_s.web": y * 1.0, "cpu_s.senders": y * 0.8,
                     "cpu_s.consumers": y * 0.5, "cpu_s.debezium": y * 0.8 if broker else 0.0,
-                    "cpu_s.kafka": y * 0.4 if p == "kafka" else 0.0, "cpu_s.rabbitmq": y * 0.5 if p == "rabbitmq" else 0.0,
+                    "cpu_s.kafka": y * 0.4 if p == "kafka" else 0.0,
+                    "cpu_s.rabbitmq": y * 0.5 if p == "rabbitmq" else 0.0,
                     "cpu_s.unattributed": 0.3, "skipped": (n - 1) * 5000 if p == "wal" else 0,
                     "claims_min": 5000 // n - 20, "claims_max": 5000 // n + 20,
                     "mem_mb_max.postgres": 300.0, "mem_mb_max.web": 60.0, "mem_mb_max.consumers": 40.0 * n,
@@ -161,7 +163,8 @@ def test_the_other_parts_figures_are_legible(runs: pd.DataFrame) -> None:
     legible(fault_matrix.wal_figure(results))
     legible(fault_matrix.lag_figure(results))
     cells = pd.DataFrame([{"pipeline": p, "consumers": n, "single": 1.0 + n / 20, "single_lo": 0.95, "single_hi": 1.1,
-                           "ha": 1.6 + n / 20, "ha_lo": 1.5, "ha_hi": 1.7} for p in ("wal", "kafka") for n in (1, 2, 4)])
+                           "ha": 1.6 + n / 20, "ha_lo": 1.5, "ha_hi": 1.7}
+                          for p in ("wal", "kafka") for n in (1, 2, 4)])
     fig = legible(topo.figure(cells))
     assert fig.get_suptitle().startswith("ha costs 1.")
 

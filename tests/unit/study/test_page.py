@@ -31,9 +31,9 @@ def test_a_figure_on_the_page_says_its_finding_and_conditions_to_who_cannot_see_
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and abs(px[0] - 1.5 * w) <= 1 and abs(px[1] - 1.5 * h) <= 1
     assert 'alt="wal costs least at N = 1 5,000 messages per start, closed loop."' in tag
     assert page.img_tag(fig, "answer.png").startswith('<img src="answer.png" alt=')
-    bundle, meta = page.Picture(fig)._repr_mimebundle_()
-    assert bundle["text/html"].startswith('<img src="data:image/png;base64,') and bundle["text/plain"] == page.alt_text(fig)
-    assert meta["image/png"]["alt"] == page.alt_text(fig)
+    bundle, extra = page.Picture(fig)._repr_mimebundle_()
+    assert bundle["text/html"].startswith('<img src="data:image/png;base64,')
+    assert bundle["text/plain"] == extra["image/png"]["alt"] == page.alt_text(fig)
     bare = Figure()
     bare.subplots().set_title("a title only")
     assert page.alt_text(bare) == "a title only"
