@@ -31,12 +31,19 @@ MAX_LINES = 5  # lines in the answer's figure: the reference's four and the chea
 
 
 class FindingLike(Protocol):
-    """What the first screen reads of a finding (:class:`lab.study.ledger.Finding`)."""
+    """What the first screen reads of a finding (:class:`lab.study.ledger.Finding`, a frozen dataclass)."""
 
-    question: str
-    sentence: str
-    kind: str
-    held: str
+    @property
+    def question(self) -> str: ...
+
+    @property
+    def sentence(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...  # "measured" | "modelled"
+
+    @property
+    def held(self) -> str: ...  # "2 of 3 sittings"; "" with one sitting
 
 
 def measured_volume(runs: pd.DataFrame) -> int:
@@ -155,8 +162,8 @@ def conditions(messages: int, runs: pd.DataFrame, sitting: Mapping[str, Any] | N
 def headline_sitting(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The sitting a page of every sitting speaks of: the newest that is not a smoke test (whose
     numbers are noise), else the newest; None without any."""
-    studies = [r for r in records if r.get("profile") != "smoke"]
-    return (studies or list(records) or [None])[-1]
+    pool = [r for r in records if r.get("profile") != "smoke"] or list(records)
+    return pool[-1] if pool else None
 
 
 def sitting_figure(record: Mapping[str, Any]) -> Figure:

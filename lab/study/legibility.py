@@ -126,8 +126,9 @@ def labels(fig: Figure, renderer: RendererBase | None = None) -> list[Label]:
         for child in ax.get_children():
             if isinstance(child, Text):
                 add(child, "title" if child in (ax.title,) else "annotation")
-        if ax.get_legend() is not None:
-            legends.append(ax.get_legend())  # type: ignore[arg-type]
+        legend = ax.get_legend()
+        if legend is not None:
+            legends.append(legend)
     for legend in legends:
         add(legend.get_title(), "legend")
         for t in legend.get_texts():
@@ -209,7 +210,8 @@ def _points(ax: Axes) -> np.ndarray:
 def legends_over_data(fig: Figure, renderer: RendererBase | None = None) -> list[str]:
     """Legends that cover a data point of some axes (by their first entry's text)."""
     renderer = renderer or _renderer(fig)
-    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    legends: list[Legend] = list(fig.legends)
+    legends += [leg for leg in (ax.get_legend() for ax in fig.axes) if leg is not None]
     out = []
     for legend in legends:
         box = legend.get_window_extent(renderer)
