@@ -47,7 +47,10 @@ class FindingLike(Protocol):
 
 
 def measured_volume(runs: pd.DataFrame) -> int:
-    """The messages per start most of the runs measured (the series' own volume, not its volume arm)."""
+    """The messages per start most of the runs measured (the series' own volume, not its volume arm:
+    runs a record flags ``arm`` are left out when others remain)."""
+    if "arm" in runs and not runs["arm"].fillna(False).astype(bool).all():
+        runs = runs[~runs["arm"].fillna(False).astype(bool)]
     counts = runs["messages"].astype(int).value_counts()
     return int(counts[counts == counts.max()].index.min())
 
