@@ -32,6 +32,9 @@ FINDINGS = [
 def test_the_volume_is_the_series_own_not_its_volume_arm() -> None:
     runs = _answer_runs()
     assert first_screen.measured_volume(runs) == 5000  # 32 runs at 5,000, 2 at 20,000
+    # a reference sitting: its 100,000-message cells, though its 5,000-message arm has more runs
+    reference = pd.DataFrame({"messages": [100_000] * 2 + [5000] * 3, "arm": [False] * 2 + [True] * 3})
+    assert first_screen.measured_volume(reference) == 100_000
 
 
 def test_the_figure_draws_the_reference_four_and_the_cheapest_other_option() -> None:
