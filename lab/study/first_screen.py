@@ -162,6 +162,12 @@ def conditions(messages: int, runs: pd.DataFrame, sitting: Mapping[str, Any] | N
             f"lines: their medians{shaded}{where}.")
 
 
+def sitting_of(records: Sequence[Mapping[str, Any]], sitting_id: str) -> Mapping[str, Any] | None:
+    """The record of sitting ``sitting_id`` (its file name in ``data/sittings``), or None: a report whose
+    series recorded nothing has no first-screen figure rather than another sitting's."""
+    return next((r for r in records if r.get("id") == sitting_id), None)
+
+
 def headline_sitting(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The sitting a page of every sitting speaks of: the newest that is not a smoke test (whose
     numbers are noise), else the newest; None without any."""

@@ -242,7 +242,7 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         write_sitting(record, settings=settings)
     # the analysis last, though first on the page: its ranking reads the staircases and the fault matrix
     execute_notebook("analysis", out / "analysis.ipynb", {
-        "series_id": series_id, "report_dir": str(out), **RANKING[profile],
+        "series_id": series_id, "report_dir": str(out), "sitting": report_id, **RANKING[profile],
         **({"n_boot": N_BOOT[profile]} if profile in N_BOOT else {}),
         "capacity_series_id": ids["capacity"], "faults_series_id": ids["faults"],
     }, settings=settings, echo=echo)

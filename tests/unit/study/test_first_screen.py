@@ -110,3 +110,4 @@ def test_a_page_of_every_sitting_speaks_of_the_newest_study_not_a_smoke_test() -
     assert first_screen.headline_sitting([quick, decision, smoke]) is decision
     assert first_screen.headline_sitting([smoke]) is smoke
     assert first_screen.headline_sitting([]) is None
+    assert first_screen.sitting_of([quick, smoke], "s") is smoke and first_screen.sitting_of([quick], "s") is None
