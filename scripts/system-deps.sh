@@ -63,5 +63,12 @@ if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1
 fi
 trap '[ "$own_policy" -eq 1 ] && rm -f "$policy"' EXIT
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+# what apt and its hooks say (debconf, needrestart) is shown only when the install fails
+log=$(mktemp)
+if ! DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install -y -qq "${need[@]}" >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"
 quiet_host_broker
