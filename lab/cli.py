@@ -233,10 +233,11 @@ def _publish(report: Path, settings: Settings) -> None:
     the screenshot stored beside the page), then the site; the last lines say where each is."""
     from lab.results import site_dir
     from lab.study import browser, site
+    from lab.study.report import SCREENSHOT
 
     page = report / "report.html"
     try:
-        view = browser.view(page, screenshot=report / "first-screen.png")
+        view = browser.view(page, screenshot=report / SCREENSHOT)
         for problem in view.problems():
             _say(f"report page: {problem}")
         shot = str(view.screenshot)

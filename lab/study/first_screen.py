@@ -28,6 +28,8 @@ from lab.study import crossover, plots
 from lab.study.series import REFERENCE_PIPELINES
 
 MAX_LINES = 5  # lines in the answer's figure: the reference's four and the cheapest other option
+QUESTION = ("Is it cheaper to let N consumers read PostgreSQL's write-ahead log directly, or to put Debezium "
+            "and a broker (Kafka, RabbitMQ) in between, and from which N on does the broker pay off?")
 
 
 class FindingLike(Protocol):

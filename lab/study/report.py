@@ -34,12 +34,14 @@ from lab.results import new_report_id, report_dir, write_sitting
 from lab.settings import Settings, exported
 from lab.stack.base import StackError
 from lab.study import sitting
+from lab.study.first_screen import QUESTION
 from lab.study.page import Picture, combine, export_html
 
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
 NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency", "faults", "topology", "results")
 REPORT_PAGE = ("analysis", "latency", "broker_native", "control", "faults")  # report.html, in this order
+SCREENSHOT = "first-screen.png"  # the page's first screen in a browser, beside it (its link preview's image)
 
 
 def notebooks_dir(settings: Settings) -> Path:
@@ -255,7 +257,8 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         }, settings=settings, echo=echo)
         pages.append("topology")
     page = combine([out / f"{n}.ipynb" for n in pages], out / "report.ipynb")
-    export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")
+    export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})",
+                description=QUESTION, image=SCREENSHOT)  # the screenshot `lab report` takes of the page
     if record is not None:
         write_sitting({**record, "wall_min": round((time.monotonic() - t0) / 60, 1)}, settings=settings)
     return out

@@ -31,8 +31,6 @@ from lab.settings import Settings
 from lab.study import first_screen, page
 
 TITLE = "fanout-lab: direct WAL readers or Debezium and a broker, what each costs per message"
-QUESTION = ("Is it cheaper to let N consumers read PostgreSQL's write-ahead log directly, or to put Debezium "
-            "and a broker (Kafka, RabbitMQ) in between, and from which N on does the broker pay off?")
 STYLE = """<style>
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1400px;
 padding:0 24px;color:#1d1d1d;line-height:1.4}
@@ -46,13 +44,18 @@ def _absolute(base_url: str, name: str) -> str:
     return f"{base_url.rstrip('/')}/{name}" if base_url else name
 
 
+def _description(findings: Sequence[first_screen.FindingLike]) -> str:
+    """A link preview's description: the first finding in plain words, else the question."""
+    return findings[0].sentence.replace("`", "") if findings else first_screen.QUESTION
+
+
 def index_html(findings: Sequence[first_screen.FindingLike], figure: str, sittings: pd.DataFrame, *,
                links: Sequence[tuple[str, str]], records: Sequence[str] = (), base_url: str = "",
                updated: str = "") -> str:
     """The site's first page: the question, the answer beside its figure (``figure``: an ``<img>``
     tag), the links (href, text), and the index of sittings (:func:`lab.study.explore.index_table`)
     with each sitting linked to ``sittings/<id>.json`` when its id is in ``records``."""
-    description = findings[0].sentence.replace("`", "") if findings else QUESTION
+    description = _description(findings)
     meta = "".join(f'<meta {a}="{escape(n)}" content="{escape(c)}">'
                    for a, n, c in page.preview_tags(TITLE, description, _absolute(base_url, "answer.png")))
     block = first_screen.answer_html(findings, figure, empty="No sitting is recorded yet: `make report` measures one.")
@@ -70,7 +73,7 @@ def index_html(findings: Sequence[first_screen.FindingLike], figure: str, sittin
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{escape(TITLE)}</title>{meta}{STYLE}</head><body><main>"
-            f"<h1>{escape(TITLE)}</h1><p class=\"question\">{escape(QUESTION)}</p>{block}"
+            f"<h1>{escape(TITLE)}</h1><p class=\"question\">{escape(first_screen.QUESTION)}</p>{block}"
             f"<nav><ul>{items}</ul></nav><h2>The sittings</h2>"
             f"<p>A sitting is one <code>lab report</code> on a quiet machine; its record is committed with the "
             f"code. Every figure above is the median and range over them.</p>{table}{stamp}</main></body></html>")
@@ -82,7 +85,7 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
     report folder to publish (default: the newest one that has a page, if any)."""
     from lab.results import latest_report, load_sittings, sittings_dir
     from lab.study import explore, ledger
-    from lab.study.report import execute_notebook
+    from lab.study.report import SCREENSHOT, execute_notebook
 
     out.mkdir(parents=True, exist_ok=True)
     records = load_sittings(settings=settings)
@@ -98,18 +101,18 @@ def build_site(out: Path, settings: Settings, *, report: Path | None = None, bas
         executed = execute_notebook("results", Path(tmp) / "results.ipynb", {"report_dir": ""}, settings=settings,
                                     echo=echo)
         page.export_html(executed, out / "results.html", title="fanout-lab: the results of every sitting",
-                         description=findings[0].sentence.replace("`", "") if findings else QUESTION,
+                         description=_description(findings),
                          image=_absolute(base_url, "answer.png") if records else "")
     links = [("results.html", "Every table and figure of the committed sittings")]
     report = report or latest_report(settings)
     if report is not None and (report / "report.html").is_file():
         shutil.copyfile(report / "report.html", out / "report.html")
-        shot = report / "first-screen.png"
+        shot = report / SCREENSHOT
         if shot.is_file():
-            shutil.copyfile(shot, out / "first-screen.png")
+            shutil.copyfile(shot, out / SCREENSHOT)
         links.insert(0, ("report.html", f"The newest report on this machine ({report.name})"))
     else:  # a site rebuilt where no report is: none of an older build's stays behind unlinked
-        for name in ("report.html", "first-screen.png"):
+        for name in ("report.html", SCREENSHOT):
             (out / name).unlink(missing_ok=True)
     published = out / "sittings"
     published.mkdir(exist_ok=True)
