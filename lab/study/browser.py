@@ -127,7 +127,7 @@ class _Protocol:
                 fut.set_exception(StackError("Chromium closed the DevTools connection"))
 
     async def send(self, method: str, params: dict[str, Any] | None = None, *, session: str | None = None,
-                   timeout: float = 60.0) -> dict[str, Any]:
+                   limit_s: float = 60.0) -> dict[str, Any]:
         self.next_id += 1
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.pending[self.next_id] = fut
@@ -135,19 +135,19 @@ class _Protocol:
         if session:
             msg["sessionId"] = session
         await self.ws.send_str(json.dumps(msg))
-        reply = await asyncio.wait_for(fut, timeout)
+        reply = await asyncio.wait_for(fut, limit_s)
         if "error" in reply:
             raise StackError(f"Chromium: {method} failed: {reply['error'].get('message')}")
         result: dict[str, Any] = reply.get("result", {})
         return result
 
-    async def wait_for(self, method: str, session: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    async def wait_for(self, method: str, session: str, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
         while not any(e.get("method") == method and e.get("sessionId") == session for e in self.events):
             self.arrived.clear()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StackError(f"Chromium: no {method} within {timeout:g} s")
+                raise StackError(f"Chromium: no {method} within {limit_s:g} s")
             try:
                 await asyncio.wait_for(self.arrived.wait(), left)
             except TimeoutError:
@@ -172,10 +172,10 @@ def console_errors(events: Sequence[dict[str, Any]]) -> list[str]:
 
 
 async def _devtools_port(profile: Path, proc: asyncio.subprocess.Process, logfile: Path,
-                         timeout: float) -> tuple[int, str]:
+                         limit_s: float) -> tuple[int, str]:
     """The port and browser path Chromium wrote to ``DevToolsActivePort`` in its profile."""
     marker = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if proc.returncode is not None:
             last = (logfile.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
@@ -184,11 +184,11 @@ async def _devtools_port(profile: Path, proc: asyncio.subprocess.Process, logfil
         if len(lines) >= 2:
             return int(lines[0]), lines[1]
         await asyncio.sleep(0.1)
-    raise StackError(f"Chromium did not open its DevTools port within {timeout:g} s")
+    raise StackError(f"Chromium did not open its DevTools port within {limit_s:g} s")
 
 
 async def _view(path: Path, screenshot: Path | None, viewport: tuple[int, int], selectors: Sequence[str],
-                timeout: float) -> PageView:
+                limit_s: float) -> PageView:
     import aiohttp
 
     url = path.resolve().as_uri()
@@ -200,7 +200,7 @@ async def _view(path: Path, screenshot: Path | None, viewport: tuple[int, int], 
             chromium(), *FLAGS, f"--user-data-dir={profile}", f"--window-size={viewport[0]},{viewport[1]}",
             "about:blank", stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile, start_new_session=True)
         try:
-            port, browser_path = await _devtools_port(profile, proc, logpath, timeout)
+            port, browser_path = await _devtools_port(profile, proc, logpath, limit_s)
             async with aiohttp.ClientSession() as http, http.ws_connect(
                     f"ws://127.0.0.1:{port}{browser_path}", max_msg_size=0) as ws:
                 cdp = _Protocol(ws)
@@ -215,7 +215,7 @@ async def _view(path: Path, screenshot: Path | None, viewport: tuple[int, int], 
                         "width": viewport[0], "height": viewport[1], "deviceScaleFactor": 1, "mobile": False},
                         session=session)
                     await cdp.send("Page.navigate", {"url": url}, session=session)
-                    await cdp.wait_for("Page.loadEventFired", session, timeout)
+                    await cdp.wait_for("Page.loadEventFired", session, limit_s)
                     call = f"({INSPECT})({json.dumps(list(selectors))}, {json.dumps(list(PRINTED))})"
                     found = (await cdp.send("Runtime.evaluate", {"expression": call, "returnByValue": True},
                                             session=session))["result"]["value"]
@@ -236,13 +236,13 @@ async def _view(path: Path, screenshot: Path | None, viewport: tuple[int, int], 
                     tuple(suspicious_lines(found["text"])), dict(found["visible"]), screenshot)
 
 
-async def _stop(proc: asyncio.subprocess.Process, timeout: float = 10.0) -> None:
+async def _stop(proc: asyncio.subprocess.Process, limit_s: float = 10.0) -> None:
     """Stop Chromium and every helper it started (its renderer, zygote, crash handler: one process group,
     the group of the pid it was started with), so that nothing writes to its profile any more."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             if proc.returncode is None:
                 with contextlib.suppress(TimeoutError):

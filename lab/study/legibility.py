@@ -10,6 +10,7 @@ it on every figure a report shows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -177,7 +178,7 @@ def _points(ax: Axes) -> np.ndarray:
         xy = xy[np.isfinite(xy).all(axis=1)]
         if len(xy) > 1 and line.get_linestyle() not in ("None", "", " ", "none"):
             steps = np.linspace(0, 1, 25)[:, None]
-            xy = np.vstack([a + steps * (b - a) for a, b in zip(xy[:-1], xy[1:], strict=True)])
+            xy = np.vstack([a + steps * (b - a) for a, b in itertools.pairwise(xy)])
         pts.append(xy)
     for coll in ax.collections:
         if not isinstance(coll, Collection) or not coll.get_visible():
@@ -233,13 +234,13 @@ def unnamed_axes(fig: Figure, renderer: RendererBase | None = None) -> list[str]
     for ax in fig.axes:
         if not ax.get_visible() or not ax.axison:
             continue
-        for axis in (ax.xaxis, ax.yaxis):
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
             numbers = [t for t in _tick_labels(axis) if _numeric(t.get_text())]
-            beside = [other for other in fig.axes if other is not ax and (_shares(ax, other, axis)
-                                                                          or _same_line(ax, other, axis))]
-            named = _shown(axis.label) or any(_shown(getattr(o, axis.axis_name + "axis").label) for o in beside)
+            beside = [other for other in fig.axes if other is not ax and (_shares(ax, other, name)
+                                                                          or _same_line(ax, other, name))]
+            named = _shown(axis.label) or any(_shown((o.xaxis if name == "x" else o.yaxis).label) for o in beside)
             if numbers and not named:
-                out.append(f"{ax.get_title() or 'axes'}: {axis.axis_name} axis")
+                out.append(f"{ax.get_title() or 'axes'}: {name} axis")
     return out
 
 
@@ -255,17 +256,17 @@ def _numeric(text: str) -> bool:
     return True
 
 
-def _same_line(ax: Axes, other: Axes, axis: Axis) -> bool:
+def _same_line(ax: Axes, other: Axes, axis: str) -> bool:
     """Whether ``other`` sits in the same row of a grid (for y; the same column for x): small
     multiples name a row's y axis once, at its left."""
     a, b = ax.get_subplotspec(), other.get_subplotspec()
     if a is None or b is None or a.get_gridspec() is not b.get_gridspec():
         return False
-    return a.rowspan == b.rowspan if axis.axis_name == "y" else a.colspan == b.colspan
+    return a.rowspan == b.rowspan if axis == "y" else a.colspan == b.colspan
 
 
-def _shares(ax: Axes, other: Axes, axis: Axis) -> bool:
-    group = ax.get_shared_x_axes() if axis.axis_name == "x" else ax.get_shared_y_axes()
+def _shares(ax: Axes, other: Axes, axis: str) -> bool:
+    group = ax.get_shared_x_axes() if axis == "x" else ax.get_shared_y_axes()
     return bool(group.joined(ax, other))
 
 

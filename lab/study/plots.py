@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -524,7 +525,8 @@ def n_star_figure(answers: Iterable[Any], *,
     ax.set_xlim(0, top * 1.04)
     ax.set_xlabel("N* (readers from which the broker costs less)")
     ax.grid(True, axis="x", alpha=0.3)
-    handles = [Line2D([], [], ls="none", marker=mk, color="0.3", label=name) for name, mk in N_STAR_MARKERS.items()]
+    handles: list[Artist] = [Line2D([], [], ls="none", marker=mk, color="0.3", label=name)
+                             for name, mk in N_STAR_MARKERS.items()]
     handles.append(Patch(color="0.5", alpha=0.3, label="range over the models"))
     outside_legend(ax, handles=handles, title="model")
     first = answers[order[0]]

@@ -11,8 +11,17 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from lab.study import (broker_native, capacity, crossover, explore, fault_matrix, first_screen, legibility, plots,
-                       slow_work)
+from lab.study import (
+    broker_native,
+    capacity,
+    crossover,
+    explore,
+    fault_matrix,
+    first_screen,
+    legibility,
+    plots,
+    slow_work,
+)
 from lab.study import costmodel as cm
 from lab.study import topology as topo
 from tests.unit.study.test_capacity import RESULTS as STAIRCASES
