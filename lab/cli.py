@@ -255,7 +255,7 @@ def _site(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study import site
 
     t0 = time.monotonic()
-    index = site.build_site(args.out or site_dir(settings), settings, base_url=args.base_url)
+    index = site.build_site(Path(args.out) if args.out else site_dir(settings), settings, base_url=args.base_url)
     _say(f"site written in {time.monotonic() - t0:.1f} s (open it from disk, or serve the folder as it is)")
     sys.stdout.write("".join(line + "\n" for line in site.describe(index)))
     return 0
@@ -546,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     web = sub.add_parser("site", help="the static site: the answer and the index of sittings, every sitting's "
                                       "results, the newest report (no stack, no run)")
-    web.add_argument("--out", type=Path, default=None, help="the folder to write (default: data/site)")
+    web.add_argument("--out", default="", metavar="DIR", help="the folder to write (default: data/site)")
     web.add_argument("--base-url", default="", metavar="URL",
                      help="where the site will be served, for absolute link-preview images (og:image)")
     web.set_defaults(handler=_site)
