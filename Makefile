@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 KERNEL := $(VENV)/share/jupyter/kernels/fanout-lab/kernel.json
 
 
-.PHONY: setup lock system-deps lint check test test-full test-unit test-integration test-notebooks up down status report lab clean
+.PHONY: setup lock system-deps lint check test test-full test-unit test-integration test-notebooks up down status report site explore lab clean
 
 # requirements.lock pins every distribution (pip freeze of the venv the figures were measured
 # with); pyproject.toml keeps the supported ranges. Refresh the lock with `make lock`.
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.lock
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps --config-settings editable_mode=compat -e .  # a .pth entry: setuptools warns of nothing
 	touch $(STAMP)
 
 lock: $(STAMP)  ## re-pin requirements.lock from the current venv (after changing pyproject.toml)
@@ -75,6 +75,16 @@ SERIES_ID ?=
 report: setup  ## the study: runs (or resumes) the series, writes data/reports/<id>/report.html (WITH=faults,control adds those parts)
 	$(BIN)/lab stack up
 	$(BIN)/lab report --profile $(PROFILE) $(if $(WITH),--with $(WITH)) $(if $(SERIES_ID),--series-id $(SERIES_ID))
+
+# The results without a run: the committed sittings (data/sittings) as a static site, no stack started
+# and nothing provisioned (the venv and the kernel only). `lab site --base-url URL` for link previews.
+OUT ?=
+
+site: $(STAMP) $(KERNEL)  ## the static site (data/site or OUT=DIR): the answer, every sitting's results, the newest report
+	$(BIN)/lab site $(if $(OUT),--out $(OUT))
+
+explore: site  ## every table and figure of the committed sittings, without a stack or a run (under a minute)
+	@echo "open the results page above in a browser (from disk), or notebooks/results.ipynb in JupyterLab"
 
 lab: setup  ## JupyterLab on notebooks/, with the stack up and `lab` importable
 	$(BIN)/pip install -q -e '.[test,notebooks]'

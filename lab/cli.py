@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from tqdm import tqdm
@@ -213,7 +214,6 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
                        pipelines=",".join(pipelines or []), force=args.force, idle_s=args.idle_s,
                        single_series_id=single if settings.topology == "ha" else "", echo=sys.stderr,
                        parts=parts)
-    sys.stdout.write(f"{out / 'report.html'}\n")
     _say(f"report written to {out} (report.html, executed notebooks, figures as PNG/SVG, CSV)")
     failed = [f"{name}: {cell}" for name, rid in report_series(sid, args.profile).items()
               if name != "faults"  # a fault cell's failed run is a finding (the report shows it), not a gap
@@ -222,7 +222,42 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     if failed:
         _say(f"{len(failed)} cell(s) of series {sid} have no successful run ({'; '.join(failed)}); "
              "the report lists their errors and leaves them out. Run the same command again to retry them.")
-        return 1
+    _publish(out, settings)
+    return 1 if failed else 0
+
+
+# Publishing: the page checked in a browser, its first screen captured, the site -------------------
+
+def _publish(report: Path, settings: Settings) -> None:
+    """After a report: its first screen in headless Chromium (what a reader trips over is said, and
+    the screenshot stored beside the page), then the site; the last lines say where each is."""
+    from lab.results import site_dir
+    from lab.study import browser, site
+    from lab.study.report import SCREENSHOT
+
+    page = report / "report.html"
+    try:
+        view = browser.view(page, screenshot=report / SCREENSHOT)
+        for problem in view.problems():
+            _say(f"report page: {problem}")
+        shot = str(view.screenshot)
+    except StackError as exc:  # no Chromium here: the report stands without its screenshot
+        shot = f"not taken ({one_line(exc)})"
+    try:
+        where = str(site.build_site(site_dir(settings), settings, report=report, echo=sys.stderr))
+    except StackError as exc:  # the report stands; `lab site` writes the site again
+        where = f"not written ({one_line(exc)})"
+    sys.stdout.write(f"page: {page}\nscreenshot: {shot}\nsite: {where}\n")
+
+
+def _site(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.results import site_dir
+    from lab.study import site
+
+    t0 = time.monotonic()
+    index = site.build_site(Path(args.out) if args.out else site_dir(settings), settings, base_url=args.base_url)
+    _say(f"site written in {time.monotonic() - t0:.1f} s (open it from disk, or serve the folder as it is)")
+    sys.stdout.write("".join(line + "\n" for line in site.describe(index)))
     return 0
 
 
@@ -508,6 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add report parts the profile leaves out, comma-separated: faults, control "
                           "(quick runs latency and broker-native; smoke, full and reference run all four)")
     rep.set_defaults(handler=_report, locks=True, needs_layout=True)
+
+    web = sub.add_parser("site", help="the static site: the answer and the index of sittings, every sitting's "
+                                      "results, the newest report (no stack, no run)")
+    web.add_argument("--out", default="", metavar="DIR", help="the folder to write (default: data/site)")
+    web.add_argument("--base-url", default="", metavar="URL",
+                     help="where the site will be served, for absolute link-preview images (og:image)")
+    web.set_defaults(handler=_site)
 
     sit = sub.add_parser("sitting", help="write the sitting record (data/sittings) of a stored series")
     sit.add_argument("series_id", help="the series (e.g. quick, reference)")

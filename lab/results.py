@@ -68,6 +68,18 @@ def report_dir(report_id: str, settings: Settings | None = None) -> Path:
     return reports_dir(settings) / report_id
 
 
+def latest_report(settings: Settings | None = None) -> Path | None:
+    """The newest report folder that has its page (``report.html``), or None."""
+    root = reports_dir(settings)
+    pages = sorted(root.glob("*/report.html")) if root.is_dir() else []
+    return pages[-1].parent if pages else None  # report ids start with their UTC timestamp
+
+
+def site_dir(settings: Settings | None = None) -> Path:
+    """Where ``lab site`` writes the static site by default (git-ignored, like the reports)."""
+    return (settings or get_settings()).data_dir / "site"
+
+
 def new_report_id(profile: str) -> str:
     """``<UTC timestamp>-<profile>-<4 hex>``, e.g. ``20261130T120000Z-quick-3f9a``: two reports
     started in the same second get two folders."""

@@ -7,7 +7,7 @@
 # listens on every interface and idles on the measured cores); python3-venv
 # for .venv; docker-compose (v1 client) only to validate docker-compose.yml when no `docker compose`
 # plugin exists; docker.io for the compose backend (its images are built locally from debootstrap
-# roots: no registry needed).
+# roots: no registry needed); chromium, headless, for the report's screenshot and its page test.
 # SYSDEPS_ROOT (default: empty, i.e. /) is the directory the script's own paths are looked up under
 # (the packaged broker, the init system, policy-rc.d): tests/unit/test_system_deps.py runs the
 # script's decisions against a directory of its own, with apt-get and systemctl recorded instead.
@@ -24,6 +24,8 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # a Docker engine for the compose backend's tests; debootstrap for RabbitMQ 4's root and the local images
 { command -v dockerd || command -v docker; } >/dev/null 2>&1 || need+=(docker.io)
 { command -v debootstrap || [ -x "$root/usr/sbin/debootstrap" ]; } >/dev/null 2>&1 || need+=(debootstrap)
+# a real browser for the report: its first screen's screenshot and the page's test (headless)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 quiet_host_broker() {
   # the lab runs its own private node; the distribution's service must not run or start at boot
@@ -61,5 +63,12 @@ if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && own_policy=1
 fi
 trap '[ "$own_policy" -eq 1 ] && rm -f "$policy"' EXIT
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+# what apt and its hooks say (debconf, needrestart) is shown only when the install fails
+log=$(mktemp)
+if ! DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install -y -qq "${need[@]}" >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"
 quiet_host_broker

@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lab.scenario import PIPELINE_NAMES, Scenario, parse_rate_steps
-from lab.study.plots import pipeline_color
+from lab.study.plots import finding, outside_legend, pipeline_color
 from lab.study.series import matrix, profile
 
 _MARKERS = ("o", "s", "^", "v", "D", "P")
@@ -130,7 +130,6 @@ def capacity_figure(results: Iterable[Mapping[str, Any]]) -> Figure:
         if not g.empty:
             lim = [0, float(g["rate"].max()) * 1.05]
             top.plot(lim, lim, ":", color="0.5", label="delivered = target")
-            top.legend(loc="best", fontsize="small")
         top.set_title(pipeline)
         top.grid(True, alpha=0.3)
         bottom.set_yscale("log")
@@ -141,4 +140,14 @@ def capacity_figure(results: Iterable[Mapping[str, Any]]) -> Figure:
     axes[0][0].set_ylabel("delivered (msg/s)")
     axes[1][0].set_ylabel("p99 due → work call (ms)")
     axes[2][0].set_ylabel("ms CPU / msg (all participants)")
-    return fig
+    if not steps.empty:
+        outside_legend(axes[0][-1])
+    held = steps[steps["sustainable"].astype(bool)] if not steps.empty else steps
+    if held.empty:
+        title = "No step of any staircase was sustained"
+    else:
+        best = held.loc[held["rate"].idxmax()]
+        title = (f"{best['pipeline']} sustains the highest rate: {best['rate']:,.0f} msg/s at N = "
+                 f"{int(best['consumers'])}")
+    return finding(fig, title, "Each line one staircase (a pipeline at one N), each point one step held at its "
+                               "target rate; hollow: a step not sustained (lag left behind or growing).")

@@ -119,7 +119,12 @@ def _curved(df: pd.DataFrame, direct: str, broker: str, *, n_boot: int, seed: in
             lvl = float(np.median(rng.choice(levels, levels.size)))
             n = _quadratic_crossing(sample, lvl)
             draws.append(math.inf if n is None else n)
-    ci = (float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))) if draws else NAN_CI
+    # order statistics, not interpolation: a draw that never crosses is inf, and the quantile between two
+    # of them is inf (interpolating inf − inf gave NaN and a RuntimeWarning per call on the page)
+    ci: Interval = NAN_CI
+    if draws:
+        lo_q, hi_q = np.quantile(np.asarray(draws, float), [0.025, 0.975], method="inverted_cdf")
+        ci = (float(lo_q), float(hi_q))
     lo, hi = int(d["consumers"].min()), int(d["consumers"].max())
     return ModelCrossing(MODELS[2], point, ci, point is not None and lo <= point <= hi)
 

@@ -36,6 +36,7 @@ from lab.results import iter_runs
 from lab.scenario import FaultSpec, Scenario, parse_fault
 from lab.settings import Settings
 from lab.stack.proc import exclusive
+from lab.study.plots import finding, outside_legend
 from lab.study.series import Step, available_pipelines
 
 log = logging.getLogger(__name__)
@@ -609,10 +610,13 @@ def wal_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
             ax.axvspan(*window, color="tab:red", alpha=0.12, label="fault")
         ax.set(title=f"{run['scenario']['pipeline']}", xlabel="s after the gate")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        outside_legend(ax, fontsize="x-small")
     axes[0].set_ylabel("WAL retained (MB)")
-    fig.suptitle(f"WAL pinned on the source: {kind}")
-    return fig
+    peaks = {run["scenario"]["pipeline"]: max((_num(s.get("retained_bytes")) / 2**20 for ss in _per_slot(run).values()
+                                               for s in ss), default=0.0) for run in cells}
+    most = max(peaks, key=lambda p: peaks[p])
+    return finding(fig, f"{kind}: {most} pins the most WAL on the source, {peaks[most]:,.0f} MB at its peak",
+                   "WAL each replication slot retains over the run, one panel per pipeline; shaded: the fault.")
 
 
 def lag_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -> Any:
@@ -640,10 +644,11 @@ def lag_figure(results: Sequence[dict[str, Any]], kind: str = "consumer-dead") -
             ax.axvspan(*window, color="tab:red", alpha=0.12)
         ax.set(title=run["scenario"]["pipeline"], xlabel="s after the gate")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        outside_legend(ax, fontsize="x-small")
     axes[0].set_ylabel("messages behind")
-    fig.suptitle(f"Lag and backlog: {kind}")
-    return fig
+    return finding(fig, f"{kind}: where the messages wait while a consumer is dead, pipeline by pipeline",
+                   "Each consumer's lag (messages claimed by nobody yet) and the broker's backlog, sampled every "
+                   "second; shaded: the fault.")
 
 
 def _list(items: Sequence[str]) -> str:

@@ -324,3 +324,37 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
             "delivered while dead (%)": _num(r.dead_delivered_pct, 0),
         })
     return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
+
+
+def volume(measured: pd.DataFrame) -> int:
+    """The messages per start most of the series' measured runs have (its own volume)."""
+    counts = measured["messages"].astype(int).value_counts()
+    return int(counts[counts == counts.max()].index.min())
+
+
+def at_measured(measured: pd.DataFrame, *, arm: pd.DataFrame | None = None, messages: int | None = None,
+                pipelines: Sequence[str] = ()) -> pd.DataFrame:
+    """Every pipeline ranked at every N the series measured at its own volume (``messages``: another
+    measured one), closed loop: :func:`cost_ranking` at each of those points, with ``consumers``."""
+    if measured.empty:
+        return pd.DataFrame(columns=["consumers", *COLUMNS])
+    m = messages or volume(measured)
+    ns = sorted({int(n) for n in measured.loc[measured["messages"] == m, "consumers"]})
+    return pd.concat([cost_ranking(measured, Point(n, float(m)), arm=arm, pipelines=pipelines).assign(consumers=n)
+                      for n in ns], ignore_index=True)[["consumers", *COLUMNS]]
+
+
+def grid(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`at_measured`'s table for reading: a row per pipeline, cheapest on average first, a
+    column per N holding ``ms CPU per message (rank)``, and ``not measured`` where it was not."""
+    if table.empty:
+        return pd.DataFrame()
+    ranked = table.dropna(subset=["rank"])
+    order = list(ranked.groupby("pipeline")["rank"].mean().sort_values(kind="stable").index)
+    order += [p for p in dict.fromkeys(table["pipeline"]) if p not in order]
+    cells = {(r.pipeline, int(r.consumers)): (f"{r.ms_per_msg:.3f} ({int(r.rank)})" if not pd.isna(r.rank)
+                                              else "not measured")
+             for r in table.itertuples(index=False)}
+    ns = sorted({int(n) for n in table["consumers"]})
+    return pd.DataFrame([[cells.get((p, n), "not measured") for n in ns] for p in order],
+                        index=pd.Index(order, name="pipeline"), columns=[f"N = {n}" for n in ns])

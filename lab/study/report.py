@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,11 +34,14 @@ from lab.results import new_report_id, report_dir, write_sitting
 from lab.settings import Settings, exported
 from lab.stack.base import StackError
 from lab.study import sitting
+from lab.study.first_screen import QUESTION
+from lab.study.page import Picture, combine, export_html
 
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
-NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency", "faults", "topology")
+NOTEBOOKS = ("scenario", "series", "analysis", "control", "broker_native", "latency", "faults", "topology", "results")
 REPORT_PAGE = ("analysis", "latency", "broker_native", "control", "faults")  # report.html, in this order
+SCREENSHOT = "first-screen.png"  # the page's first screen in a browser, beside it (its link preview's image)
 
 
 def notebooks_dir(settings: Settings) -> Path:
@@ -65,37 +69,26 @@ def execute_notebook(name: str, out: Path, parameters: dict[str, Any], *, settin
     A failing cell raises :class:`StackError` naming the cell; ``out`` keeps the traceback.
     """
     import papermill as pm
+    from traitlets.config import Config
 
     require_kernel()
     src = notebooks_dir(settings) / f"{name}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
     log.info("executing %s -> %s", src, out)
     try:
-        with exported(settings):
+        # the kernel talks to papermill over Unix sockets in a private directory, not over loopback TCP,
+        # where every message would travel unencrypted (and ipykernel warns so on every start)
+        with exported(settings), tempfile.TemporaryDirectory(prefix="lab-kernel-") as sockets:
+            ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
             pm.execute_notebook(
                 str(src), str(out), parameters=parameters, kernel_name=KERNEL,
-                cwd=str(src.parent), progress_bar=False, stdout_file=echo, stderr_file=echo,
+                cwd=str(src.parent), progress_bar=False, stdout_file=echo, stderr_file=echo, config=ipc,
             )
     except pm.PapermillExecutionError as exc:
         raise StackError(
             f"{name}.ipynb failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue} (see {out})"
         ) from None
     return out
-
-
-def export_html(notebook: Path, html: Path, *, title: str) -> Path:
-    """The executed notebook as one self-contained HTML page, without the code cells."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    nb = nbformat.read(notebook, as_version=4)
-    quiet = logging.getLogger(f"{__name__}.nbconvert")
-    quiet.setLevel(logging.ERROR)  # "alternative text is missing" on every figure
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True, log=quiet)
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    html.write_text(body, encoding="utf-8")
-    return html
 
 
 # What else a report measures, per profile: the latency at a fixed rate, the
@@ -186,28 +179,17 @@ def ranking_series(series_id: str) -> dict[str, str]:
     return {"capacity": f"{series_id}-capacity", "faults": f"faults-{series_id}"}
 
 
-# The point the report's first table ranks the pipelines at (lab.study.ranking; the analysis
-# notebook's parameters, which a reader changes in JupyterLab): N = 4, a Debezium start serving
-# 100,000 messages (the reference study's volume), closed loop. N = 4 is measured by every profile but
-# smoke, which measures N = 1 and 2 in runs too short to split into F and c: it ranks at N = 2 and its
-# own 300 messages per start, where each run's figure stands as measured.
+# The point the report's detailed ranking is at (lab.study.ranking; the analysis notebook's
+# parameters, which a reader changes in JupyterLab): a point the series measured, N = 4 at the
+# series' own messages per start (-1), closed loop, so that every figure in it stands as measured.
+# N = 4 is measured by every profile but smoke, which measures N = 1 and 2: it ranks at N = 2.
+# A modelled point (100,000 messages per start, a rate) is the reader's to choose.
 RANKING: dict[str, dict[str, Any]] = {
-    name: {"consumers": 4, "messages_per_start": 100_000, "rate": 0.0} for name in EXTRAS}
-RANKING["smoke"] = {"consumers": 2, "messages_per_start": 300, "rate": 0.0}
+    name: {"consumers": 4, "messages_per_start": -1, "rate": 0.0} for name in EXTRAS}
+RANKING["smoke"] = {"consumers": 2, "messages_per_start": -1, "rate": 0.0}
 # Bootstrap resamples of the analysis' intervals: the notebook's default (2,000) but for smoke, whose
 # figures are noise and whose report the tests run (200 are enough to check that they are drawn).
 N_BOOT: dict[str, int] = {"smoke": 200}
-
-
-def combine(notebooks: list[Path], out: Path) -> Path:
-    """One notebook holding the cells (and outputs) of ``notebooks`` in order, for one report page."""
-    import nbformat
-
-    first, *rest = (nbformat.read(p, as_version=4) for p in notebooks)
-    for nb in rest:
-        first.cells.extend(nb.cells)
-    nbformat.write(first, out)
-    return out
 
 
 def build_report(profile: str, settings: Settings, *, series_id: str, repeats: int | None = None,
@@ -262,7 +244,7 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         write_sitting(record, settings=settings)
     # the analysis last, though first on the page: its ranking reads the staircases and the fault matrix
     execute_notebook("analysis", out / "analysis.ipynb", {
-        "series_id": series_id, "report_dir": str(out), **RANKING[profile],
+        "series_id": series_id, "report_dir": str(out), "sitting": report_id, **RANKING[profile],
         **({"n_boot": N_BOOT[profile]} if profile in N_BOOT else {}),
         "capacity_series_id": ids["capacity"], "faults_series_id": ids["faults"],
     }, settings=settings, echo=echo)
@@ -275,7 +257,8 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         }, settings=settings, echo=echo)
         pages.append("topology")
     page = combine([out / f"{n}.ipynb" for n in pages], out / "report.ipynb")
-    export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")
+    export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})",
+                description=QUESTION, image=SCREENSHOT)  # the screenshot `lab report` takes of the page
     if record is not None:
         write_sitting({**record, "wall_min": round((time.monotonic() - t0) / 60, 1)}, settings=settings)
     return out
@@ -283,12 +266,13 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
 
 # Outputs of the analysis notebook --------------------------------------------------------------
 
-def save_figure(fig: Any, out_dir: str | Path, name: str) -> None:
-    """``<name>.png`` and ``<name>.svg`` in ``out_dir`` (nothing when ``out_dir`` is empty)."""
-    if not out_dir:
-        return
-    for ext in ("png", "svg"):
-        fig.savefig(Path(out_dir) / f"{name}.{ext}", bbox_inches="tight", dpi=150)
+def save_figure(fig: Any, out_dir: str | Path, name: str) -> Picture:
+    """``<name>.png`` and ``<name>.svg`` in ``out_dir`` (nothing when ``out_dir`` is empty); returns
+    the figure as the page shows it (an image with its alternative text: a cell's last line)."""
+    if out_dir:
+        for ext in ("png", "svg"):
+            fig.savefig(Path(out_dir) / f"{name}.{ext}", bbox_inches="tight", dpi=150)
+    return Picture(fig)
 
 
 def save_table(df: pd.DataFrame, out_dir: str | Path, name: str, *, index: bool = False) -> None:

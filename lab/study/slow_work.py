@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from lab.study.plots import finding, outside_legend
 
 LINEAR_TOL = 0.15  # msg/s per consumer within ±15 % of its mean over N
 SPREAD_TOL = 0.10  # (max - min) / mean across transports at one N (the reference: 4-6 %)
@@ -67,8 +70,12 @@ def figure(table: pd.DataFrame, published: pd.DataFrame | None = None, *,
     ns = sorted(set(table["consumers"]) | set(theirs))
     ax.plot(ns, [n * 1000 / work_delay_ms for n in ns], ":", color="grey",
             label=f"ideal: N x 1000 / {work_delay_ms:g} ms")
-    ax.set(xlabel="consumers N", ylabel="msg/s", xticks=ns,
-           title=f"Control: throughput with {work_delay_ms:g} ms of work per message")
+    ax.set(xlabel="consumers N", ylabel="messages per second (window)", xticks=ns)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return fig
+    outside_legend(ax)
+    by_n = table.groupby("consumers")["msg_per_s"]
+    spread = float((100 * (by_n.max() - by_n.min()) / by_n.mean()).max()) if not table.empty else float("nan")
+    title = (f"With {work_delay_ms:g} ms of work per message the transports stay within {spread:.0f} % of each "
+             "other at every N" if np.isfinite(spread) else "No control run")
+    return finding(fig, title, f"Throughput (messages ÷ run window) against N; dotted: the ideal N × 1000 / "
+                               f"{work_delay_ms:g} ms; dashed: the reference study's published runs.")

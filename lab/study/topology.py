@@ -248,7 +248,7 @@ def quietness(df: pd.DataFrame) -> pd.DataFrame:
 def figure(cells: pd.DataFrame) -> Figure:
     """Total ms CPU/msg against N per pipeline, ``single`` solid and ``ha`` dashed, each median
     with its interval (:func:`cell_table`'s columns)."""
-    from lab.study.plots import pipeline_color
+    from lab.study.plots import finding, outside_legend, pipeline_color
 
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
@@ -264,9 +264,11 @@ def figure(cells: pd.DataFrame) -> Figure:
         ax.xaxis.set_major_locator(FixedLocator(sorted(set(cells["consumers"]))))
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.legend(fontsize="small", ncol=2)
+        outside_legend(ax)
     ax.set_xlabel("consumers N")
     ax.set_ylabel("ms CPU per message (every participant)")
-    ax.set_title("single (solid) against ha (dashed)\n(bars: order-statistic interval of each median)",
-                 fontsize="medium")
-    return fig
+    ratio = (cells["ha"] / cells["single"]).median() if not cells.empty else float("nan")
+    title = (f"ha costs {ratio:.2f}× single per message in the median cell" if math.isfinite(ratio)
+             else "No cell measured under both topologies")
+    return finding(fig, title, "Solid: single, dashed: ha; each point the median of a cell's runs, bars its "
+                               "order-statistic interval.")

@@ -24,14 +24,16 @@ import lab.cli
 from lab.settings import Settings
 from lab.study import crossover, fault_matrix, ranking, series
 from lab.study.report import execute_notebook
+from tests.unit.study.test_page import meta
 
 pytestmark = pytest.mark.notebooks
-FIGURES = ("headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
+FIGURES = ("answer", "headline", "breakdown", "fanout", "claims", "drift", "residual", "memory", "decode", "latency",
            "broker_native", "control", "capacity", "faults_wal")
 TABLES = ("runs", "headline", "cell_comparisons", "fanout_model", "crossover", "crossover_measured", "claims",
           "drift", "idle_and_residual", "memory", "decode", "ours_vs_published", "crossover_article",
           "throughput_vs_published", "participants_vs_published", "agreement", "latency", "broker_native",
-          "control", "capacity", "capacity_steps", "faults", "faults_wal", "faults_by_pipeline", "ranking")
+          "control", "capacity", "capacity_steps", "faults", "faults_wal", "faults_by_pipeline", "ranking",
+          "ranking_measured")
 
 
 def _outputs(nb_path: Path) -> str:
@@ -58,8 +60,12 @@ def smoke_report(stack: Any, settings: Settings) -> tuple[Path, str]:
         mp.setattr(lab.cli, "get_settings", lambda: settings)  # the test stack's, not the process-wide ones
         status = lab.cli.main(["report", "--profile", "smoke", "--series-id", sid])
     assert status == 0, printed.getvalue()
-    html = Path(printed.getvalue().strip().splitlines()[-1])
+    # its last lines say where the page, its first screen's screenshot and the site are
+    last = dict(line.split(": ", 1) for line in printed.getvalue().strip().splitlines()[-3:])
+    assert list(last) == ["page", "screenshot", "site"], printed.getvalue()
+    html = Path(last["page"])
     assert html.name == "report.html" and html.exists()
+    assert Path(last["screenshot"]) == html.parent / "first-screen.png" and Path(last["site"]).name == "index.html"
     return html.parent, sid
 
 
@@ -96,9 +102,10 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
         assert dead.loc[p, "dead_backlog"] in ("slot", "broker", "slot+broker", "none"), p
         assert 0 <= dead.loc[p, "dead_delivered_pct"] <= 150, p
     assert (dead.loc[["wal-sharded", "rabbitmq"], "dead_backlog"] == "—").all()  # not in the smoke matrix
-    first = re.search(r"<table.*?</table>", html, re.S)
-    assert first is not None and "whose messages wait" in first.group(0)
-    assert all(f"<td>{p}</td>" in first.group(0) for p in series.pipelines_of("smoke"))
+    first, second = re.findall(r"<table.*?</table>", html, re.S)[:2]  # the answer has none: the rankings come first
+    assert "N = 1" in first and "N = 2" in first and "(1)" in first  # every measured N, each with its ranks
+    assert "whose messages wait" in second
+    assert all(f"<td>{p}</td>" in second for p in series.pipelines_of("smoke"))
     assert "Every pipeline at N = 2, 300 messages per start, closed loop" in html
     headline = pd.read_csv(out / "headline.csv")
     cells = set(zip(headline["pipeline"], headline["consumers"], strict=True))
@@ -115,10 +122,12 @@ def test_report_has_the_headline_table_and_the_figures(smoke_report: tuple[Path,
     assert "costmodel.fit_fanout" not in html  # the code cells are hidden
     # one page: the study (ending with the article side by side), then latency at a fixed rate, the
     # broker-native stand, the control experiment and the fault matrix
-    at = [html.find(h) for h in ("The pipelines ranked where you stand", "The headline: ms CPU per message",
-                                  "Against the article",
+    at = [html.find(h) for h in ('id="answer"', "Every pipeline at the points the series measured",
+                                  "The headline: ms CPU per message", "Against the article",
                                   "Latency at a fixed rate", "Maximum sustainable rate", "Broker-native experiment",
-                                  "Control experiment", "Faults: how each architecture insulates")]
+                                  "Control experiment", "Faults: how each architecture insulates", ">Appendix<",
+                                  "The pipelines and the metric", "Definitions: the fixed part",
+                                  "How this was measured", "Where and with what it ran", "Every run")]
     assert -1 not in at and at == sorted(at), at
 
 
@@ -331,10 +340,12 @@ def test_analysis_notebook_ranks_a_stored_series_at_another_point(
     assert f"fault matrix `faults-{sid}`, 2 cells" in text
 
 
-def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Path) -> None:
+def test_topology_notebook_compares_stored_runs_of_both_topologies(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """The ha report's last page on stored runs, no stack: three nodes that each cost
     what the single broker did triple the broker's CPU (``x3`` 1.0), the standby is an added
-    participant, and a side without runs says which command to run."""
+    participant, and a side without runs says which command to run. The kernel says nothing on the
+    terminal (it talks to papermill over Unix sockets: no warning about TCP without encryption)."""
     from lab.results import write_run
 
     settings = Settings(data_dir=tmp_path / "data", stack_dir=tmp_path / "stack")
@@ -375,3 +386,41 @@ def test_topology_notebook_compares_stored_runs_of_both_topologies(tmp_path: Pat
     params["single_series_id"] = "none-such"
     text = _outputs(execute_notebook("topology", tmp_path / "alone.ipynb", params, settings=settings))
     assert "No measured single runs" in text
+    terminal = capfd.readouterr().err
+    assert "without encryption" not in terminal and "Warning" not in terminal, terminal
+
+
+def test_report_page_reads_well_in_a_real_browser(smoke_report: tuple[Path, str]) -> None:
+    """The smoke report's page in headless Chromium at 1400 × 900: it loads with no console error and no
+    broken image, every image says what it shows, the answer's first sentence and its figure are on the
+    first screen, and no printed output, warning or traceback is on the page. `lab report` stored the
+    screenshot of that first screen beside it."""
+    from lab.study import browser
+
+    out, _ = smoke_report
+    view = browser.view(out / "report.html")
+    assert view.problems() == [], view.problems()
+    shot = (out / "first-screen.png").read_bytes()
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(shot[16:20], "big"), int.from_bytes(shot[20:24], "big")) == browser.VIEWPORT
+    assert meta((out / "report.html").read_text(), "property", "og:image") == "first-screen.png"
+
+
+def test_report_publishes_the_site(smoke_report: tuple[Path, str], settings: Settings) -> None:
+    """`lab report` ends by writing the site: the answer and the index of sittings, the results of every
+    sitting, the newest report and its screenshot; every link relative and present, every image with
+    its alternative text, and its first page clean in the browser too."""
+    from lab.results import site_dir
+    from lab.study import browser
+
+    out, _ = smoke_report
+    site = site_dir(settings)
+    assert (site / "report.html").read_bytes() == (out / "report.html").read_bytes()
+    assert (site / "first-screen.png").exists() and (site / "results.html").exists() and (site / "answer.png").exists()
+    index = (site / "index.html").read_text()
+    for href in re.findall(r'(?:href|src)="([^"#]+)"', index):
+        assert not href.startswith(("/", "http")) and (site / href).exists(), href
+    assert meta(index, "property", "og:image") == "answer.png"
+    for name in ("index.html", "results.html"):
+        view = browser.view(site / name, selectors=browser.FIRST_SCREEN if name == "index.html" else ())
+        assert view.problems() == [], (name, view.problems())

@@ -58,7 +58,7 @@ def forbidden(text: str) -> list[str]:
 
 SHELL_BLOCK = re.compile(r"```(?:sh|bash)\n(.*?)```", re.DOTALL)
 LAB_COMMAND = re.compile(
-    r"(?:^|[\s;(&|\"$])(?:\.venv/bin/)?lab ((?:stack|run|series|report|faults|bench)\b[^#;|&)\"\n]*)")
+    r"(?:^|[\s;(&|\"$])(?:\.venv/bin/)?lab ((?:stack|run|series|report|faults|bench|site)\b[^#;|&)\"\n]*)")
 
 
 def lab_commands(text: str) -> list[str]:

@@ -11,7 +11,7 @@ import papermill as pm
 import pytest
 
 from lab.scenario import Scenario
-from lab.study.report import KERNEL, NOTEBOOKS
+from lab.study.report import KERNEL, NOTEBOOKS, REPORT_PAGE
 
 DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -74,3 +74,42 @@ def test_broker_native_runs_its_series_beside_the_published_numbers() -> None:
     source = "".join(c.source for c in _nb("broker_native").cells)
     assert "series.run_series(plan" in source and "broker_native.plan(" in source
     assert 'load_reference("broker_native")' in source and "not implemented" not in source.lower()
+
+
+NEEDS_STACK = {"scenario", "series", "latency", "broker_native", "control", "faults"}
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_a_notebook_says_which_cells_need_the_stack(name: str) -> None:
+    """A cell that runs anything on the stack (it awaits a run) is tagged ``needs-stack`` and says so in
+    its first line; a notebook-only note below the title tells the reader which cells those are, or
+    that the notebook runs on stored data alone (analysis, topology, results)."""
+    nb = _nb(name)
+    note = nb.cells[1]
+    assert note.cell_type == "markdown" and "notebook-only" in note.metadata.get("tags", [])
+    running = [c for c in nb.cells if c.cell_type == "code" and "await " in c.source]
+    for cell in running:
+        assert "needs-stack" in cell.metadata.get("tags", []) and cell.source.startswith("# needs the stack: ")
+    assert all("needs-stack" not in c.metadata.get("tags", []) for c in nb.cells if c not in running)
+    assert bool(running) == (name in NEEDS_STACK)
+    assert ("Needs the stack" in note.source) == (name in NEEDS_STACK)
+    if name not in NEEDS_STACK:
+        assert "stored data only" in note.source and "without the stack" in note.source
+
+
+def test_the_analysis_opens_with_the_answer_and_ends_with_its_appendix() -> None:
+    nb = _nb("analysis")
+    code = [c for c in nb.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])]
+    assert "first_screen.answer_html(findings" in code[0].source and "ledger.findings(sittings" in code[0].source
+    assert "ranking.at_measured(" in code[1].source
+    tagged = [i for i, c in enumerate(nb.cells) if "appendix" in c.metadata.get("tags", [])]
+    assert tagged and tagged == list(range(len(nb.cells) - len(tagged), len(nb.cells)))  # the last cells
+    assert any("Definitions" in nb.cells[i].source for i in tagged)  # the intervals' definitions
+
+
+def test_no_cell_of_a_page_prints() -> None:
+    """What a page shows is displayed (Markdown, tables, figures); a print would be a process's stdout,
+    which the page leaves out, so a finding printed would be lost from it."""
+    for name in REPORT_PAGE:
+        code = [c for c in _nb(name).cells if c.cell_type == "code"]
+        assert not [c.source for c in code if "print(" in c.source], name

@@ -23,7 +23,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "system-deps.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 BROKER = "usr/lib/rabbitmq/bin/rabbitmq-server"
 POLICY = "usr/sbin/policy-rc.d"
-EVERY_OTHER = ["maven", "python3-venv", "docker-compose", "docker.io", "debootstrap"]
+EVERY_OTHER = ["maven", "python3-venv", "docker-compose", "docker.io", "debootstrap", "chromium"]
 
 APT_GET = f"""#!{BASH}
 echo "apt-get $*" >> "$LOG"
@@ -65,7 +65,7 @@ def _tool(bin_dir: Path, name: str, text: str) -> None:
 
 def run_script(tmp_path: Path, *, version: str | None, uid: int = 0, present: bool = False,
                broker: bool = False, init: str = "systemd", policy: str | None = None,
-               running: bool = False) -> Result:
+               running: bool = False, apt_fails: bool = False) -> Result:
     """Run the script: ``present``: every tool it looks for is there; ``broker``: the packaged
     broker is installed already; ``init``: ``systemd``, ``sysv`` or none; ``policy``: an existing
     policy-rc.d of the machine's; ``running``: the distribution's service has its pid file."""
@@ -73,17 +73,18 @@ def run_script(tmp_path: Path, *, version: str | None, uid: int = 0, present: bo
     for d in (root / "usr" / "sbin", bin_dir):
         d.mkdir(parents=True)
     log.write_text("")
-    for name in ("chmod", "rm", "mkdir", "basename"):  # what the script and the recorders use
+    for name in ("chmod", "rm", "mkdir", "basename", "mktemp", "cat"):  # what the script and the recorders use
         real = shutil.which(name)
         assert real is not None
         (bin_dir / name).symlink_to(real)
     _tool(bin_dir, "id", f"#!{BASH}\necho {uid}\n")
-    _tool(bin_dir, "apt-get", APT_GET)
+    _tool(bin_dir, "apt-get", APT_GET + ('[ "$1" = install ] && { echo "E: Unable to locate package" >&2; exit 100; }\n'
+                                         if apt_fails else ""))
     _tool(bin_dir, "systemctl", RECORD)
     _tool(bin_dir, "update-rc.d", RECORD)
     _tool(bin_dir, "python3", f"#!{BASH}\nexit {0 if present else 1}\n")
     if present:
-        for name in ("mvn", "docker", "dockerd", "debootstrap"):
+        for name in ("mvn", "docker", "dockerd", "debootstrap", "chromium"):
             _tool(bin_dir, name, f"#!{BASH}\nexit 0\n")
     if broker:
         (root / BROKER).parent.mkdir(parents=True)
@@ -162,8 +163,9 @@ def test_without_root_it_names_the_missing_packages_and_installs_nothing(tmp_pat
     r = run_script(tmp_path, version="3.10", uid=1000)
     assert r.status == 1
     assert r.stderr.strip().splitlines() == [
-        "missing Debian packages: maven rabbitmq-server python3-venv docker-compose docker.io debootstrap; "
-        "install them: sudo apt-get install maven rabbitmq-server python3-venv docker-compose docker.io debootstrap"]
+        "missing Debian packages: maven rabbitmq-server python3-venv docker-compose docker.io debootstrap chromium; "
+        "install them: sudo apt-get install maven rabbitmq-server python3-venv docker-compose docker.io debootstrap "
+        "chromium"]
     assert r.log == []
 
 
@@ -176,3 +178,12 @@ def test_shellcheck_finds_nothing() -> None:
     res = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False,
                          env={**os.environ})
     assert res.returncode == 0, res.stdout
+
+
+def test_apt_says_nothing_unless_the_install_fails(tmp_path: Path) -> None:
+    """debconf's and needrestart's chatter stays off the terminal of a `make setup` that works; a failed
+    install shows what apt said, and the script fails."""
+    ok = run_script(tmp_path / "ok", version=None)
+    assert ok.status == 0 and ok.stderr.strip().splitlines() == [f"installing Debian packages: {' '.join(EVERY_OTHER)}"]
+    bad = run_script(tmp_path / "bad", version=None, apt_fails=True)
+    assert bad.status == 1 and "E: Unable to locate package" in bad.stderr

@@ -186,3 +186,20 @@ def test_sides_follow_the_pipelines_own_attributes_and_answers_cover_every_pair(
     vol = pd.DataFrame([{"label": "volume", "success": True}, {"label": "", "success": True},
                         {"label": "volume", "success": False}])
     assert len(crossover.volume_arm(vol)) == 1
+
+
+def test_a_curve_that_never_crosses_in_most_draws_gives_inf_without_a_warning() -> None:
+    """Bootstrap draws of the curved model that never cross are inf; the interval's bound between two of
+    them is inf, not inf − inf (a NaN that numpy warned about on the report page, once per pair and volume)."""
+    import warnings
+
+    df = _runs()
+    wal = df["pipeline"] == "wal"
+    x = df.loc[wal, "consumers"] - 1
+    noise = np.random.default_rng(3).normal(0, 0.02, int(wal.sum()))
+    df.loc[wal, "steady_ms_per_msg"] = 0.6 + 0.05 * x - 0.003 * x**2 + noise  # bends down below kafka's 1.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (steady,) = crossover.by_volume(df, "wal", "kafka", volumes=[math.inf], n_boot=200)
+    curved = next(m for m in steady.models if m.model == crossover.MODELS[2])
+    assert curved.n_star is None and curved.ci == (math.inf, math.inf)

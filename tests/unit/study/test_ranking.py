@@ -186,3 +186,22 @@ def test_the_point() -> None:
     for bad in ({"consumers": 0}, {"consumers": 1, "messages": 0}, {"consumers": 1, "rate": -1.0}):
         with pytest.raises(ValueError):
             Point(**bad)  # type: ignore[arg-type]
+
+
+def test_every_pipeline_ranked_at_every_measured_n_at_the_series_own_volume() -> None:
+    rows = [{"pipeline": p, "consumers": n, "messages": 5000, "cpu_ms_per_msg": a + b * (n - 1) + d, "success": True,
+             "warmup": False} for p, a, b in (("wal", 0.8, 0.05), ("kafka", 1.4, 0.0)) for n in (1, 4, 16)
+            for d in (-0.01, 0.01)]
+    rows += [{"pipeline": "wal", "consumers": 1, "messages": 20_000, "cpu_ms_per_msg": 0.6, "success": True,
+              "warmup": False}]
+    measured = pd.DataFrame(rows)
+    assert ranking.volume(measured) == 5000
+    table = ranking.at_measured(measured)
+    assert list(table["consumers"].drop_duplicates()) == [1, 4, 16]
+    at16 = table[table["consumers"] == 16].set_index("pipeline")
+    assert (at16.loc["kafka", "rank"], at16.loc["wal", "rank"]) == (1, 2)
+    assert at16.loc["wal", "basis"].startswith("measured at N = 16")
+    grid = ranking.grid(table)
+    assert list(grid.columns) == ["N = 1", "N = 4", "N = 16"] and list(grid.index) == ["wal", "kafka"]
+    assert grid.loc["wal", "N = 1"] == "0.800 (1)" and grid.loc["kafka", "N = 16"] == "1.400 (1)"
+    assert ranking.grid(ranking.at_measured(measured.iloc[0:0])).empty
