@@ -5,7 +5,8 @@ after the consumers exited) and by ``lab bench claims`` (:mod:`lab.study.claim_t
 its cells:
 
 * ``rows`` (``count(*)``), ``heap_bytes`` and ``index_bytes`` (``pg_relation_size`` of the table and
-  of ``pk_inbox_wal``);
+  of ``pk_inbox_wal``); ``rows_max``, the most rows it held: ``rows``, or under a retention the
+  largest count a prune found before it deleted, if larger (the table only grows between prunes);
 * from ``pg_stat_user_tables``: ``live_tuples`` and ``dead_tuples`` as PostgreSQL counts them, and
   its cumulative ``inserted`` and ``deleted`` (a speculative insert that lost a race with another
   reader's is counted as inserted and deleted: its row is dead the moment the race is lost);
@@ -34,7 +35,8 @@ INDEX = "pk_inbox_wal"  # schema.sql
 
 SIZES = sql.SQL(
     "SELECT (SELECT count(*) FROM {t}), pg_relation_size({tl}), pg_relation_size({il}), "
-    "(SELECT coalesce(sum(claims), 0)::int8 FROM {l}), (SELECT count(DISTINCT upto) FROM {l})"
+    "(SELECT coalesce(sum(claims), 0)::int8 FROM {l}), (SELECT count(DISTINCT upto) FROM {l}), "
+    "(SELECT coalesce(max(rows_before), 0)::int8 FROM {l})"
 ).format(t=sql.Identifier(TABLE), tl=sql.Literal(TABLE), il=sql.Literal(INDEX), l=sql.Identifier(LEDGER))
 STATS = ("SELECT n_live_tup, n_dead_tup, n_tup_ins, n_tup_del FROM pg_stat_user_tables "
          "WHERE relid = %s::regclass")
@@ -62,9 +64,10 @@ async def read(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
     await conn.execute("SELECT pg_stat_clear_snapshot()")  # the counters as they are, not as first read
     one = await (await conn.execute(SIZES)).fetchone()
     assert one is not None  # aggregates always answer
-    rows, heap, index, pruned, prunes = one
+    rows, heap, index, pruned, prunes, before_prunes = one
     stats = await (await conn.execute(STATS, (TABLE,))).fetchone()
     live, dead, inserted, deleted = stats if stats is not None else (None,) * 4
-    return {"rows": int(rows), "heap_bytes": int(heap), "index_bytes": int(index),
+    return {"rows": int(rows), "rows_max": max(int(rows), int(before_prunes)),
+            "heap_bytes": int(heap), "index_bytes": int(index),
             "live_tuples": live, "dead_tuples": dead, "inserted": inserted, "deleted": deleted,
             "index": await index_shape(conn), "pruned": int(pruned), "prunes": int(prunes)}

@@ -8,10 +8,8 @@ visible in run.json (``vacuum``):
   consumers exited (their backends flush their counters when they end): live and dead tuples,
   inserts, updates, deletes, (auto)vacuum counts and PostgreSQL 18's ``total_autovacuum_time``
   (wall milliseconds, cost-delay sleeps included); ``delta`` is end − gate for the cumulative
-  counters, the end value for ``n_live_tup`` and ``n_dead_tup``; ``dead_max`` and ``live_max`` the
-  most dead and live tuples seen during the window (read every :data:`TABLE_EVERY` polls; a
-  backend reports its counts about once a second, so they trail by about that much): how big
-  ``inbox_wal`` grew, with or without a claim retention.
+  counters, the end value for ``n_live_tup`` and ``n_dead_tup``; ``dead_max`` the most dead tuples
+  seen during the window (read every :data:`TABLE_EVERY` polls).
 * **autovacuum** — the CPU of the autovacuum worker backends (``pg_stat_activity.backend_type``),
   read from ``/proc`` (scheduler runtime, :func:`cpu_s`), every :data:`POLL_S` during the window:
   a worker alive at the gate is charged what it used after it, one that started inside the
@@ -144,7 +142,6 @@ class AutovacuumWatch:
     workers: dict[int, WorkerCpu] = field(default_factory=dict)
     tables: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     dead_max: dict[str, float] = field(default_factory=dict)
-    live_max: dict[str, float] = field(default_factory=dict)
     polls: int = 0
     debt: dict[str, Any] | None = None
     _conn: psycopg.AsyncConnection[Any] | None = None
@@ -185,9 +182,8 @@ class AutovacuumWatch:
 
     def _dead(self, reading: Mapping[str, Mapping[str, float]]) -> None:
         for name, row in reading.items():
-            for gauge, most in (("n_dead_tup", self.dead_max), ("n_live_tup", self.live_max)):
-                if gauge in row:
-                    most[name] = max(most.get(name, 0.0), row[gauge])
+            if "n_dead_tup" in row:
+                self.dead_max[name] = max(self.dead_max.get(name, 0.0), row["n_dead_tup"])
 
     async def stop(self, edge: str = "drained") -> None:
         """End the polls, read the tables once more as ``edge``; never raises."""
@@ -228,7 +224,6 @@ class AutovacuumWatch:
             "tables": self.tables,
             "delta": table_deltas(self.tables["gate"], last) if "gate" in self.tables and last else None,
             "dead_max": self.dead_max,
-            "live_max": self.live_max,
             "debt": self.debt,
             "autovacuum": {
                 "cpu_s": None if cpu is None else cpu["workers"],

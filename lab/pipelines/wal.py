@@ -57,8 +57,8 @@ from lab.pipelines.base import Item, SharedResources
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
-from lab.workload.inbox import CLAIMS_APPLICATION, claim_lsns
 from lab.workload import retention
+from lab.workload.inbox import CLAIMS_APPLICATION, claim_lsns
 from lab.workload.retention import CREATE_LEDGER, LEDGER, ClaimPruner
 from lab.workload.watermark import SlotWatermark
 

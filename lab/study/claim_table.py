@@ -18,17 +18,19 @@ Each cell (condition × K × N) starts from an emptied table and reads what it l
 (:mod:`lab.measure.claimtable`: rows, heap and index bytes, the index's depth) and what the claims
 did to ``pg_stat_user_tables`` (``speculative_aborts``: claims that lost a race inside the insert and
 left a dead row). One more batch is claimed under ``EXPLAIN (ANALYZE, BUFFERS)``: the plan the
-statement got at that size (:func:`plan_summary`) and the buffers one statement touched.
+statement got at that size (:mod:`lab.study.claim_model`) and the buffers one statement touched.
+Before the cells, :func:`plan_switch` finds, per condition, the table size at which the planner stops
+reading the whole table for the claim's second branch (the claims the slot already owns) and takes
+the primary key instead: it fills the table 2,500 rows at a time and asks ``EXPLAIN`` (no execution)
+at each step.
 
 Conditions (:data:`CONDITIONS`): ``reference`` as a run leaves the table (filled, never vacuumed nor
 analysed: the planner knows its pages and nothing else), ``vacuumed`` (``VACUUM`` after the fill:
-the visibility map set, the row count in ``pg_class``) and ``analyzed`` (``VACUUM ANALYZE``: column
-statistics too).
-
-Per condition and N, a line over K (:func:`fit_line`): the fixed cost a (µs per claimed message) and
-the growth b per 100,000 rows in the table. A run's table grows from 0 to M, so its claims meet M/2
-rows on average: :func:`run_cost` is a + b·M/200,000, the claim's cost per message a run of M
-messages should show (``predicted``).
+the visibility map set, the row count in ``pg_class``), ``analyzed`` (``VACUUM ANALYZE``: column
+statistics too) and ``seqscan-off`` (the reference table, ``enable_seqscan`` off in the claimers'
+sessions: the claim reads the table through the primary key at every size, which tells the plan's
+share of the cost from the table's). ``random-page-cost-1.1`` (the reference table, ``random_page_cost`` 1.1 in the
+claimers' sessions, a common setting for data in memory or on SSDs) is there to be asked for.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -48,98 +51,93 @@ from lab.pg.pgoutput import format_lsn
 from lab.settings import Settings
 from lab.stack import get_stack
 from lab.stack.base import StackError
+from lab.study.claim_model import (
+    BASE,
+    BATCH,
+    STEP,
+    batches,
+    fits,
+    plan_summary,
+    positions,
+    reads_whole_table,
+    shape,
+)
 from lab.workload.inbox import CLAIM_LSNS, CLAIMS_APPLICATION, claim_lsns
 from lab.workload.retention import CREATE_LEDGER, TABLE
 
 Say = Callable[[str], None]
 SCHEMA = "claim_bench"
-SIZES = (0, 5_000, 20_000, 100_000, 500_000)
+SIZES = (0, 5_000, 10_000, 20_000, 50_000, 100_000, 500_000)
 CLAIMERS = (1, 4, 8, 16)
-CONDITIONS = ("reference", "vacuumed", "analyzed")
 MESSAGES = 2_000
-BATCH = 100  # the readers' batch
-STEP = 400  # bytes of WAL between two claimed positions, about a run's per message
-BASE = 1 << 32  # the first position, 1/0
-VOLUMES = (5_000, 20_000, 100_000)  # run volumes the fitted lines are read at
+SWITCH_STEP = 2_500  # rows added between two plans of the switch search
+SWITCH_MAX = 200_000
+SWITCH_SLOTS = 8  # the claims of the switch search belong to 8 slots, as at N = 8
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What is done to the filled table (``prepare``) and set in the claimers' sessions."""
+
+    prepare: str | None = None
+    session: tuple[tuple[str, str], ...] = ()
+
+    def options(self) -> str:
+        return " ".join([f"-c search_path={SCHEMA},public", *(f"-c {k}={v}" for k, v in self.session)])
+
+
+CONDITIONS: dict[str, Condition] = {
+    "reference": Condition(),
+    "vacuumed": Condition("VACUUM inbox_wal"),
+    "analyzed": Condition("VACUUM ANALYZE inbox_wal"),
+    "seqscan-off": Condition(session=(("enable_seqscan", "off"),)),
+    "random-page-cost-1.1": Condition(session=(("random_page_cost", "1.1"),)),
+}
+DEFAULT_CONDITIONS = ("reference", "vacuumed", "analyzed", "seqscan-off")
 
 CREATE_TABLE = sql.SQL(  # as schema.sql
     "CREATE TABLE {} (wal pg_lsn NOT NULL, slot varchar(64) NOT NULL, CONSTRAINT pk_inbox_wal PRIMARY KEY (wal)) "
     "WITH (autovacuum_enabled = false)").format(sql.Identifier(TABLE))
-FILL = ("INSERT INTO inbox_wal (wal, slot) SELECT '0/0'::pg_lsn + (%(base)s::numeric + i::numeric * %(step)s), "
-        "'load_test_slot_' || (i %% %(n)s) FROM generate_series(0, %(k)s - 1) AS i")
-PREPARE: dict[str, str | None] = {"reference": None, "vacuumed": "VACUUM inbox_wal",
-                                  "analyzed": "VACUUM ANALYZE inbox_wal"}
+FILL = ("INSERT INTO inbox_wal (wal, slot) "
+        "SELECT '0/0'::pg_lsn + (%(base)s::numeric + i::numeric * %(step)s::numeric), "
+        "'load_test_slot_' || (i %% %(n)s::int8) "
+        "FROM generate_series(%(first)s::int8, %(first)s::int8 + %(k)s::int8 - 1) AS i")
 STATS = "SELECT n_tup_ins, n_tup_del, n_dead_tup FROM pg_stat_user_tables WHERE relid = 'inbox_wal'::regclass"
-EXPLAIN = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + CLAIM_LSNS
-
-
-def positions(first: int, count: int) -> list[int]:
-    """``count`` claim positions (LSNs) from the ``first``-th on, :data:`STEP` bytes apart."""
-    return [BASE + (first + i) * STEP for i in range(count)]
+EXPLAIN_RUN = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + CLAIM_LSNS
+EXPLAIN_PLAN = sql.SQL("EXPLAIN (FORMAT JSON) ") + CLAIM_LSNS
 
 
 def slot_of(j: int) -> str:
     return f"load_test_slot_{j}"
 
 
-def batches(items: Sequence[int], size: int, first: int) -> list[list[int]]:
-    """``items`` cut into batches of ``size``, the first of ``first`` (1..size): claimer j of N
-    starts with ``size − j·size // N``, so no two claimers' batches line up."""
-    first = min(max(1, first), size)
-    out = [list(items[:first])] if items else []
-    out += [list(items[i:i + size]) for i in range(first, len(items), size)]
-    return out
+async def _fill(conn: psycopg.AsyncConnection[Any], first: int, k: int, slots: int) -> None:
+    """Claims of positions ``first`` … ``first + k − 1`` (:func:`positions`), slot i of ``slots`` each."""
+    if k:
+        await conn.execute(FILL, {"base": BASE, "step": STEP, "n": slots, "first": first, "k": k})
 
 
-def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least squares y = a + b·x over ``points``; None below two distinct x."""
-    xs = [x for x, _ in points]
-    if len(set(xs)) < 2:
-        return None
-    n = len(points)
-    mx, my = sum(xs) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return my - b * mx, b
+async def _explain(conn: psycopg.AsyncConnection[Any], query: sql.Composed, first: int) -> dict[str, Any]:
+    """The plan of a claim of the batch of positions from the ``first``-th, with its values as
+    literals (the plan a claim of that batch gets: the readers' statements are planned afresh)."""
+    cur = psycopg.AsyncClientCursor(conn)
+    await cur.execute(query, {"lsns": [format_lsn(x) for x in positions(first, BATCH)], "me": slot_of(0)})
+    row = await cur.fetchone()
+    return plan_summary(row[0] if row else [{"Plan": {"Node Type": "?"}}])
 
 
-def run_cost(a: float, b_per_row: float, messages: int) -> float:
-    """The claim's mean cost per message over a run of ``messages``, whose claims meet a table
-    growing from 0 to ``messages`` rows: ``a + b·M/2``."""
-    return a + b_per_row * messages / 2
-
-
-def _nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    yield node
-    for child in node.get("Plans") or ():
-        yield from _nodes(child)
-
-
-def plan_summary(explained: Any) -> dict[str, Any]:
-    """The parts of an ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of the claim that say what it did:
-    its joins (node types), each node on the claim table (type, relation or index, rows it returned
-    over its loops, loops) and the shared buffers the statement touched (hit + read, the top node's
-    totals, which include its children), with the planning and execution times."""
-    top = explained[0] if isinstance(explained, list) else explained
-    plan = top["Plan"]
-    nodes = list(_nodes(plan))
-    joins = [n["Node Type"] for n in nodes if n["Node Type"] in ("Hash Join", "Nested Loop", "Merge Join")]
-    on_table = [
-        {"node": n["Node Type"], "on": n.get("Index Name") or n.get("Relation Name"),
-         "rows": int(n.get("Actual Rows", 0) * n.get("Actual Loops", 1)), "loops": int(n.get("Actual Loops", 1))}
-        for n in nodes if n.get("Relation Name") == TABLE and n["Node Type"] != "ModifyTable"]
-    return {
-        "joins": joins, "on_table": on_table,
-        "shared_buffers": int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0)),
-        "planning_ms": round(float(top.get("Planning Time", 0.0)), 3),
-        "execution_ms": round(float(top.get("Execution Time", 0.0)), 3),
-    }
-
-
-def shape(summary: Mapping[str, Any]) -> str:
-    """One line for the printed table: the joins, then how the claim table was read."""
-    reads = ", ".join(f"{n['node']} {n['on']} ({n['rows']} rows)" for n in summary["on_table"])
-    return f"{'+'.join(summary['joins']) or 'no join'}: {reads or 'no read of the table'}"
+async def plan_switch(control: psycopg.AsyncConnection[Any], dsn: str, cond: Condition) -> int | None:
+    """The smallest table (rows, a multiple of :data:`SWITCH_STEP`) at which the claim no longer
+    reads the whole table, up to :data:`SWITCH_MAX`; None when it still does there."""
+    await control.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=cond.options()) as conn:
+        for k in range(0, SWITCH_MAX + 1, SWITCH_STEP):
+            await _fill(control, k - SWITCH_STEP, SWITCH_STEP if k else 0, SWITCH_SLOTS)
+            if cond.prepare is not None:
+                await control.execute(cond.prepare)
+            if not reads_whole_table(await _explain(conn, EXPLAIN_PLAN, k)):
+                return k
+    return None
 
 
 async def _claim_all(conn: psycopg.AsyncConnection[Any], cut: list[list[int]], me: str) -> tuple[int, int]:
@@ -155,19 +153,17 @@ async def _stats(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int, int]:
     return (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
 
 
-async def _cell(control: psycopg.AsyncConnection[Any], dsn: str, condition: str, k: int, n: int,
+async def _cell(control: psycopg.AsyncConnection[Any], dsn: str, name: str, k: int, n: int,
                 messages: int) -> dict[str, Any]:
+    cond = CONDITIONS[name]
     await control.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
-    if k:
-        await control.execute(FILL, {"base": BASE, "step": STEP, "n": n, "k": k})
-    prepare = PREPARE[condition]
-    if prepare is not None:
-        await control.execute(prepare)
+    await _fill(control, 0, k, n)
+    if cond.prepare is not None:
+        await control.execute(cond.prepare)
     await control.execute("SELECT pg_stat_force_next_flush()")  # the fill's counts, before the claims
     before = await _stats(control)
-    options = f"-c search_path={SCHEMA},public"
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name=CLAIMS_APPLICATION,
-                                                   options=options) for _ in range(n)]
+                                                   options=cond.options()) for _ in range(n)]
     try:
         pids = [(await (await c.execute("SELECT pg_backend_pid()")).fetchone() or (0,))[0] for c in conns]
         fresh = positions(k, messages)
@@ -178,18 +174,14 @@ async def _cell(control: psycopg.AsyncConnection[Any], dsn: str, condition: str,
         for c in conns:  # each backend's table counts, now
             await c.execute("SELECT pg_stat_force_next_flush()")
         after = await _stats(control)
-        cur = psycopg.AsyncClientCursor(conns[0])  # literal values: the plan a claim of that batch gets
-        await cur.execute(EXPLAIN, {"lsns": [format_lsn(x) for x in positions(k + messages, BATCH)],
-                                    "me": slot_of(0)})
-        row = await cur.fetchone()
-        plan = plan_summary(row[0] if row else [{"Plan": {"Node Type": "?"}}])
+        plan = await _explain(conns[0], EXPLAIN_RUN, k + messages)
     finally:
         for c in conns:
             with contextlib.suppress(Exception):
                 await c.close()
     won, statements = sum(w for w, _ in done), sum(s for _, s in done)
     return {
-        "condition": condition, "rows_before": k, "claimers": n, "messages": messages, "statements": statements,
+        "condition": name, "rows_before": k, "claimers": n, "messages": messages, "statements": statements,
         "won": won, "lost": n * messages - won, "wall_s": round(wall, 3),
         "claim_us_per_msg": round(cpu * 1e6 / messages, 2),
         "claim_us_per_statement": round(cpu * 1e6 / statements, 1) if statements else None,
@@ -198,27 +190,11 @@ async def _cell(control: psycopg.AsyncConnection[Any], dsn: str, condition: str,
     }
 
 
-def fits(cells: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per condition and N: :func:`fit_line` of µs/msg over the rows in the table, and the run cost
-    it predicts at each of :data:`VOLUMES` (ms per message, as run.json's ``postgres_backends``)."""
-    out = []
-    for cond in dict.fromkeys(c["condition"] for c in cells):
-        for n in dict.fromkeys(c["claimers"] for c in cells):
-            line = fit_line([(c["rows_before"], c["claim_us_per_msg"]) for c in cells
-                             if c["condition"] == cond and c["claimers"] == n])
-            if line is None:
-                continue
-            a, b = line
-            out.append({"condition": cond, "claimers": n, "a_us_per_msg": round(a, 2),
-                        "b_us_per_msg_per_100k_rows": round(b * 100_000, 2),
-                        "predicted_ms_per_msg": {m: round(run_cost(a, b, m) / 1000, 4) for m in VOLUMES}})
-    return out
-
-
 async def _bench(settings: Settings, sizes: Sequence[int], claimers: Sequence[int], messages: int,
                  conditions: Sequence[str], say: Say) -> dict[str, Any]:
     dsn = settings.pg_dsn
     cells: list[dict[str, Any]] = []
+    switches: dict[str, int | None] = {}
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as control:
         await claimtable.index_shape(control)  # creates pgstattuple in public before the path changes
         await control.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
@@ -227,23 +203,27 @@ async def _bench(settings: Settings, sizes: Sequence[int], claimers: Sequence[in
             await control.execute(sql.SQL("SET search_path = {}, public").format(sql.Identifier(SCHEMA)))
             await control.execute(CREATE_TABLE)
             await control.execute(CREATE_LEDGER)  # empty: claimtable.read counts nothing pruned
-            for cond in conditions:
+            for name in conditions:
+                switches[name] = await plan_switch(control, dsn, CONDITIONS[name])
+                say(f"{name}: the claim reads the whole table below {switches[name]} rows")
                 for k in sizes:
                     for n in claimers:
-                        cell = await _cell(control, dsn, cond, k, n, messages)
-                        say(f"{cond} K={k} N={n}: {cell['claim_us_per_msg']} µs/msg, "
+                        cell = await _cell(control, dsn, name, k, n, messages)
+                        say(f"{name} K={k} N={n}: {cell['claim_us_per_msg']} µs/msg, "
                             f"{cell['claim_us_per_statement']} µs/statement, {shape(cell['plan'])}")
                         cells.append(cell)
         finally:
             await control.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-    return {"cells": cells, "fits": fits(cells), "messages": messages, "batch": BATCH, "step_bytes": STEP}
+    return {"cells": cells, "switch_rows": switches, "fits": fits(cells, switches), "messages": messages,
+            "batch": BATCH, "switch_step": SWITCH_STEP}
 
 
 def bench_claims(settings: Settings, *, sizes: Sequence[int] = SIZES, claimers: Sequence[int] = CLAIMERS,
-                 messages: int = MESSAGES, conditions: Sequence[str] = CONDITIONS,
+                 messages: int = MESSAGES, conditions: Sequence[str] = DEFAULT_CONDITIONS,
                  say: Say = lambda _: None) -> dict[str, Any]:
-    """Every cell (module docstring) on the stack's PostgreSQL, started if it is not; returns the cells
-    and the fitted lines. The native backend only: the claim backends' CPU is read in ``/proc``."""
+    """Every cell (module docstring) on the stack's PostgreSQL, started if it is not; returns the
+    cells, each condition's switch and the fitted model. The native backend only: the claim
+    backends' CPU is read in ``/proc``."""
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         raise ValueError(f"unknown condition(s) {', '.join(unknown)}: choose from {', '.join(CONDITIONS)}")
@@ -254,24 +234,3 @@ def bench_claims(settings: Settings, *, sizes: Sequence[int] = SIZES, claimers: 
     out = asyncio.run(_bench(settings, sizes, claimers, messages, conditions, say))
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
-
-
-def table_text(out: Mapping[str, Any]) -> str:
-    """The printed table: one line per cell, then the fitted lines."""
-    head = (f"{'condition':<10} {'rows':>7} {'N':>3} {'µs/msg':>8} {'µs/stmt':>8} {'buffers':>8} {'depth':>5} "
-            f"{'index kB':>8} {'dead':>5} {'aborts':>6}  plan")
-    lines = [head]
-    for c in out["cells"]:
-        t, p = c["table"], c["plan"]
-        depth = (t.get("index") or {}).get("depth")
-        lines.append(f"{c['condition']:<10} {c['rows_before']:>7} {c['claimers']:>3} {c['claim_us_per_msg']:>8.1f} "
-                     f"{c['claim_us_per_statement'] or 0:>8.0f} {p['shared_buffers']:>8} "
-                     f"{'-' if depth is None else depth:>5} {t['index_bytes'] // 1024:>8} "
-                     f"{t['dead_tuples'] or 0:>5} {c['speculative_aborts']:>6}  {shape(p)}")
-    lines += ["", f"{'condition':<10} {'N':>3} {'a µs/msg':>9} {'b per 100k rows':>16}  predicted ms/msg at M = "
-              + ", ".join(f"{m:,}" for m in VOLUMES)]
-    for f in out["fits"]:
-        pred = ", ".join(f"{v:.3f}" for v in f["predicted_ms_per_msg"].values())
-        lines.append(f"{f['condition']:<10} {f['claimers']:>3} {f['a_us_per_msg']:>9.1f} "
-                     f"{f['b_us_per_msg_per_100k_rows']:>16.1f}  {pred}")
-    return "\n".join(lines) + "\n"
