@@ -33,7 +33,7 @@ The claim table: with ``Scenario.claim_retention`` ``behind-slots``, reader 0 al
 (:class:`lab.workload.retention.ClaimPruner`) over the run's N slots; with ``never`` (the default)
 nothing else runs beside the readers. :meth:`WalPipeline.prepare` empties the pruner's ledger and
 :meth:`WalPipeline.teardown` reads what the table looked like at the run's end
-(``pipeline_settings.claim_table``, :mod:`lab.measure.claimtable`).
+(``pipeline_settings.claim_table``: rows left and at most, claims pruned).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from lab.measure import claimtable
 from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
 from lab.pg.replication import ReplicationStream
 from lab.pg.slots import drop_slots, wait_streaming
@@ -123,7 +122,7 @@ class WalPipeline:
     async def teardown(self) -> None:
         try:
             async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
-                self.claim_table = await claimtable.read(conn)
+                self.claim_table = await retention.table_state(conn)
         except Exception as exc:  # a reading: never the run's failure
             log.warning("claim table not read: %s", " ".join(str(exc).split()))
         await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)

@@ -139,14 +139,14 @@ def _num(v: float | None, fmt: str) -> str:
 
 def table_text(out: Mapping[str, Any]) -> str:
     """The printed table: one line per cell, then the model per condition and N."""
-    lines = [f"{'condition':<20} {'rows':>7} {'N':>3} {'µs/msg':>8} {'µs/stmt':>8} {'buffers':>8} {'depth':>5} "
+    lines = [f"{'condition':<20} {'rows':>7} {'N':>3} {'µs/msg':>8} {'µs/stmt':>8} {'buffers':>8} {'levels':>6} "
              f"{'index kB':>8} {'dead':>5} {'aborts':>6}  plan"]
     for c in out["cells"]:
         t, p = c["table"], c["plan"]
         lines.append(f"{c['condition']:<20} {c['rows_before']:>7} {c['claimers']:>3} {c['claim_us_per_msg']:>8.1f} "
                      f"{_num(c['claim_us_per_statement'], '.0f'):>8} {p['shared_buffers']:>8} "
-                     f"{_num((t.get('index') or {}).get('depth'), 'd'):>5} {t['index_bytes'] // 1024:>8} "
-                     f"{t['dead_tuples'] or 0:>5} {c['speculative_aborts']:>6}  {shape(p)}")
+                     f"{_num(t.get('index_depth'), 'd'):>6} {_num(t.get('index_bytes', 0) / 1024, '.0f'):>8} "
+                     f"{t.get('dead_tuples') or 0:>5} {c['speculative_aborts']:>6}  {shape(p)}")
     lines += ["", f"{'condition':<20} {'N':>3} {'switch':>7} {'a µs/msg':>9} {'b /100k rows':>13} {'flat':>7}  "
               "run's mean claim, ms/msg at M = " + ", ".join(f"{m:,}" for m in VOLUMES)]
     for f in out["fits"]:

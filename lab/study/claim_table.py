@@ -15,7 +15,7 @@ figure is the claim backends' CPU (their scheduler runtime in ``/proc``, read be
 per claimed message.
 
 Each cell (condition × K × N) starts from an emptied table and reads what it left
-(:mod:`lab.measure.claimtable`: rows, heap and index bytes, the index's depth) and what the claims
+(:func:`lab.measure.vacuum.read_sizes`: heap and index bytes, the primary key's depth) and what the claims
 did to ``pg_stat_user_tables`` (``speculative_aborts``: claims that lost a race inside the insert and
 left a dead row). One more batch is claimed under ``EXPLAIN (ANALYZE, BUFFERS)``: the plan the
 statement got at that size (:mod:`lab.study.claim_model`) and the buffers one statement touched.
@@ -45,8 +45,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from lab.measure import claimtable
-from lab.measure.vacuum import cpu_s
+from lab.measure.vacuum import cpu_s, read_sizes
 from lab.pg.pgoutput import format_lsn
 from lab.settings import Settings
 from lab.stack import get_stack
@@ -63,7 +62,7 @@ from lab.study.claim_model import (
     shape,
 )
 from lab.workload.inbox import CLAIM_LSNS, CLAIMS_APPLICATION, claim_lsns
-from lab.workload.retention import CREATE_LEDGER, TABLE
+from lab.workload.retention import TABLE
 
 Say = Callable[[str], None]
 SCHEMA = "claim_bench"
@@ -126,12 +125,13 @@ async def _explain(conn: psycopg.AsyncConnection[Any], query: sql.Composed, firs
     return plan_summary(row[0] if row else [{"Plan": {"Node Type": "?"}}])
 
 
-async def plan_switch(control: psycopg.AsyncConnection[Any], dsn: str, cond: Condition) -> int | None:
+async def plan_switch(control: psycopg.AsyncConnection[Any], dsn: str, cond: Condition,
+                      upto: int = SWITCH_MAX) -> int | None:
     """The smallest table (rows, a multiple of :data:`SWITCH_STEP`) at which the claim no longer
-    reads the whole table, up to :data:`SWITCH_MAX`; None when it still does there."""
+    reads the whole table, up to ``upto`` rows; None when it still does there."""
     await control.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(TABLE)))
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, options=cond.options()) as conn:
-        for k in range(0, SWITCH_MAX + 1, SWITCH_STEP):
+        for k in range(0, upto + 1, SWITCH_STEP):
             await _fill(control, k - SWITCH_STEP, SWITCH_STEP if k else 0, SWITCH_SLOTS)
             if cond.prepare is not None:
                 await control.execute(cond.prepare)
@@ -186,25 +186,24 @@ async def _cell(control: psycopg.AsyncConnection[Any], dsn: str, name: str, k: i
         "claim_us_per_msg": round(cpu * 1e6 / messages, 2),
         "claim_us_per_statement": round(cpu * 1e6 / statements, 1) if statements else None,
         "speculative_aborts": after[1] - before[1], "inserted": after[0] - before[0],
-        "table": await claimtable.read(control), "plan": plan,
+        "table": {**(await read_sizes(control)).get(TABLE, {}), "dead_tuples": after[2]}, "plan": plan,
     }
 
 
 async def _bench(settings: Settings, sizes: Sequence[int], claimers: Sequence[int], messages: int,
-                 conditions: Sequence[str], say: Say) -> dict[str, Any]:
+                 conditions: Sequence[str], switch_max: int, say: Say) -> dict[str, Any]:
     dsn = settings.pg_dsn
     cells: list[dict[str, Any]] = []
     switches: dict[str, int | None] = {}
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as control:
-        await claimtable.index_shape(control)  # creates pgstattuple in public before the path changes
+        await control.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple SCHEMA public")  # pgstatindex
         await control.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
         await control.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
         try:
             await control.execute(sql.SQL("SET search_path = {}, public").format(sql.Identifier(SCHEMA)))
             await control.execute(CREATE_TABLE)
-            await control.execute(CREATE_LEDGER)  # empty: claimtable.read counts nothing pruned
             for name in conditions:
-                switches[name] = await plan_switch(control, dsn, CONDITIONS[name])
+                switches[name] = await plan_switch(control, dsn, CONDITIONS[name], switch_max)
                 say(f"{name}: the claim reads the whole table below {switches[name]} rows")
                 for k in sizes:
                     for n in claimers:
@@ -220,10 +219,10 @@ async def _bench(settings: Settings, sizes: Sequence[int], claimers: Sequence[in
 
 def bench_claims(settings: Settings, *, sizes: Sequence[int] = SIZES, claimers: Sequence[int] = CLAIMERS,
                  messages: int = MESSAGES, conditions: Sequence[str] = DEFAULT_CONDITIONS,
-                 say: Say = lambda _: None) -> dict[str, Any]:
+                 switch_max: int = SWITCH_MAX, say: Say = lambda _: None) -> dict[str, Any]:
     """Every cell (module docstring) on the stack's PostgreSQL, started if it is not; returns the
-    cells, each condition's switch and the fitted model. The native backend only: the claim
-    backends' CPU is read in ``/proc``."""
+    cells, each condition's switch (searched up to ``switch_max`` rows) and the fitted model. The
+    native backend only: the claim backends' CPU is read in ``/proc``."""
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         raise ValueError(f"unknown condition(s) {', '.join(unknown)}: choose from {', '.join(CONDITIONS)}")
@@ -231,6 +230,6 @@ def bench_claims(settings: Settings, *, sizes: Sequence[int] = SIZES, claimers: 
         raise StackError("lab bench claims reads the claim backends' CPU in /proc: it needs LAB_BACKEND=native")
     get_stack(settings).up()
     t0 = time.monotonic()
-    out = asyncio.run(_bench(settings, sizes, claimers, messages, conditions, say))
+    out = asyncio.run(_bench(settings, sizes, claimers, messages, conditions, switch_max, say))
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out

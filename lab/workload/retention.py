@@ -141,6 +141,23 @@ def describe(mode: str) -> dict[str, Any]:
             "ledger": LEDGER}
 
 
+STATE = sql.SQL(
+    "SELECT (SELECT count(*) FROM {t}), (SELECT coalesce(sum(claims), 0)::int8 FROM {l}), "
+    "(SELECT count(DISTINCT upto) FROM {l}), (SELECT coalesce(max(rows_before), 0)::int8 FROM {l})"
+).format(t=sql.Identifier(TABLE), l=sql.Identifier(LEDGER))
+
+
+async def table_state(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    """run.json's ``pipeline_settings.claim_table``, read after the consumers exited: ``rows`` left
+    (``count(*)``), ``rows_max`` (the most it held: ``rows``, or the largest count a prune found
+    before it deleted; the table only grows between prunes), ``pruned`` claims and ``prunes``. Its
+    bytes and index depth are in run.json's ``vacuum.sizes`` (:mod:`lab.measure.vacuum`)."""
+    row = await (await conn.execute(STATE)).fetchone()
+    assert row is not None  # aggregates always answer
+    rows, pruned, prunes, before = (int(v) for v in row)
+    return {"rows": rows, "rows_max": max(rows, before), "pruned": pruned, "prunes": prunes}
+
+
 async def claim_counts(conn: psycopg.AsyncConnection[Any], table: str) -> tuple[int, int, list[int]]:
     """``(rows, distinct keys, claims per owner ascending)`` of an inbox table over the whole run:
     for ``inbox_wal`` with the claims a retention pruned (:data:`LEDGER`, which the pipelines'

@@ -34,8 +34,9 @@ def test_pruned_claims_are_counted_and_the_table_stays_small(stack: object, sett
     assert ledger is not None and left is not None and (ledger[0], left[0]) == (table["pruned"], table["rows"])
     # kept small: most claims went during the run, and the table never held half of them
     assert table["pruned"] >= M // 2 and table["rows"] <= table["rows_max"] <= M // 2
+    sizes = r["vacuum"]["sizes"]["inbox_wal"]
     print(f"claim table: at most {table['rows_max']} rows, {table['rows']} at the end, {table['pruned']} pruned "
-          f"in {table['prunes']} prunes; heap {table['heap_bytes']} B, index {table['index_bytes']} B")
+          f"in {table['prunes']} prunes; heap {sizes['heap_bytes']} B, index {sizes['index_bytes']} B")
     # the pruner is a measured participant: its backend is PostgreSQL's prune group
     pg = r["postgres_backends"]
     assert pg["processes"]["prune"] == 1 and pg["cpu_s"]["prune"] > 0

@@ -126,7 +126,7 @@ def test_the_printed_table_has_a_line_per_cell_and_per_fit() -> None:
     s = plan_summary(EXPLAINED)
     cell = {"condition": "reference", "rows_before": 20_000, "claimers": 8, "claim_us_per_msg": 199.3,
             "claim_us_per_statement": 2387.0, "speculative_aborts": 3, "plan": s,
-            "table": {"index": {"depth": 1}, "index_bytes": 516_096, "dead_tuples": 20}}
+            "table": {"index_depth": 2, "index_bytes": 516_096, "dead_tuples": 20}}
     fit = {"condition": "reference", "claimers": 8, "switch_rows": 40_000, "a_us_per_msg": 90.0,
            "b_us_per_msg_per_100k_rows": 550.0, "flat_us_per_msg": None,
            "predicted_ms_per_msg": {5_000: 0.104, 20_000: 0.145, 100_000: None}}
