@@ -374,6 +374,16 @@ def _bench_options(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _bench_claims(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.study.claim_model import table_text
+    from lab.study.claim_table import bench_claims
+
+    out = bench_claims(settings, sizes=args.sizes, claimers=args.claimers, messages=args.messages,
+                       conditions=[c.strip() for c in args.conditions.split(",") if c.strip()], say=_say)
+    sys.stdout.write(json.dumps(out, indent=2) + "\n" if args.json else table_text(out))
+    return 0
+
+
 def _bench_crossing(args: argparse.Namespace, settings: Settings) -> int:
     from lab.study.ladder import climb
 
@@ -450,6 +460,15 @@ def consumer_counts(text: str) -> tuple[int, ...]:
     out = tuple(dict.fromkeys(parse(part.strip()) for part in text.split(",") if part.strip()))
     if not out:
         raise argparse.ArgumentTypeError(f"no consumer count in {text!r}: give N, e.g. 1,4")
+    return out
+
+
+def table_sizes(text: str) -> tuple[int, ...]:
+    """``--sizes 0,5000``: distinct row counts (0 to 10,000,000), in the order given."""
+    parse = number(int, 0, 10**7)
+    out = tuple(dict.fromkeys(parse(part.strip()) for part in text.split(",") if part.strip()))
+    if not out:
+        raise argparse.ArgumentTypeError(f"no size in {text!r}: give row counts, e.g. 0,100000")
     return out
 
 
@@ -593,6 +612,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="e.g. reset=discard,none or consumer_layout=processes,tasks (first = baseline)")
     bopt.add_argument("--repeats", type=COUNT, default=3, help="rounds (default 3)")
     bopt.set_defaults(handler=_bench_options, locks=True, needs_layout=True)
+    bcl = bsub.add_parser("claims", help="the direct readers' claim: its CPU against the claim table's size "
+                                         "(K claims in a copy of inbox_wal, N concurrent claimers)")
+    bcl.add_argument("--sizes", type=table_sizes, default=(0, 5_000, 10_000, 20_000, 50_000, 100_000, 500_000),
+                     metavar="K,K", help="claims in the table before each cell (default 0,5000,10000,20000,50000,"
+                     "100000,500000)")
+    bcl.add_argument("--claimers", type=consumer_counts, default=(1, 4, 8, 16), metavar="N,N",
+                     help="concurrent claimers, each on its own connection (default 1,4,8,16)")
+    bcl.add_argument("--messages", type=COUNT, default=2_000, help="fresh positions each cell claims (default 2000)")
+    bcl.add_argument("--conditions", default="reference,vacuumed,analyzed,seqscan-off",
+                     help="reference (as a run leaves the table), vacuumed, analyzed, seqscan-off, "
+                          "random-page-cost-1.1 (default: the first four)")
+    bcl.add_argument("--json", action="store_true", help="print the cells and fits as JSON instead of a table")
+    bcl.set_defaults(handler=_bench_claims, locks=True, needs_layout=True)
     bcross = bsub.add_parser("crossing", help="measure the crossover: direct and broker pipelines side by side "
                                               "up a ladder of N until the direct readers cost more")
     _scenario_options(bcross)

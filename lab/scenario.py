@@ -39,6 +39,12 @@ is replaced) and ``rate`` must stay 0. What a step measures and when it is susta
 back), or ``takeover`` (a row whose claimant's database session is gone may be claimed by a live
 consumer: at-least-once when a broker hands a dead consumer's messages to another one). The WAL
 readers claim by slot either way (a slot streams to one reader at a time).
+
+``claim_retention`` is how long the direct readers' claims stay in ``inbox_wal`` (the pipelines that
+claim there; :func:`lab.pipelines.check` refuses it elsewhere): ``never``, the reference study's
+(the table grows by one row per message, autovacuum off), or ``behind-slots`` (a pruner deletes the
+claims no reader can meet again, those behind every slot's ``restart_lsn``, and vacuums the table:
+:mod:`lab.workload.retention`).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
 CLAIMS = ("owner", "takeover")  # lab.workload.inbox.CLAIMS
+CLAIM_RETENTIONS = ("never", "behind-slots")  # lab.workload.retention.RETENTIONS
 MAX_CONSUMERS = 60  # max_wal_senders = 64, minus Debezium and headroom
 BROKER_NODES = 3  # the ha topology's nodes per broker (lab.settings.Settings.kafka_nodes)
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(?:=(?P<amount>[^:@]+))?(?::(?P<target>\d+))?@(?P<start>[^+]+)"
@@ -147,6 +154,7 @@ class Scenario:
     # auto: tasks, or processes with a fault | tasks: N asyncio tasks, one process | processes: one OS process each
     consumer_layout: str = "auto"
     claim: str = "owner"  # inbox claim: owner (the reference's, by consumer name) | takeover (a gone claimant's rows)
+    claim_retention: str = "never"  # inbox_wal: never (the reference's) | behind-slots (pruned behind every slot)
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
     rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none
     step_s: float = 20.0  # how long each rate of rate_steps is held
@@ -175,6 +183,9 @@ class Scenario:
             )
         if self.claim not in CLAIMS:
             raise ValueError(f"unknown claim {self.claim!r}: choose one of {', '.join(CLAIMS)}")
+        if self.claim_retention not in CLAIM_RETENTIONS:
+            raise ValueError(f"unknown claim_retention {self.claim_retention!r}: choose one of "
+                             f"{', '.join(CLAIM_RETENTIONS)}")
         if self.producer == "direct" and self.pipeline == "kafka-share":
             raise ValueError("kafka-share has no broker-native stand: producer='direct' writes the kafka "
                              "pipeline's topic (run it with --pipeline kafka)")
@@ -264,4 +275,6 @@ class Scenario:
         tail = "" if self.producer == "web" else f"-{self.producer}"
         if self.fault:
             tail += "-" + parse_fault(self.fault).kind
+        if self.claim_retention != "never":
+            tail += "-" + self.claim_retention
         return f"{self.pipeline}-c{self.consumers}-m{self.messages}-{mode}{tail}"

@@ -12,6 +12,8 @@ walsender the slot it streams from ``pg_replication_slots``), and charges each g
 * ``inserts`` — the web service's backends (:data:`lab.workload.web.APPLICATION_NAME`);
 * ``shards`` — wal-sharded's ownership connections (:data:`lab.pg.shards.SHARDS_APPLICATION`);
 * ``relay`` — wal-relay's hand-over connection, its work-table inserts (:data:`lab.workload.inbox.RELAY_APPLICATION`);
+* ``prune`` — the claim table's pruner under a claim retention: its deletes, ``VACUUM`` and restart
+  points (:data:`lab.workload.retention.PRUNE_APPLICATION`); with ``claims``, what claiming costs then;
 * ``other`` — the rest of the participant: the checkpointer, WAL writer, autovacuum, the runner's own
   short connections, and any process that exited inside the window (its CPU is in the participant's
   total but in no pid read at the edges).
@@ -34,13 +36,14 @@ import psycopg
 from lab.measure.decoders import SLOT_PREFIX as DECODE_PREFIX
 from lab.pg.shards import SHARDS_APPLICATION
 from lab.workload.inbox import CLAIMS_APPLICATION, RELAY_APPLICATION
+from lab.workload.retention import PRUNE_APPLICATION
 from lab.workload.web import APPLICATION_NAME as WEB_APPLICATION
 
 QUERY = """
 SELECT a.pid, a.backend_type, coalesce(a.application_name, ''), coalesce(s.slot_name, '')
 FROM pg_stat_activity a LEFT JOIN pg_replication_slots s ON s.active_pid = a.pid
 """
-GROUPS = ("walsenders", "claims", "inserts", "shards", "relay")
+GROUPS = ("walsenders", "claims", "inserts", "shards", "relay", "prune")
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,7 @@ def group_of(backend_type: str, application: str) -> str:
         return "walsenders"
     if backend_type == "client backend":
         return {CLAIMS_APPLICATION: "claims", WEB_APPLICATION: "inserts", SHARDS_APPLICATION: "shards",
-                RELAY_APPLICATION: "relay"}.get(
-            application, "")
+                RELAY_APPLICATION: "relay", PRUNE_APPLICATION: "prune"}.get(application, "")
     return ""
 
 

@@ -59,13 +59,14 @@ DEBT_TABLES = ("messages", "messages_done")  # the outbox and where poll moves i
 CLAIM_TABLES = ("inbox_wal", "inbox")  # their primary keys are the claims' race (lab.workload.inbox)
 SIZES_QUERY = ("SELECT c.relname, pg_relation_size(c.oid), pg_indexes_size(c.oid), i.indexrelid::regclass::text "
                "FROM pg_class c LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
-               "WHERE c.relname = ANY(%s) AND c.relkind = 'r'")
+               "WHERE c.relname = ANY(%s) AND c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace")
 
 
 async def read_sizes(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, Any]]:
     """The claim tables' size after a run: heap and index bytes and, through ``pgstatindex``
     (``pgstattuple``, created when missing), the primary key's depth, leaf pages and leaf density:
-    how big the table a claim searches had grown. Outside the window (it reads the whole index)."""
+    how big the table a claim searches had grown. Outside the window (it reads the whole index).
+    The tables of the connection's current schema (``lab bench claims`` reads its own copy)."""
     out: dict[str, dict[str, Any]] = {}
     for name, heap, index, pkey in await (await conn.execute(SIZES_QUERY, (list(CLAIM_TABLES),))).fetchall():
         out[name] = {"heap_bytes": int(heap), "index_bytes": int(index)}

@@ -45,6 +45,15 @@ PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTR
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}
 
 
+def check(scenario: Scenario) -> None:
+    """The scenario's options that only some pipelines take, refused elsewhere in one line (by the
+    pipeline's capabilities, never its name): ``claim_retention`` prunes ``inbox_wal``."""
+    pipeline = PIPELINES[scenario.pipeline]
+    if scenario.claim_retention != "never" and pipeline.inbox_table != "inbox_wal":
+        raise ValueError(f"claim_retention {scenario.claim_retention!r} prunes the direct readers' claim table "
+                         f"inbox_wal; {scenario.pipeline} claims in {pipeline.inbox_table}: use never")
+
+
 def source_for(
     scenario: Scenario, settings: Settings, index: int, *, run_dir: Path | None = None,
     shared: SharedResources | None = None,
@@ -58,4 +67,4 @@ def source_for(
 
 
 __all__ = ["PIPELINES", "REGISTRY", "SOURCES", "Pipeline", "PipelineFactory", "Registered", "Source",
-           "SourceFactory", "source_for"]
+           "SourceFactory", "check", "source_for"]

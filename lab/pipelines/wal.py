@@ -28,6 +28,12 @@ every transaction after the slot's confirmed position. Rows of those that this s
 already are claimed again (``inbox_wal`` returns a slot's own claims) and worked again: at-least-once,
 the duplicates are counted by the runner. The watermark carries on over the new stream (new rows
 get new sequence numbers; an older commit LSN never moves the reported position back).
+
+The claim table: with ``Scenario.claim_retention`` ``behind-slots``, reader 0 also runs the pruner
+(:class:`lab.workload.retention.ClaimPruner`) over the run's N slots; with ``never`` (the default)
+nothing else runs beside the readers. :meth:`WalPipeline.prepare` empties the pruner's ledger and
+:meth:`WalPipeline.teardown` reads what the table looked like at the run's end
+(``pipeline_settings.claim_table``: rows left and at most, claims pruned).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import psycopg
+from psycopg import sql
 
 from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
 from lab.pg.replication import ReplicationStream
@@ -49,7 +56,9 @@ from lab.pipelines.base import Item, SharedResources
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
+from lab.workload import retention
 from lab.workload.inbox import CLAIMS_APPLICATION, claim_lsns
+from lab.workload.retention import CREATE_LEDGER, LEDGER, ClaimPruner
 from lab.workload.watermark import SlotWatermark
 
 log = logging.getLogger(__name__)
@@ -81,6 +90,7 @@ class WalPipeline:
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
         self.settings = settings
+        self.claim_table: dict[str, Any] | None = None  # read at teardown
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -89,10 +99,15 @@ class WalPipeline:
             "plugin": "pgoutput",
             "binary": True,
             "inbox": self.inbox_table,
+            "claim_retention": retention.describe(self.scenario.claim_retention),
+            "claim_table": self.claim_table,
         }
 
     async def prepare(self) -> None:
         await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)
+        async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+            await conn.execute(CREATE_LEDGER)  # a server whose schema predates it
+            await conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(LEDGER)))
 
     async def wait_ready(self) -> None:
         for i in range(self.scenario.consumers):
@@ -105,6 +120,11 @@ class WalPipeline:
         return None
 
     async def teardown(self) -> None:
+        try:
+            async with await psycopg.AsyncConnection.connect(self.settings.pg_dsn, autocommit=True) as conn:
+                self.claim_table = await retention.table_state(conn)
+        except Exception as exc:  # a reading: never the run's failure
+            log.warning("claim table not read: %s", " ".join(str(exc).split()))
         await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)
 
 
@@ -129,6 +149,8 @@ class WalSource:
         self.reconnects = 0  # streams restarted after the server ended one (a fault run)
         self.resumed = False  # open() found the slot: this reader replaces one that died
         self._broken: psycopg.Error | None = None  # a status update found the stream gone
+        self.pruner = (ClaimPruner(settings.pg_dsn, [self.slot_for(i) for i in range(scenario.consumers)])
+                       if scenario.claim_retention == "behind-slots" and index == 0 else None)
 
     @staticmethod
     def slot_for(index: int) -> str:
@@ -141,6 +163,8 @@ class WalSource:
         cur = await self._claims.execute(SLOT_HOLDER_SQL, (self.slot,))
         self.resumed = await cur.fetchone() is not None  # a replacement of a killed reader
         self._stream = await self._start(create=not self.resumed)
+        if self.pruner is not None:
+            await self.pruner.start()
 
     async def _start(self, *, create: bool) -> ReplicationStream:
         """Connect and stream the slot (created first if ``create``), retrying while another
@@ -255,6 +279,9 @@ class WalSource:
                 self._broken = exc if isinstance(exc, psycopg.Error) else psycopg.OperationalError(str(exc))
 
     async def close(self) -> None:
+        if self.pruner is not None:
+            with contextlib.suppress(Exception):
+                await self.pruner.stop()
         for closer in (self._stream, self._claims):
             if closer is not None:
                 with contextlib.suppress(Exception):

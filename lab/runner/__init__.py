@@ -42,6 +42,7 @@ from lab.measure.sampler import Sampler, Snapshot
 from lab.measure.vacuum import AutovacuumWatch
 from lab.measure.walstats import WalWindow
 from lab.pipelines import PIPELINES
+from lab.pipelines import check as check_pipeline
 from lab.results import new_run_id, write_run
 from lab.runner.assembly import assemble
 from lab.runner.context import Progress, RunContext
@@ -240,6 +241,7 @@ async def run_scenario(
     fixture (``tests/unit/runner/fixtures/capture.py``).
     """
     check_fault(scenario, settings)  # a fault that does not apply here: refused before the stack starts
+    check_pipeline(scenario)  # an option the pipeline does not take (claim_retention), likewise
     # the host layout's addresses lead off the machine while it is not up: refused before anything
     # connects (the CLI checks it too; a notebook or a script calling this does not pass there)
     await asyncio.to_thread(require_routed, settings)

@@ -23,6 +23,7 @@ from lab.runner.context import RunContext
 from lab.runner.processes import RunError
 from lab.stack.base import DEBEZIUM_SINKS
 from lab.workload.inbox import LEASE_MARK, LEASE_SEQUENCE, id_sets, sets_equal
+from lab.workload.retention import claim_counts
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1  # how often the runner asks the web service how many messages were worked
@@ -253,19 +254,9 @@ class RunPhases:
             log.warning("run %s: latency not measured: %s: %s", self.run.run_id, type(exc).__name__, exc)
 
     async def verify(self) -> dict[str, Any]:
-        table = sql.Identifier(self.run.pipeline.inbox_table)
-        key, owner = ("wal", "slot") if self.run.pipeline.inbox_table == "inbox_wal" else ("id", "consumer")
         async with await psycopg.AsyncConnection.connect(self.run.settings.pg_dsn, autocommit=True) as conn:
-            cur = await conn.execute(
-                sql.SQL("SELECT count(*), count(DISTINCT {}) FROM {}").format(sql.Identifier(key), table)
-            )
-            one = await cur.fetchone()
-            assert one is not None  # count(*) always answers
-            rows, distinct = one
-            cur = await conn.execute(
-                sql.SQL("SELECT count(*) FROM {} GROUP BY {} ORDER BY 1").format(table, sql.Identifier(owner))
-            )
-            claims = [r[0] for r in await cur.fetchall()]
+            # the claims left and those a claim retention pruned (lab.workload.retention)
+            rows, distinct, claims = await claim_counts(conn, self.run.pipeline.inbox_table)
             stats = await self.run._web("/load/stats")
             sets = await id_sets(conn, (await self.run._web("/load/arrivals"))["ids"], self.run.pipeline.inbox_table)
             outbox_left = None  # a pipeline that deletes finished rows: any row left was never finished

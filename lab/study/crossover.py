@@ -365,7 +365,7 @@ def answer_table(answers: Iterable[Answer]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["direct", "broker", "condition", "model", "n_star", "lo", "hi", "inside"])
 
 
-PARTS = ("pg.walsenders", "pg.claims", "pg.inserts", "pg.shards", "pg.relay", "pg.other", "cpu_s.consumers",
+PARTS = ("pg.walsenders", "pg.claims", "pg.prune", "pg.inserts", "pg.shards", "pg.relay", "pg.other", "cpu_s.consumers",
          "cpu_s.web", "cpu_s.senders", "cpu_s.runner", "cpu_s.kafka", "cpu_s.rabbitmq", "cpu_s.debezium",
          "cpu_s.relay")
 

@@ -5,11 +5,11 @@ pipeline and N: the producer (web or direct), the open-loop ``rate`` (0: closed 
 delay, the message count, the topology of the load (``senders``, ``batch_size``) and the
 ``cpu_method`` the run was measured with (:mod:`lab.measure.provenance`; runs stored before it was
 recorded count as ``unrecorded``), the connection ``reset``, the ``consumer_layout``, the inbox ``claim``
-and the stack's ``backend`` (native or compose), the injected ``fault``, the stack's ``topology``
-(``single`` nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web +
-senders implementation). :func:`check` refuses a mixture in one line;
-:func:`select` picks one comparable group for an analysis (``series_id=""``: the newest series)
-and names it.
+and the direct readers' ``claim_retention`` (runs stored before it existed kept every claim), the
+stack's ``backend`` (native or compose), the injected ``fault``, the stack's ``topology`` (``single``
+nodes or the fault-tolerant ``ha`` ones) and the ``harness`` (the web + senders implementation).
+:func:`check` refuses a mixture in one line; :func:`select` picks one comparable group for an
+analysis (``series_id=""``: the newest series) and names it.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from lab.study.ha_nodes import rollup_nodes
 from lab.workload import HARNESS_BEFORE
 
 KEYS = ("producer", "rate", "work_delay_ms", "messages", "senders", "batch_size", "cpu_method",
-        "reset", "consumer_layout", "claim", "backend", "fault", "topology", "harness", "decode_slots")
+        "reset", "consumer_layout", "claim", "claim_retention", "backend", "fault", "topology", "harness",
+        "decode_slots")
 # A run stored before a field existed was measured the way the lab worked then: no reset on a
 # reused connection, one process per consumer, the reference's inbox claim, the native stack.
 DEFAULTS: dict[str, Any] = {"producer": "web", "rate": 0.0, "work_delay_ms": 0.0, "cpu_method": "unrecorded",
-                            "reset": "none", "consumer_layout": "processes", "claim": "owner", "backend": "native",
-                            "fault": "",
+                            "reset": "none", "consumer_layout": "processes", "claim": "owner",
+                            "claim_retention": "never", "backend": "native", "fault": "",
                             "topology": "single", "harness": HARNESS_BEFORE, "decode_slots": 0}
 
 
@@ -72,6 +73,8 @@ def describe(group: dict[str, Any]) -> str:
             parts.append(f"consumers as {v}")
         elif k == "claim":
             parts.append(f"{v} claim")
+        elif k == "claim_retention":
+            parts.append("claims kept" if v == "never" else f"claims pruned {v}")
         elif k == "backend":
             parts.append(f"{v} stack")
         elif k == "fault":

@@ -45,9 +45,11 @@ NORM = "cpu_ms_per_msg_norm"
 UNIT = "speed.unit_ms_median"
 # The parts a team can carry to its own stack, ms CPU per message of the run (``cpu_s.<name>`` and
 # PostgreSQL's backends ``pg.<group>``, lab.measure.pgbackends)
-PARTS = ("postgres", "pg.walsenders", "pg.claims", "pg.inserts", "consumers", "debezium", "kafka", "rabbitmq",
-         "web", "senders", "relay")
+PARTS = ("postgres", "pg.walsenders", "pg.claims", "pg.prune", "pg.inserts", "consumers", "debezium", "kafka",
+         "rabbitmq", "web", "senders", "relay")
 CLAIM_TABLES = ("inbox_wal", "inbox")
+RETENTION_WORDS = {"never": "never pruned (truncated before each run)",  # Scenario.claim_retention
+                   "behind-slots": "pruned behind every slot's confirmed position (lab.workload.retention)"}
 MODEL_VOLUME = 5_000  # the quick model's main volume; its arm is at 20,000 (lab.study.series)
 PREDICT_AT = (100_000,)
 
@@ -377,7 +379,8 @@ def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, 
         **git, "machine": dict(machine),
         "conditions": {**{k: (v.item() if hasattr(v, "item") else v) for k, v in scen.items()},
                        "backend": first.get("backend"), "topology": first.get("topology") or "single",
-                       "claim_retention": "never pruned (truncated before each run)",
+                       "claim_retention": RETENTION_WORDS.get(str(first.get("claim_retention") or "never"),
+                                                              str(first.get("claim_retention"))),
                        "volumes": sorted({int(x) for x in main["messages"]}) if not main.empty else []},
         "counts": {"runs": len(runs), "successful": len(all_ok),
                    "failed": len(runs) - len(all_ok), "measured": len(main)},

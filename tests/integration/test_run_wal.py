@@ -34,6 +34,10 @@ def test_wal_fan_out(stack: object, settings: Settings, n: int, layout: str) -> 
     assert c["db_ops"] >= n * M // 100  # one claim per batch of at most 100
     assert c["inbox_rows"] == c["distinct_ids"] == M
     assert c["ids_match"] is True and c["messages_not_worked"] == c["worked_not_in_messages"] == 0
+    # the reference study's claim table: every claim kept, nothing pruned, no pruner
+    table = r["pipeline_settings"]["claim_table"]
+    assert (table["rows"], table["rows_max"], table["pruned"], table["prunes"]) == (M, M, 0, 0)
+    assert r["postgres_backends"]["processes"]["prune"] == 0
     # how it was measured (lab.measure.provenance)
     assert r["cpu_method"] in ("cgroup", "schedstat", "proc-ticks") and r["git_dirty"] in (True, False)
     assert {"python", "psycopg", "libpq", "aiohttp", "uvloop", "orjson", "confluent-kafka", "librdkafka",

@@ -28,6 +28,17 @@ CREATE TABLE IF NOT EXISTS inbox_wal (
     CONSTRAINT pk_inbox_wal PRIMARY KEY (wal)
 ) WITH (autovacuum_enabled = false);
 
+-- How many claims of inbox_wal a claim retention deleted (Scenario.claim_retention behind-slots),
+-- per prune and slot, so that a run still counts every claimed position, and how many rows the
+-- table held when that prune began (lab/workload/retention.py).
+CREATE TABLE IF NOT EXISTS inbox_wal_pruned (
+    upto        pg_lsn      NOT NULL,
+    slot        varchar(64) NOT NULL,
+    claims      bigint      NOT NULL,
+    rows_before bigint      NOT NULL,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
 -- wal-relay's work table: the relay inserts each decoded row once, the consumers take batches
 -- (DELETE ... FOR UPDATE SKIP LOCKED) and claim them in inbox. Not in the publication. Autovacuum
 -- on: a queue's dead tuples are part of what this hand-over costs.

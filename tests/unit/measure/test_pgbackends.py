@@ -13,6 +13,7 @@ def test_groups_come_from_backend_type_and_application_name() -> None:
     assert group_of("client backend", "lab-web") == "inserts"
     assert group_of("client backend", "lab-shards") == "shards"
     assert group_of("client backend", "lab-relay") == "relay"
+    assert group_of("client backend", "lab-prune") == "prune"
     assert group_of("client backend", "psql") == ""
     assert group_of("checkpointer", "") == ""
 
@@ -30,5 +31,5 @@ def test_each_group_is_charged_its_window_and_the_rest_is_other() -> None:
     assert out["cpu_s"]["claims"] == 1.0 and out["cpu_s"]["inserts"] == 4.0
     assert out["cpu_s"]["other"] == pytest.approx(15.0 - 11.0)
     assert out["ms_per_msg"]["walsenders"] == pytest.approx(0.6)
-    assert out["processes"] == {"walsenders": 3, "claims": 1, "inserts": 1, "shards": 0, "relay": 0}
+    assert out["processes"] == {"walsenders": 3, "claims": 1, "inserts": 1, "shards": 0, "relay": 0, "prune": 0}
     assert breakdown(start, end, None, 10_000)["cpu_s"]["other"] is None

@@ -30,6 +30,7 @@ def test_runs_of_different_cpu_methods_are_never_pooled() -> None:
                                            ("reset", ["discard", "none", "discard"]),
                                            ("consumer_layout", ["processes", "tasks", "processes"]),
                                            ("claim", ["owner", "takeover", "owner"]),
+                                           ("claim_retention", ["never", "behind-slots", "never"]),
                                            ("backend", ["native", "compose", "native"]),
                                            ("fault", ["", "consumer-kill:1@3s", ""]),
                                            ("topology", ["single", "ha", "single"])])
@@ -72,6 +73,13 @@ def test_default_selection_is_the_newest_series_or_one_line_listing_the_groups()
 def test_tables_without_the_columns_are_one_group() -> None:
     published = costmodel.published_runs()
     assert len(costmodel.measured(published)) == 16
+
+
+def test_runs_with_their_claims_pruned_are_a_group_of_their_own() -> None:
+    assert len(costmodel.measured(runs(claim_retention=[None, "never", None]))) == 3  # stored before: kept
+    with pytest.raises(groups.NotComparable) as err:
+        costmodel.measured(runs(claim_retention=["behind-slots", "never", "never"]))
+    assert "claims pruned behind-slots" in str(err.value) and "claims kept" in str(err.value)
 
 
 def test_runs_stored_before_a_field_count_as_the_old_behaviour() -> None:
