@@ -37,13 +37,37 @@ PAYLOADS = {v: _payloads(v) for v in VARIANTS}
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _primed(variant: str) -> Decoder:
-    """A decoder that has seen every real message of the variant (its relations known)."""
+def _seen(variant: str) -> Decoder:
+    """A decoder that has decoded every real message of the variant, in stream order."""
     dec = Decoder()
     for payload in PAYLOADS[variant]:
         dec.decode(payload)
-    dec.in_stream = False
     return dec
+
+
+# What the real messages leave in a decoder: its relations (the only state besides ``in_stream``;
+# a Relation message replaces its entry, nothing changes one in place). Decoded once per variant,
+# not once per truncation or example (that made these tests cost minutes).
+RELATIONS = {v: dict(_seen(v).relations) for v in VARIANTS}
+
+
+def _primed(variant: str) -> Decoder:
+    """A fresh decoder that knows every relation of the variant, as one that decoded all its real
+    messages does; outside a stream. Each call gets its own copy of the relations."""
+    dec = Decoder()
+    dec.relations = dict(RELATIONS[variant])
+    return dec
+
+
+def test_a_primed_decoder_is_one_that_decoded_every_real_message() -> None:
+    def known(dec: Decoder) -> list[tuple[object, ...]]:
+        return [(oid, r.oid, r.namespace, r.name, r.replica_identity, r.columns, r.xid)
+                for oid, r in dec.relations.items()]
+
+    for variant in VARIANTS:
+        seen, primed = _seen(variant), _primed(variant)
+        assert known(primed) == known(seen) and known(primed)
+        assert primed.relations is not RELATIONS[variant] and not primed.in_stream
 
 
 def _decode_only_decode_error(dec: Decoder, payload: bytes) -> None:
@@ -104,12 +128,13 @@ def test_a_cut_real_message_never_decodes_as_if_whole(variant: str) -> None:
     """A truncated message is an error, never a shorter row, prefix or content. (A Stream Abort
     of protocol 4 cut to protocol 2's length is indistinguishable from one: not checked.)"""
     wrong = []
+    streaming = _in_stream_before(variant)
     for i, payload in enumerate(PAYLOADS[variant]):
         if payload[:1] == b"A":
             continue
         for n in range(len(payload)):
             dec = _primed(variant)
-            dec.in_stream = _in_stream_at(variant, i)
+            dec.in_stream = streaming[i]
             try:
                 dec.decode(payload[:n])
             except DecodeError:
@@ -118,11 +143,13 @@ def test_a_cut_real_message_never_decodes_as_if_whole(variant: str) -> None:
     assert not wrong, wrong[:10]
 
 
-def _in_stream_at(variant: str, index: int) -> bool:
-    dec = Decoder()
-    for payload in PAYLOADS[variant][:index]:
+def _in_stream_before(variant: str) -> list[bool]:
+    """Whether the stream is inside a Stream Start … Stream Stop before each real message."""
+    dec, out = Decoder(), []
+    for payload in PAYLOADS[variant]:
+        out.append(dec.in_stream)
         dec.decode(payload)
-    return dec.in_stream
+    return out
 
 
 def test_a_negative_value_size_is_refused() -> None:
