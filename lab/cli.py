@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from tqdm import tqdm
 
 from lab.faults import check as check_fault
+from lab.pipelines import check as check_pipeline
 from lab.results import runs_dir
 from lab.scenario import MAX_CONSUMERS, Scenario
 from lab.settings import Settings, get_settings, parse_size
@@ -128,6 +129,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.rate_steps and args.messages is not None:
         raise ValueError("--rate-steps sets the message count itself (rate x --step-s per step): drop --messages")
     scenario = Scenario(**fields)  # validates: one clear line on bad input
+    check_pipeline(scenario)  # a registered pipeline that takes this scenario
     check_fault(scenario, settings)  # the fault's own rules and where it applies, before anything starts
     if args.max_retained_wal is not None:
         settings = settings.replace(max_retained_wal=parse_size(args.max_retained_wal, "--max-retained-wal"))

@@ -42,10 +42,11 @@ from typing import Any, ClassVar
 
 import psycopg
 
-from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
+from lab.pg.messages import Insert
+from lab.pg.pgoutput import Decoder, commit_end_lsn, protocol_version
 from lab.pg.replication import ReplicationStream
 from lab.pg.slots import drop_slots, wait_streaming
-from lab.pipelines.base import Item, SharedResources
+from lab.pipelines.base import BacklogReader, Capabilities, Item, SharedResources
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -68,15 +69,7 @@ class WalPipeline:
     """Runner side: drop stale slots, gate on every slot streaming, drop them afterwards."""
 
     name: ClassVar[str] = "wal"
-    fan_out: ClassVar[bool] = True
-    inbox_table: ClassVar[str] = "inbox_wal"
-    cdc_sink: ClassVar[str | None] = None
-    consumes_outbox: ClassVar[bool] = False
-    helpers: ClassVar[dict[str, str]] = {}
-    consumer_slots: ClassVar[bool] = True
-    helper_slot: ClassVar[str | None] = None
-    fault_refusal: ClassVar[str | None] = None
-    redelivery_s: ClassVar[float] = 0.0
+    capabilities: ClassVar[Capabilities] = Capabilities(fan_out=True, inbox_table="inbox_wal", consumer_slots=True)
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
@@ -88,7 +81,7 @@ class WalPipeline:
             "publication": PUBLICATION,
             "plugin": "pgoutput",
             "binary": True,
-            "inbox": self.inbox_table,
+            "inbox": self.capabilities.inbox_table,
         }
 
     async def prepare(self) -> None:
@@ -106,6 +99,9 @@ class WalPipeline:
 
     async def teardown(self) -> None:
         await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)
+
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        return None  # no broker: the backlog is the slots' WAL, which every fault run samples
 
 
 class WalSource:

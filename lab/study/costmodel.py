@@ -34,8 +34,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from lab.pipelines import NAMES
 from lab.results import load_reference
-from lab.scenario import PIPELINE_NAMES
 from lab.study import groups
 from lab.study.ha_nodes import rollup_nodes
 from lab.study.intervals import median_interval
@@ -405,7 +405,7 @@ def headline(df: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, metric: str
         rows.append(dict(pipeline=pipeline, consumers=int(n), median=float(np.median(v)), n=v.size,
                          lo=lo, hi=hi, coverage=coverage))
     out = pd.DataFrame(rows, columns=["pipeline", "consumers", "median", "n", "lo", "hi", "coverage"])
-    order = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    order = {p: i for i, p in enumerate(NAMES)}
     out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
     return (
         out.sort_values(["_o", "pipeline", "consumers"]).drop(columns="_o").reset_index(drop=True)
