@@ -162,27 +162,6 @@ class Run:
         self.observer.guard_tripped(tripped, senders)
 
 
-"""One measured run, phase by phase.
-
-reset → web service → consumers → the pipeline's helpers → readiness gates → CDC source → senders (gate) → window →
-drain → verify → teardown → ``CHECKPOINT`` + cooldown → result. Every process that does
-work is a participant of the CPU metric: the stack's services, ``web``, ``senders``, each
-consumer, the pipeline's helpers (``relay``), and this runner process itself (its own CPU only, never its children's).
-
-The run is a failure, stored with its error, when anything in the Success predicate of
-the reference study does not hold: no send failed, sent = processed = distinct claimed ids =
-work calls = distinct work ids = messages, and the set of worked (for ``inbox``: claimed) ids equals
-the set of ids in ``messages`` (:func:`lab.workload.inbox.id_sets`). With a fault (``Scenario.fault``,
-injected during the drain by :mod:`lab.runner.fault_driver`, the kinds in :mod:`lab.faults`) the predicate
-becomes at-least-once, proven by :mod:`lab.runner.accounting`. Both are :func:`lab.runner.verdict.judge`,
-where they are spelled out.
-
-The phases live beside this module: :mod:`lab.runner.processes` (the run's own processes),
-:mod:`lab.runner.phases` (reset, drain, verify, readings), :mod:`lab.runner.readings` (what the run
-read at its end, as one record). The verdict (:mod:`lab.runner.verdict`) and run.json's content
-(:mod:`lab.runner.assembly`) are pure functions of that record.
-"""
-
 async def run_scenario(
     scenario: Scenario, settings: Settings, *, progress: Progress | None = None,
     meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None,
