@@ -228,6 +228,55 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _sitting(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.results import write_sitting
+    from lab.study import series, sitting
+
+    profile = args.profile or args.series_id.split("-")[0]
+    series.profile(profile)  # one line when it is not a profile's name
+    sid = args.id or f"{args.series_id}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    record = sitting.from_store(args.series_id, profile=profile, sitting_id=sid, settings=settings,
+                                capacity_series_id=args.capacity or "", wall_min=args.wall_min)
+    path = write_sitting(record, settings=settings)
+    q = record["quiet"]
+    _say(f"sitting {sid}: {record['counts']['measured']} measured runs, {record['counts']['failed']} failed; "
+         f"steal max {q.get('steal_pct_max')} %, probe unit {q.get('speed_unit_ms')}")
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def _results(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.results import load_sittings
+    from lab.study import published
+
+    records = load_sittings(settings=settings)
+    if not records:
+        raise ValueError(f"no sitting record in {settings.data_dir / 'sittings'}: run `make report` first")
+    docs = settings.root / "docs" / "results.md"
+    readme = settings.root / "README.md"
+    new = {docs: published.results_markdown(records),
+           readme: published.with_readme_block(readme.read_text(encoding="utf-8"), published.readme_block(records))}
+    stale = [p for p, text in new.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+    if args.check:
+        for p in stale:
+            _say(f"{p.relative_to(settings.root)} disagrees with the ledger: run `lab results`")
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(new[p], encoding="utf-8")
+    _say(f"{len(records)} sittings; " + (f"rewrote {', '.join(str(p.relative_to(settings.root)) for p in stale)}"
+                                         if stale else "docs/results.md and README.md already agree"))
+    return 0
+
+
+def _answer(args: argparse.Namespace, settings: Settings) -> int:
+    from lab.results import load_sittings
+    from lab.study import answer
+
+    records = load_sittings(settings=settings)
+    sys.stdout.write(answer.text(records, args.consumers, args.messages_per_start, args.rate))
+    return 0
+
+
 def _faults(args: argparse.Namespace, settings: Settings) -> int:
 
     from lab.study import fault_matrix, series
@@ -461,6 +510,27 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add report parts the profile leaves out, comma-separated: faults, control "
                           "(quick runs latency and broker-native; smoke, full and reference run all four)")
     rep.set_defaults(handler=_report, locks=True, needs_layout=True)
+
+    sit = sub.add_parser("sitting", help="write the sitting record (data/sittings) of a stored series")
+    sit.add_argument("series_id", help="the series (e.g. quick, reference)")
+    sit.add_argument("--profile", help="its profile (default: the id's first word)")
+    sit.add_argument("--capacity", metavar="SERIES", help="the load staircases run beside it (their floors)")
+    sit.add_argument("--id", help="the record's id (default: the series id and the time)")
+    sit.add_argument("--wall-min", type=number(float, 0, 10**6), default=None, metavar="MIN",
+                     help="the sitting's wall time in minutes, when known (a report records its own)")
+    sit.set_defaults(handler=_sitting)
+    res = sub.add_parser("results", help="write docs/results.md and the README's opening from data/sittings")
+    res.add_argument("--check", action="store_true", help="only say whether they agree with the ledger (exit 1 if not)")
+    res.set_defaults(handler=_results)
+    ans = sub.add_parser("answer", help="every pipeline's cost at your N, messages per start and rate, from the ledger")
+    ans.add_argument("--consumers", type=number(int, 1, MAX_CONSUMERS), default=4, metavar="N",
+                     help="N competing consumers (default: 4)")
+    ans.add_argument("--messages-per-start", type=number(float, 1, 1e12), default=100_000.0, metavar="M",
+                     help="messages one Debezium start (or set of slots) serves (default: 100000, the reference "
+                          "study's)")
+    ans.add_argument("--rate", type=number(float, 0, 10**7), default=0.0, metavar="MSG_PER_S",
+                     help="a fixed rate in msg/s; 0 (default): closed loop")
+    ans.set_defaults(handler=_answer)
 
     flt = sub.add_parser("faults", help="the insulation matrix: every pipeline x every fault it applies to "
                                        "(fixed rate, resumable)")

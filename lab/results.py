@@ -100,6 +100,47 @@ def write_run(
     return final
 
 
+def sittings_dir(settings: Settings | None = None) -> Path:
+    """``data/sittings``: one small record per sitting (lab.study.sitting), committed with the code."""
+    return (settings or get_settings()).data_dir / "sittings"
+
+
+def write_sitting(record: Mapping[str, Any], *, settings: Settings | None = None) -> Path:
+    """``data/sittings/<id>.json`` (sorted keys, two-space indent, so that a diff reads), written
+    whole under a temporary name and renamed into place."""
+    out = sittings_dir(settings)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{record['id']}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(sitting_json(record), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def sitting_json(record: Mapping[str, Any]) -> str:
+    """A record as JSON that reads in a diff: one top-level key a line, a list's items one a line,
+    each item compact."""
+    def one(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+    lines = []
+    for key in sorted(record):
+        v = record[key]
+        if isinstance(v, list) and v:
+            body = ",\n".join(f"  {one(x)}" for x in v)
+            lines.append(f"{one(key)}: [\n{body}\n ]")
+        else:
+            lines.append(f"{one(key)}: {one(v)}")
+    return "{\n " + ",\n ".join(lines) + "\n}\n"
+
+
+def load_sittings(*, settings: Settings | None = None) -> list[dict[str, Any]]:
+    """Every committed sitting record, oldest first."""
+    root = sittings_dir(settings)
+    records = [read_json(p) for p in sorted(root.glob("*.json"))] if root.exists() else []
+    return sorted(records, key=lambda r: (str(r.get("started_at") or ""), str(r.get("id"))))
+
+
 def idle_dir(settings: Settings | None = None) -> Path:
     return (settings or get_settings()).data_dir / "idle"
 

@@ -103,6 +103,37 @@ def host_info() -> dict[str, Any]:
     }
 
 
+def machine_facts() -> dict[str, Any]:
+    """What a sitting record says of the machine: a hash of its machine id (``/etc/machine-id``; the
+    hostname's when there is none), CPU model, logical and physical cores, memory (GiB), kernel,
+    Python. Two sittings on the same ``id`` ran on the same machine."""
+    import hashlib
+
+    ident = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            ident = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if ident:
+            break
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "id": hashlib.sha256((ident or socket.gethostname()).encode()).hexdigest()[:12],
+        "cpu_model": model or platform.processor() or None, "cpus": psutil.cpu_count(),
+        "cpus_physical": psutil.cpu_count(logical=False),
+        "mem_gib": round(psutil.virtual_memory().total / 2**30, 1), "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
 def git_state(root: Path) -> dict[str, Any]:
     """``sha`` of HEAD and ``dirty`` (tracked files changed); None each outside a git checkout."""
 

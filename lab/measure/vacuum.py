@@ -56,6 +56,34 @@ LAUNCHER = "autovacuum launcher"
 DEBT_TABLES = ("messages", "messages_done")  # the outbox and where poll moves its finished rows
 
 
+CLAIM_TABLES = ("inbox_wal", "inbox")  # their primary keys are the claims' race (lab.workload.inbox)
+SIZES_QUERY = ("SELECT c.relname, pg_relation_size(c.oid), pg_indexes_size(c.oid), i.indexrelid::regclass::text "
+               "FROM pg_class c LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
+               "WHERE c.relname = ANY(%s) AND c.relkind = 'r'")
+
+
+async def read_sizes(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, Any]]:
+    """The claim tables' size after a run: heap and index bytes and, through ``pgstatindex``
+    (``pgstattuple``, created when missing), the primary key's depth, leaf pages and leaf density:
+    how big the table a claim searches had grown. Outside the window (it reads the whole index)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, heap, index, pkey in await (await conn.execute(SIZES_QUERY, (list(CLAIM_TABLES),))).fetchall():
+        out[name] = {"heap_bytes": int(heap), "index_bytes": int(index)}
+        if not pkey:
+            continue
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            row = await (await conn.execute(
+                "SELECT tree_level, leaf_pages, avg_leaf_density FROM pgstatindex(%s)", (pkey,))).fetchone()
+        except psycopg.Error as exc:  # no pgstattuple on this server: sizes only
+            log.info("index depth not read: %s", exc)
+            continue
+        if row is not None:
+            out[name] |= {"index_depth": int(row[0]) + 1, "leaf_pages": int(row[1]),
+                          "leaf_density_pct": None if row[2] is None or row[2] != row[2] else round(float(row[2]), 1)}
+    return out
+
+
 async def read_tables(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, float]]:
     """Each of :data:`TABLES` (those that exist): its counters of :data:`CUMULATIVE` and
     :data:`GAUGES` (a counter this server does not have is left out)."""
@@ -144,6 +172,7 @@ class AutovacuumWatch:
     dead_max: dict[str, float] = field(default_factory=dict)
     polls: int = 0
     debt: dict[str, Any] | None = None
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # the claim tables after the run
     _conn: psycopg.AsyncConnection[Any] | None = None
     _task: asyncio.Task[None] | None = None
 
@@ -210,6 +239,7 @@ class AutovacuumWatch:
             self.tables["end"] = await read_tables(self._conn)
             if debt:
                 self.debt = await vacuum_cost(self._conn, self.native)
+            self.sizes = await read_sizes(self._conn)
         except Exception as exc:
             log.warning("tables not read after the run: %s", exc)
         with contextlib.suppress(Exception):
@@ -225,6 +255,7 @@ class AutovacuumWatch:
             "delta": table_deltas(self.tables["gate"], last) if "gate" in self.tables and last else None,
             "dead_max": self.dead_max,
             "debt": self.debt,
+            **({"sizes": self.sizes} if self.sizes else {}),
             "autovacuum": {
                 "cpu_s": None if cpu is None else cpu["workers"],
                 "launcher_cpu_s": None if cpu is None else cpu["launcher"],

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
 
-from lab.results import new_report_id, report_dir
+from lab.results import new_report_id, report_dir, write_sitting
 from lab.settings import Settings, exported
 from lab.stack.base import StackError
+from lab.study import sitting
 
 log = logging.getLogger(__name__)
 KERNEL = "fanout-lab"
@@ -121,12 +123,16 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # The insulation matrix (lab.study.fault_matrix) at the profile's size: smoke's 2 runs (wal and
 # kafka x a dead consumer, about a minute), quick's publishable 72 runs (~40-45 min on 2 cores),
-# full's 60 s faults. The reference profile is the article's sweep, which had no faults: it gets the
+# full's 60 s faults. The article profile is the article's own sweep, which had no faults: it gets the
 # quick matrix (full's would more than double its time).
 for _name in ("smoke", "quick", "full"):
     EXTRAS[_name]["faults"] = {"profile": _name}
-EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"},
-                       "faults": {"profile": "quick"}}
+EXTRAS["article"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "1,4,8"},
+                     "faults": {"profile": "quick"}}
+# The reference profile measures one thing, the closed-loop cost at 100,000 messages per start, and
+# runs no part beside its series by default (its sitting takes most of an hour and a half already);
+# `--with` adds any, at the quick sizes.
+EXTRAS["reference"] = {**EXTRAS["quick"]}
 # Which of them a report runs unless told otherwise (`lab report --with faults,control` adds, `make
 # report WITH=...`). quick is the default study and must stay within half an hour on 2 cores: it answers
 # the question (the series with its volume arm, and the load staircases that give latency per rate and
@@ -135,8 +141,8 @@ EXTRAS["reference"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers":
 # --with broker-native,control`).
 EXTRAS["decision"] = {**EXTRAS["quick"], "latency": {"rate": 500.0, "consumers": "1,16"}}
 PARTS = ("latency", "broker_native", "control", "faults")
-DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency",),
-                                             "full": PARTS, "reference": PARTS, "decision": ("latency",)}
+DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency",), "full": PARTS,
+                                             "article": PARTS, "decision": ("latency",), "reference": ()}
 
 
 def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
@@ -159,8 +165,9 @@ CAPACITY: dict[str, dict[str, Any]] = {
     "smoke": {"rate_steps": "50,100", "step_s": 2.0, "steps_consumers": "1"},
     "quick": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
     "full": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,16"},
-    "reference": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8"},
+    "article": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8"},
     "decision": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
+    "reference": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
 }
 
 
@@ -213,6 +220,7 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     profile's :data:`DEFAULT_PARTS`). Under the ``ha`` topology the page ends with the
     comparison against ``single_series_id``'s stored single runs (``topology.ipynb``; it says
     which command to run when there are none)."""
+    t0 = time.monotonic()
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)
     out.mkdir(parents=True)
@@ -242,6 +250,16 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         execute_notebook("faults", out / "faults.ipynb", {
             **EXTRAS[profile]["faults"], "pipelines": pipelines, "series_id": ids["faults"], "report_dir": str(out),
         }, settings=settings, echo=echo)
+    # the sitting's record (data/sittings), before the analysis, whose first screen reads the ledger
+    try:
+        record: dict[str, Any] | None = sitting.from_store(
+            series_id, profile=profile, sitting_id=report_id, settings=settings,
+            capacity_series_id=ids["capacity"] if "latency" in chosen else "", wall_min=(time.monotonic() - t0) / 60)
+    except ValueError as exc:  # a series that stored no run: the page says so, there is nothing to record
+        log.warning("no sitting record: %s", exc)
+        record = None
+    if record is not None:
+        write_sitting(record, settings=settings)
     # the analysis last, though first on the page: its ranking reads the staircases and the fault matrix
     execute_notebook("analysis", out / "analysis.ipynb", {
         "series_id": series_id, "report_dir": str(out), **RANKING[profile],
@@ -258,6 +276,8 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
         pages.append("topology")
     page = combine([out / f"{n}.ipynb" for n in pages], out / "report.ipynb")
     export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})")
+    if record is not None:
+        write_sitting({**record, "wall_min": round((time.monotonic() - t0) / 60, 1)}, settings=settings)
     return out
 
 

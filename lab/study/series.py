@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -59,14 +60,30 @@ CONSUMERS = (1, 2, 4, 8, 12, 16)
 # at these N would more than double.
 QUICK_CONSUMERS = (1, 4, 8, 16)
 DECISION_CONSUMERS = (1, 4, 16)
-# The reference's own sweep: N = 1, 2, 4, 8 once each, in its order
+# The article's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
-REFERENCE_CONSUMERS = (1, 2, 4, 8)
+ARTICLE_CONSUMERS = (1, 2, 4, 8)
+# The reference volume, measured: the question's three pipelines at 100,000 messages per Debezium
+# start (the reference study's volume), at every N of the answer, in two blocks of paired cells.
+REFERENCE_VOLUME_PIPELINES = ("wal", "kafka", "rabbitmq")
+REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 12, 16)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """Runs of the profile's pipelines at another message count: at ``consumers`` (those of the
+    plan's N), in the blocks numbered ``blocks`` (0 is the first). Labelled ``volume`` and marked
+    ``warmup``, so that no table pools them with the main cells: they are what the fixed cost per
+    start F is fitted from across volumes, and what the model is checked with."""
+
+    messages: int
+    consumers: tuple[int, ...]
+    blocks: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True)
 class Profile:
-    """How big a series is. ``quick`` is the default; ``full`` is the reference bench."""
+    """How big a series is. ``quick`` is the default; ``reference`` measures the reference volume."""
 
     name: str
     messages: int
@@ -78,9 +95,13 @@ class Profile:
     description: str
     idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
-    # the volume arm: (messages, N values, blocks it appears in); None: none
-    volume_arm: tuple[int, tuple[int, ...], int] | None = None
+    arms: tuple[Arm, ...] = ()  # the volume arms (runs at other message counts)
     pipelines: tuple[str, ...] = ()  # the pipelines it runs by default; empty: every registered one
+    # paired: a block runs N by N (the N in shuffled order), every pipeline at one N back to back in
+    # an order that alternates from one N to the next, the N's arm runs right after them; so two
+    # pipelines are compared in adjacent runs, which a machine whose speed drifts within a sitting
+    # needs (lab.study.sitting reads the crossing from the pairs). Otherwise a block is shuffled whole.
+    paired: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -93,17 +114,24 @@ PROFILES: dict[str, Profile] = {
                 "the article's four pipelines at N = 1, 4, 8, 16, 5,000 messages, in 2 shuffled "
                 "blocks, so every cell has an interval; and at 20,000 messages at N = 1 and 16 in the "
                 "first block, so the fixed cost per start is fitted across volumes", seed=1,
-                volume_arm=(20_000, (1, 16), 1), pipelines=REFERENCE_PIPELINES),
+                arms=(Arm(20_000, (1, 16), (0,)),), pipelines=REFERENCE_PIPELINES),
         Profile("decision", 5000, 200, DECISION_CONSUMERS, 5.0, 2, 5000,
                 "every registered pipeline, the article's four and the options it never compared, at "
                 "N = 1, 4, 16, 5,000 messages, in 2 shuffled blocks; 20,000 messages at N = 1 and 16 in "
-                "the first", seed=1, volume_arm=(20_000, (1, 16), 1)),
+                "the first", seed=1, arms=(Arm(20_000, (1, 16), (0,)),)),
+        Profile("reference", 100_000, 200, REFERENCE_VOLUME_CONSUMERS, 20.0, 2, 20_000,
+                "wal, kafka and rabbitmq at the reference volume, 100,000 messages per start, N = 1, 4, "
+                "8, 12, 16, in 2 blocks of paired cells (the pipelines at one N back to back); in the "
+                "first block 5,000 messages at every N and in the second 20,000 at N = 1 and 16, from "
+                "which the quick model predicts every 100,000-message cell", seed=1,
+                arms=(Arm(5_000, REFERENCE_VOLUME_CONSUMERS, (0,)), Arm(20_000, (1, 16), (1,))),
+                pipelines=REFERENCE_VOLUME_PIPELINES, paired=True),
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
                 "3 shuffled blocks, and 20,000 messages at N = 1 and 16 in two of them (hours)", seed=1,
-                volume_arm=(20_000, (1, 16), 2)),
-        Profile("reference", 100_000, 200, REFERENCE_CONSUMERS, 20.0, 1, 20_000,
-                "the reference's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
+                arms=(Arm(20_000, (1, 16), (0, 1)),)),
+        Profile("article", 100_000, 200, ARTICLE_CONSUMERS, 20.0, 1, 20_000,
+                "the article's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
                 "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)",
                 pipelines=REFERENCE_PIPELINES),
     )
@@ -155,17 +183,36 @@ def matrix(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
 
 
 def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int], repeats: int = 1,
-           seed: int | None = None, extra: Sequence[Sequence[Scenario]] = ()) -> list[list[Scenario]]:
+           seed: int | None = None, extra: Sequence[Sequence[Scenario]] = (),
+           paired: bool = False) -> list[list[Scenario]]:
     """``repeats`` blocks, each one pass over every pipeline x N (plus ``extra[b]``, the cells a
     block adds, e.g. the volume arm), shuffled inside the block when ``seed`` is set: every cell's
     repeats fall in different blocks, so a drift of the sitting separates the blocks instead of
-    piling up in one cell."""
+    piling up in one cell.
+
+    ``paired``: a block goes N by N instead (the N shuffled when ``seed`` is set); at each N every
+    pipeline runs back to back, in the given order at the block's even positions and reversed at
+    the odd ones, and block b + 1 starts the other way round from block b, so no pipeline always
+    runs first; the block's extra cells at that N follow in the same order."""
     pipelines, consumers = list(pipelines), list(consumers)
     rng = random.Random(seed) if seed else None
     out = []
     for b in range(repeats):
+        added = list(extra[b]) if b < len(extra) else []
+        if paired:
+            ns = list(consumers)
+            if rng is not None:
+                rng.shuffle(ns)
+            block = []
+            for i, n in enumerate(ns):
+                order = pipelines if (b + i) % 2 == 0 else pipelines[::-1]
+                block += [base.replace(pipeline=p, consumers=n, seed=seed or 0) for p in order]
+                block += sorted((c for c in added if c.consumers == n),
+                                key=lambda c: (c.messages, order.index(c.pipeline)))
+            out.append(block)
+            continue
         block = [base.replace(pipeline=p, consumers=n, seed=seed or 0) for p in pipelines for n in consumers]
-        block += list(extra[b]) if b < len(extra) else []
+        block += added
         if rng is not None:
             rng.shuffle(block)
         out.append(block)
@@ -178,14 +225,15 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     """The series for profile ``name``: warm-up, the matrix, drift probe.
 
     ``rate > 0`` makes every measured cell (and the drift probe) open-loop at ``rate`` msg/s
-    (latency mode, :mod:`lab.measure.latency`); the warm-up stays closed-loop.
+    (latency mode, :mod:`lab.measure.latency`); the warm-up stays closed-loop, and there is no
+    volume arm.
 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
     profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
     ``pipelines`` defaults to the profile's, else every registered one, in the reference order;
     ``consumers`` (a subset of N, e.g. to repeat a few cells under another topology) defaults to the
-    profile's, and the volume arm keeps only its N among them.
+    profile's, and each volume arm keeps only its N among them.
     """
     prof = profile(name)
     ns = tuple(consumers or prof.consumers)
@@ -196,19 +244,19 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
         raise ValueError("no pipeline to run")
     if repeats is not None and repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not math.isfinite(rate) or rate < 0:
+        raise ValueError(f"rate must be a finite number of at least 0, got {rate}")
+    reps = repeats or prof.repeats
     if not seed:  # the profile's; repeats are shuffled so that drift spreads over the cells
-        seed = prof.seed or (1 if (repeats or prof.repeats) > 1 else 0)
+        seed = prof.seed or (1 if reps > 1 else 0)
     base = Scenario(messages=prof.messages, senders=prof.senders, cooldown_s=prof.cooldown_s)
-    if rate < 0:
-        raise ValueError(f"rate must not be negative, got {rate}")
-    arm: list[list[Scenario]] = []
-    if prof.volume_arm is not None and not rate:
-        arm_m, arm_n, arm_blocks = prof.volume_arm
-        arm_n = tuple(n for n in arm_n if n in ns)
-        arm = [[base.replace(pipeline=p, consumers=n, messages=arm_m, seed=seed or 0, warmup=True, label="volume")
-                for p in pipes for n in arm_n] for _ in range(arm_blocks)] if arm_n else []
+    arm: list[list[Scenario]] = [[] for _ in range(reps)]
+    for a in prof.arms if not rate else ():
+        for b in (b for b in a.blocks if b < reps):
+            arm[b] += [base.replace(pipeline=p, consumers=n, messages=a.messages, seed=seed or 0, warmup=True,
+                                    label="volume") for p in pipes for n in a.consumers if n in ns]
     cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
-                                   repeats=repeats or prof.repeats, seed=seed, extra=arm) for c in block]
+                                   repeats=reps, seed=seed, extra=arm, paired=prof.paired) for c in block]
     first = REFERENCE_WARMUP if REFERENCE_WARMUP in pipes else pipes[0]
     warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
                           messages=prof.warmup_messages)

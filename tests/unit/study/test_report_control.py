@@ -134,9 +134,11 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     assert report.report_series("quick", "quick")["faults"] == fault_matrix.default_series_id("quick") == "faults-quick"
 
 
-def test_every_profile_has_a_fault_matrix_and_reference_gets_quick() -> None:
+def test_every_profile_has_a_fault_matrix_and_the_article_gets_quick() -> None:
     assert {p: report.EXTRAS[p]["faults"]["profile"] for p in report.EXTRAS} == {
-        "smoke": "smoke", "quick": "quick", "full": "full", "reference": "quick", "decision": "quick"}
+        "smoke": "smoke", "quick": "quick", "full": "full", "article": "quick", "reference": "quick",
+        "decision": "quick"}
+    assert report.DEFAULT_PARTS["reference"] == ()  # the reference sitting measures its series alone
     assert all(e["faults"]["profile"] in fault_matrix.PROFILES for e in report.EXTRAS.values())
 
 

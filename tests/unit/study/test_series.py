@@ -36,7 +36,7 @@ def test_profiles() -> None:
     quick, full = series.profile("quick"), series.profile("full")
     assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 4, 8, 16))
     assert quick.repeats == 2 and series.plan("quick")[1].seed == 1  # an interval per cell, shuffled
-    assert quick.volume_arm == (20_000, (1, 16), 1)
+    assert quick.arms == (series.Arm(20_000, (1, 16), (0,)),)
     assert (full.messages, full.senders, full.cooldown_s, full.repeats) == (100_000, 200, 20.0, 3)
     assert set(quick.consumers) < set(full.consumers) and max(full.consumers) == 16  # measured, not extrapolated
     assert quick.idle_s == full.idle_s == 30.0
@@ -84,16 +84,42 @@ def test_a_subset_of_n_keeps_the_volume_arm_only_at_its_n() -> None:
         series.plan("decision", consumers=(0,))
 
 
-def test_reference_profile_is_the_published_sweep() -> None:
-    """the reference study: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8 in
-    that order, then the drift probe (kafka c1, 100k): 18 runs, not shuffled."""
-    plan = series.plan("reference")
+def test_article_profile_is_the_published_sweep() -> None:
+    """the article's own sweep: warm-up kafka c1 20k, then kafka, rabbitmq, wal, wal-sharded at 1, 2, 4, 8
+    in that order, then the drift probe (kafka c1, 100k): 18 runs, not shuffled."""
+    plan = series.plan("article")
     assert len(plan) == 18
     assert (plan[0].pipeline, plan[0].consumers, plan[0].messages, plan[0].warmup) == ("kafka", 1, 20_000, True)
     cells = [(s.pipeline, s.consumers) for s in plan[1:-1]]
     assert cells == [(p, n) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for n in (1, 2, 4, 8)]
     assert {(s.messages, s.senders, s.cooldown_s, s.seed) for s in plan[1:]} == {(100_000, 200, 20.0, 0)}
     assert (plan[-1].pipeline, plan[-1].consumers, plan[-1].label, plan[-1].warmup) == ("kafka", 1, "drift", True)
+
+
+def test_reference_profile_pairs_the_pipelines_at_each_n() -> None:
+    """wal, kafka and rabbitmq at 100,000 messages, N = 1, 4, 8, 12, 16, two blocks; inside a block the
+    N come one by one, the three pipelines back to back in an order that alternates, the N's arm runs
+    (5,000 messages at every N in the first block, 20,000 at N = 1 and 16 in the second) after them."""
+    plan = series.plan("reference")
+    main = [s for s in plan if not s.warmup]
+    assert Counter((s.pipeline, s.consumers) for s in main) == Counter(
+        {(p, n): 2 for p in ("wal", "kafka", "rabbitmq") for n in (1, 4, 8, 12, 16)})
+    assert {s.messages for s in main} == {100_000}
+    arm = [s for s in plan if s.label == "volume"]
+    assert Counter((s.messages, s.consumers) for s in arm) == Counter(
+        {**{(5_000, n): 3 for n in (1, 4, 8, 12, 16)}, (20_000, 1): 3, (20_000, 16): 3})
+    assert len(plan) == 1 + 30 + 21 + 1
+    body = plan[1:-1]
+    groups = [body[i:i + 3] for i in range(0, len(body), 3)]
+    for g in groups:  # every group of three: one N, one volume, every pipeline once
+        assert len({(s.consumers, s.messages) for s in g}) == 1
+        assert sorted(s.pipeline for s in g) == ["kafka", "rabbitmq", "wal"]
+        assert g[1].pipeline == "kafka"  # kafka always in the middle: adjacent to wal and to rabbitmq
+    firsts = [g[0].pipeline for g in groups if g[0].messages == 100_000]
+    assert Counter(firsts) == Counter({"wal": 5, "rabbitmq": 5})  # the order alternates
+    block_ns = [[g[0].consumers for g in groups if g[0].messages == 100_000][b * 5:(b + 1) * 5] for b in (0, 1)]
+    assert all(sorted(ns) == [1, 4, 8, 12, 16] for ns in block_ns) and block_ns[0] != block_ns[1]
+    assert series.plan("reference") == plan  # the shuffle is seeded
 
 
 def test_seed_shuffles_reproducibly_and_is_recorded() -> None:

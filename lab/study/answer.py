@@ -1,0 +1,42 @@
+"""``lab answer``: a team's own point — N readers, M messages per start, a rate — against the ledger.
+
+For every pipeline the cost per message at that point in every sitting that measured the pipeline
+(:func:`lab.study.ledger.estimate`: exact at a measured cell; between measured N linear in N;
+between measured volumes the line F + c·M through the two nearest; at a fixed rate the load
+staircases' floors), then the median and range over those sittings, the cheapest option, and
+whether the point lies inside what was measured or beyond it — volume, N or rate named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lab.study import ledger
+
+
+def text(records: Sequence[Mapping[str, Any]], consumers: int, messages: float, rate: float = 0.0) -> str:
+    """The answer as lines a terminal shows."""
+    recs = ledger.comparable(records)
+    where = f"N = {consumers}, {messages:,.0f} messages per start, " + (
+        f"{rate:,.0f} msg/s" if rate > 0 else "closed loop")
+    if not recs:
+        return f"{where}: the ledger (data/sittings) holds no sitting to answer from; run `make report` first.\n"
+    table = ledger.answer(recs, consumers, messages, rate)
+    if table.empty:
+        return f"{where}: no sitting measured a pipeline at a {('fixed rate' if rate > 0 else 'closed loop')}.\n"
+    lines = [f"{where}: ms CPU per message, median over the sittings that measured each pipeline [their range]",
+             f"{'pipeline':<13} {'ms/msg':>7}  {'range':<15} {'sittings':>8}  where the point lies"]
+    for r in table.itertuples():
+        rng = f"[{r.lo:.2f}, {r.hi:.2f}]" if r.sittings > 1 else "(one sitting)"
+        lines.append(f"{r.pipeline:<13} {r.ms_per_msg:7.2f}  {rng:<15} {r.sittings:8d}  {r.where}"
+                     f" (volume: {r.volume}; N: {r.n}; rate: {r.rate})")
+    best = table.iloc[0]
+    tied = [r.pipeline for r in table.iloc[1:].itertuples() if r.lo <= best.hi]
+    verdict = f"cheapest: {best.pipeline}"
+    if tied:
+        verdict += f" (its range overlaps {', '.join(tied)}'s: not a clear winner over the sittings)"
+    if best["where"] != "inside what was measured":
+        verdict += f"; {best['where']}: an extrapolation, not a measurement"
+    lines += [verdict, ""]
+    return "\n".join(lines)

@@ -1,0 +1,408 @@
+"""The ledger: every committed sitting read together, and what holds across them.
+
+A sitting (:mod:`lab.study.sitting`) is one sample of one machine at one time. A team acts on what
+holds across sittings, so every figure here is given as the median and the range over sittings,
+with each sitting's own value and the number of sittings a claim held in. Noise has levels: runs
+within a sitting, sittings within a machine, machines; :func:`hierarchical_interval` resamples
+sittings and then runs within them (the random-effects bootstrap of Kalibera and Jones, "Rigorous
+Benchmarking in Reasonable Time", ISMM 2013), so its interval widens with the spread between
+sittings, not only with the runs' own.
+
+What is *measured* comes from runs at the stated conditions: a crossing read from paired runs at
+the volume it names, a cost at the N and volume it names. What is *modelled* says so and names the
+volume it was checked at, with the error the check showed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.study import sitting as sitting_mod
+
+REFERENCE_VOLUME = 100_000
+QUICK_VOLUME = 5_000
+MAIN_BROKERS = ("kafka", "rabbitmq")
+MAIN_DIRECT = "wal"
+HEADLINE_PAIR = (MAIN_DIRECT, "kafka")  # the pair the never-restarted and steady-rate questions compare
+BROKER_NAMES = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "kafka-share": "Kafka share groups"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One question a team asks, answered in one sentence."""
+
+    question: str
+    sentence: str
+    kind: str  # "measured" | "modelled"
+    held: str  # "2 of 3 sittings"; "" with one sitting
+
+
+# -- reading records ----------------------------------------------------------------------------
+
+def record_runs(record: Mapping[str, Any]) -> pd.DataFrame:
+    """The sitting's runs: pipeline, consumers, messages, arm, block, index, ms, norm, steady_ms,
+    fixed_cpu_s, parts, and ``cpu_ms_per_msg`` for the cost model."""
+    return sitting_mod.runs_frame(record.get("runs") or [])
+
+
+def label(record: Mapping[str, Any]) -> str:
+    """``2026-12-06 quick (3d1219a…)``: the day, the profile and the machine."""
+    return f"{record.get('day')} {record.get('profile')} on {str((record.get('machine') or {}).get('id'))[:6]}"
+
+
+def cells(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per (sitting, pipeline, consumers, messages, condition): sitting, day, machine,
+    profile, pipeline, consumers, messages, condition (``main`` or ``volume arm``), median_ms,
+    lo_ms, hi_ms, runs."""
+    rows = []
+    for rec in records:
+        for c in rec.get("cells") or []:
+            rows.append({"sitting": rec["id"], "day": rec.get("day"), "machine": (rec.get("machine") or {}).get("id"),
+                         "profile": rec.get("profile"), "pipeline": c["pipeline"], "consumers": c["consumers"],
+                         "messages": c["messages"], "condition": "volume arm" if c.get("arm") else "main",
+                         "median_ms": c["median"], "lo_ms": c["lo"], "hi_ms": c["hi"], "runs": c["runs"]})
+    cols = ["sitting", "day", "machine", "profile", "pipeline", "consumers", "messages", "condition", "median_ms",
+            "lo_ms", "hi_ms", "runs"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def crossing(record: Mapping[str, Any], direct: str, broker: str, messages: int,
+             basis: str = "diff") -> dict[str, Any] | None:
+    """The measured crossing of one sitting (:func:`lab.study.sitting.crossing_from`) with the
+    paired differences per N: ``{"between", "at", "below", "beyond", "clear", "diffs": {n: [...]}}``."""
+    for c in record.get("crossings") or []:
+        if (c["direct"], c["broker"], c["messages"], c.get("basis", "diff")) == (direct, broker, messages, basis):
+            diffs: dict[int, list[float]] = {}
+            for p in record.get("pairs") or []:
+                if (p["direct"], p["broker"], p["messages"]) == (direct, broker, messages) and p.get(basis) is not None:
+                    diffs.setdefault(int(p["consumers"]), []).append(float(p[basis]))
+            return {**c, "diffs": diffs}
+    return None
+
+
+def comparable(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The sittings the answer reads: the study's own conditions (single topology, closed loop,
+    the study's profiles; a smoke report's numbers are noise)."""
+    return [r for r in records if r.get("profile") not in ("smoke", None)
+            and (r.get("conditions") or {}).get("topology", "single") == "single"
+            and not (r.get("conditions") or {}).get("rate")]
+
+
+def sittings_with(records: Sequence[Mapping[str, Any]], messages: int) -> list[Mapping[str, Any]]:
+    """The sittings whose main cells were measured at ``messages`` per start."""
+    return [r for r in records if messages in ((r.get("conditions") or {}).get("volumes") or [])]
+
+
+def held(k: int, n: int) -> str:
+    return f"{k} of {n} sitting{'s' if n != 1 else ''}"
+
+
+def span(values: Sequence[float], digits: int = 1) -> str:
+    """``5.1`` or ``4.6–5.5``."""
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}" if round(lo, digits) == round(hi, digits) else f"{lo:.{digits}f}–{hi:.{digits}f}"
+
+
+def hierarchical_interval(groups: Sequence[Sequence[float]], *, level: float = 0.95, n_boot: int = 2000,
+                          seed: int = 0) -> tuple[float, float, float]:
+    """The median over sittings of each sitting's median, and its bootstrap interval resampling
+    sittings with replacement and then the runs within each drawn sitting (two levels). With one
+    sitting only the runs are resampled: the interval then says nothing of other sittings."""
+    data = [np.asarray(g, float) for g in groups if len(g)]
+    if not data:
+        return (math.nan, math.nan, math.nan)
+    point = float(np.median([np.median(g) for g in data]))
+    rng = np.random.default_rng(seed)
+    draws = np.empty(n_boot)
+    for i in range(n_boot):
+        picked = [data[j] for j in rng.integers(0, len(data), len(data))]
+        draws[i] = np.median([np.median(rng.choice(g, g.size)) for g in picked])
+    a = (1 - level) / 2
+    return (point, float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a)))
+
+
+# -- the measured crossing across sittings ------------------------------------------------------
+
+def crossing_summary(records: Sequence[Mapping[str, Any]], direct: str, broker: str,
+                     messages: int) -> dict[str, Any] | None:
+    """The measured crossing over the sittings at ``messages``: each sitting's result, the median
+    and range of ``at`` over those that crossed inside the measured N, and how many found the same
+    bracket of measured N. None when no sitting paired the two at that volume."""
+    per = []
+    for rec in sittings_with(records, messages):
+        c = crossing(rec, direct, broker, messages)
+        if c is not None and c.get("ns"):
+            per.append((rec, c))
+    if not per:
+        return None
+    ats = [float(c["at"]) for _, c in per if c.get("at") is not None]
+    brackets = [tuple(c["between"]) if c.get("between") else ("below" if c["below"] else "beyond") for _, c in per]
+    common = max(set(brackets), key=brackets.count)
+    return {"direct": direct, "broker": broker, "messages": messages, "sittings": len(per),
+            "per_sitting": [{"sitting": r["id"], "day": r.get("day"), "between": c.get("between"), "at": c.get("at"),
+                             "below": c["below"], "beyond": c["beyond"], "clear": c.get("clear"),
+                             "max_n": max(c["ns"]), "min_n": min(c["ns"])} for r, c in per],
+            "median_at": statistics.median(ats) if ats else None, "ats": ats,
+            "common": common, "common_count": brackets.count(common)}
+
+
+def crossing_sentence(s: Mapping[str, Any]) -> str:
+    """One sentence for :func:`crossing_summary`."""
+    b = BROKER_NAMES.get(s["broker"], s["broker"])
+    vol = f"{s['messages']:,} messages per Debezium start, closed loop"
+    n = s["sittings"]
+    common = s["common"]
+    max_n = max(p["max_n"] for p in s["per_sitting"])
+    if common == "beyond":
+        return (f"{b} costs more than `{s['direct']}` at every N measured up to {max_n} "
+                f"({vol}): no crossing up to N = {max_n}.")
+    if common == "below":
+        first = min(p["min_n"] for p in s["per_sitting"])
+        return f"{b} costs less than `{s['direct']}` already at N = {first} ({vol})."
+    lo, hi = common
+    at = s["ats"]
+    where = (f"N* ≈ {s['median_at']:.1f}" + (f" (range {span(at)} over {n} sittings)" if len(at) > 1 else "")
+             if at else "")
+    return (f"{b} costs less than `{s['direct']}` from between N = {lo} and {hi} on: {where}, read from paired "
+            f"runs at {vol}.")
+
+
+# -- costs at a point ---------------------------------------------------------------------------
+
+def _volume_curve(points: Mapping[int, float], m: float) -> tuple[float, str]:
+    """A cell's cost at ``m`` messages per start from its costs at the measured volumes: exact at
+    a measured volume, else the line F + c·M through the two nearest volumes (linear in 1/M),
+    ``beyond`` outside the measured volumes."""
+    vols = sorted(points)
+    exact = [v for v in vols if v == m]
+    if exact:
+        return points[exact[0]], "measured"
+    if len(vols) == 1:
+        return points[vols[0]], "beyond"
+    lo_side = [v for v in vols if v < m]
+    hi_side = [v for v in vols if v > m]
+    if lo_side and hi_side:
+        a, b, how = lo_side[-1], hi_side[0], "inside"
+    elif hi_side:  # below the smallest volume
+        a, b, how = vols[0], vols[1], "beyond"
+    else:
+        a, b, how = vols[-2], vols[-1], "beyond"
+    # a run's whole CPU (ms) is F + c·M: the line through both volumes, then c + F/m per message
+    ya, yb = points[a] * a, points[b] * b
+    c = (yb - ya) / (b - a)
+    f = ya - c * a
+    return (c + f / m if math.isfinite(m) else c), how
+
+
+def _n_curve(points: Mapping[int, float], n: int) -> tuple[float, str]:
+    """A cost at ``n`` readers from the costs at the measured N: exact, linear between the two
+    nearest, or the line through the two nearest outside them (``beyond``)."""
+    ns = sorted(points)
+    if n in points:
+        return points[n], "measured"
+    if len(ns) == 1:
+        return points[ns[0]], "beyond"
+    lo = [x for x in ns if x < n]
+    hi = [x for x in ns if x > n]
+    if lo and hi:
+        a, b, how = lo[-1], hi[0], "inside"
+    else:
+        a, b, how = (ns[0], ns[1], "beyond") if hi else (ns[-2], ns[-1], "beyond")
+    return points[a] + (points[b] - points[a]) * (n - a) / (b - a), how
+
+
+def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages: float,
+             rate: float = 0.0) -> dict[str, Any] | None:
+    """One sitting's cost of ``pipeline`` at (N, M, rate), ms CPU per message, and where the
+    point lies against what the sitting measured: ``volume``, ``n``, ``rate`` each ``measured``,
+    ``inside`` (interpolated) or ``beyond`` (extrapolated). Closed loop (rate 0) from the cells'
+    medians at every volume (main and arm); at a fixed rate from the staircases' floors
+    (1000·a/rate + b), which carry no start cost. None when the sitting has no such pipeline."""
+    if rate > 0:
+        lines = [r for r in record.get("rates") or [] if r["pipeline"] == pipeline]
+        if not lines:
+            return None
+        per_n = {int(r["consumers"]): 1000 * r["a_cpu_per_s"] / rate + r["b_ms_per_msg"] for r in lines}
+        value, how_n = _n_curve(per_n, consumers)
+        return {"ms": value, "n": how_n, "volume": "not used (no start cost at a fixed rate)",
+                "rate": "inside" if 50 <= rate <= 800 else "beyond"}
+    by_n: dict[int, dict[int, float]] = {}
+    for c in record.get("cells") or []:
+        if c["pipeline"] == pipeline:
+            by_n.setdefault(int(c["consumers"]), {})[int(c["messages"])] = float(c["median"])
+    if not by_n:
+        return None
+    at_n: dict[int, float] = {}
+    hows: dict[int, str] = {}
+    for n, vols in by_n.items():
+        at_n[n], hows[n] = _volume_curve(vols, messages)
+    value, how_n = _n_curve(at_n, consumers)
+    ns = sorted(at_n)
+    near = {max((n for n in ns if n <= consumers), default=ns[0]),
+            min((n for n in ns if n >= consumers), default=ns[-1])}
+    how_v = {hows[n] for n in near}
+    volume = "measured" if how_v == {"measured"} else ("beyond" if "beyond" in how_v else "inside")
+    return {"ms": value, "n": how_n, "volume": volume, "rate": "closed loop"}
+
+
+def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float, rate: float = 0.0) -> pd.DataFrame:
+    """Every pipeline's cost at (N, M, rate) over the sittings that measured it: the median of the
+    sittings' estimates, their range, how many sittings, and whether the point lies inside what
+    was measured (volume, N, rate) or beyond it; cheapest first."""
+    out = []
+    pipelines = list(dict.fromkeys(c["pipeline"] for r in records for c in r.get("cells") or []))
+    for p in pipelines:
+        ests = [(r, e) for r in records if (e := estimate(r, p, consumers, messages, rate)) is not None]
+        if not ests:
+            continue
+        v = [e["ms"] for _, e in ests]
+        where = {k: sorted({e[k] for _, e in ests}) for k in ("volume", "n", "rate")}
+        beyond = [k for k, vals in where.items() if "beyond" in vals]
+        out.append({"pipeline": p, "ms_per_msg": statistics.median(v), "lo": min(v), "hi": max(v),
+                    "sittings": len(v), "volume": "/".join(where["volume"]), "n": "/".join(where["n"]),
+                    "rate": "/".join(where["rate"]),
+                    "where": (f"beyond what was measured ({', '.join(beyond)})" if beyond
+                              else "inside what was measured")})
+    df = pd.DataFrame(out, columns=["pipeline", "ms_per_msg", "lo", "hi", "sittings", "volume", "n", "rate", "where"])
+    return df.sort_values("ms_per_msg").reset_index(drop=True)
+
+
+# -- prediction errors --------------------------------------------------------------------------
+
+def prediction_errors(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The quick model's prediction of every cell measured at another volume, per sitting:
+    sitting, day, pipeline, consumers, messages, predicted, measured, error_pct."""
+    rows = [{"sitting": r["id"], "day": r.get("day"), **p}
+            for r in records for p in (r.get("model") or {}).get("predictions") or [] if p.get("measured") is not None]
+    return pd.DataFrame(rows, columns=["sitting", "day", "pipeline", "consumers", "messages", "predicted", "measured",
+                                       "error_pct"])
+
+
+# -- the findings -------------------------------------------------------------------------------
+
+def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: int) -> tuple[str, str, str] | None:
+    recs = sittings_with(records, messages)
+    if not recs:
+        return None
+    table = answer(recs, consumers, messages)
+    table = table[table["n"] == "measured"]
+    if table.empty:
+        return None
+    wins = []
+    for r in recs:
+        costs = {c["pipeline"]: c["median"] for c in r.get("cells") or []
+                 if c["consumers"] == consumers and c["messages"] == messages and not c.get("arm")}
+        if costs:
+            wins.append(min(costs, key=lambda k: costs[k]))
+    first = table.iloc[0]
+    others = ", ".join(f"`{row.pipeline}` {row.ms_per_msg:.2f}" for row in table.iloc[1:].itertuples())
+    n = len(recs)
+    rng = f" (range {first.lo:.2f}–{first.hi:.2f} over {n} sittings)" if n > 1 else ""
+    sentence = (f"At N = {consumers} and {messages:,} messages per start, `{first.pipeline}` costs least: "
+                f"{first.ms_per_msg:.2f} ms CPU per message{rng}, against {others}.")
+    return sentence, "measured", held(wins.count(first.pipeline), n) if n > 1 else ""
+
+
+def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | None = None) -> list[Finding]:
+    """The answer, one sentence per question, from the ledger (``current``, a record not yet in
+    ``records``, is added to it)."""
+    recs = comparable(list(records) + ([current] if current is not None and current.get("id") not in
+                                       {r.get("id") for r in records} else []))
+    out: list[Finding] = []
+    for volume in (REFERENCE_VOLUME, QUICK_VOLUME):
+        for broker in MAIN_BROKERS:
+            s = crossing_summary(recs, MAIN_DIRECT, broker, volume)
+            if s is None:
+                continue
+            q = f"From which N does {BROKER_NAMES[broker]} pay off at {volume:,} messages per start?"
+            out.append(Finding(q, crossing_sentence(s), "measured",
+                               held(s["common_count"], s["sittings"]) if s["sittings"] > 1 else ""))
+    for volume in (REFERENCE_VOLUME, QUICK_VOLUME):
+        c = _cheapest(recs, 4, volume)
+        if c is not None:
+            out.append(Finding(f"Which option costs least at N = 4, {volume:,} messages per start?", *c))
+    steady = _steady_finding(recs)
+    if steady is not None:
+        out.append(steady)
+    rate = _rate_finding(recs, 200.0)
+    if rate is not None:
+        out.append(rate)
+    return out
+
+
+def _steady_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:
+    """N*∞ (a Debezium never restarted) from the runs' own timelines at the reference volume."""
+    vals = []
+    never = 0
+    n = 0
+    for r in sittings_with(records, REFERENCE_VOLUME):
+        for a in (r.get("model") or {}).get("steady_in_runs") or []:
+            if (a["direct"], a["broker"]) == HEADLINE_PAIR:
+                n += 1
+                if a["range"][0] is not None:
+                    vals += [x for x in a["range"] if x is not None]
+                never += int(a["never"])
+    if not n:
+        return None
+    text = (f"A Debezium that is never restarted (steady costs from each 100,000-message run's own timeline): "
+            f"`wal` meets Kafka at N*∞ {span(vals)}" if vals else "no crossing")
+    text += f"{', and under some model never' if never else ''}; a model over N, not a measured crossing."
+    return Finding("And for a Debezium that is never restarted?", text, "modelled", held(n - never, n) if n > 1 else "")
+
+
+def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float) -> Finding | None:
+    """N* at a fixed rate from the staircases' floors (a chord through the two staircase N)."""
+    from lab.study import crossover
+
+    vals: list[float] = []
+    n = 0
+    beyond = 0
+    for r in records:
+        lines = pd.DataFrame(r.get("rates") or [])
+        if lines.empty or not set(HEADLINE_PAIR) <= set(lines["pipeline"]):
+            continue
+        try:
+            (a,) = crossover.by_rate(lines.assign(steps=0, rates=None), *HEADLINE_PAIR, rates=(rate,))
+        except ValueError:
+            continue
+        n += 1
+        rr = a.range
+        if rr is None:
+            continue
+        vals += [x for x in rr if math.isfinite(x)]
+        beyond += int(not a.measured)
+    if not n:
+        return None
+    ns = sorted({int(x["consumers"]) for r in records for x in r.get("rates") or []})
+    text = (f"At a steady {rate:,.0f} msg/s, from the load staircases at N = {', '.join(map(str, ns))}: "
+            + (f"`wal` meets Kafka at N* {span(vals)}" if vals else "`wal` and Kafka do not meet")
+            + (" (beyond the measured N in " + held(beyond, n) + ")" if beyond else "") + ".")
+    return Finding(f"And for a slow steady stream ({rate:,.0f} msg/s)?", text, "modelled", held(n, n) if n > 1 else "")
+
+
+def sittings_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per sitting: id, day, profile, machine, commit, wall minutes, runs measured/failed,
+    steal (max %), unattributed (ms/msg), the speed probe's unit (median ms, max ÷ min), drift (%)."""
+    rows = []
+    for r in records:
+        q = r.get("quiet") or {}
+        unit = q.get("speed_unit_ms") or {}
+        rows.append({"sitting": r["id"], "day": r.get("day"), "profile": r.get("profile"),
+                     "machine": (r.get("machine") or {}).get("id"), "commit": r.get("commit"),
+                     "wall_min": r.get("wall_min"), "measured": (r.get("counts") or {}).get("measured"),
+                     "failed": (r.get("counts") or {}).get("failed"), "steal_max_pct": q.get("steal_pct_max"),
+                     "unattributed_ms": q.get("unattributed_ms_median"), "probe_ms": unit.get("median"),
+                     "probe_max_over_min": unit.get("max_over_min"), "drift_pct": q.get("drift_pct")})
+    return pd.DataFrame(rows)
+
+
+def by_sitting(values: Iterable[tuple[Mapping[str, Any], float]]) -> str:
+    """``0.91 (12-06 quick), 0.95 (12-07 quick)``: each sitting's own value."""
+    return ", ".join(f"{v:.2f} ({str(r.get('day'))[5:]} {r.get('profile')})" for r, v in values)

@@ -1,0 +1,286 @@
+"""docs/results.md and the README's opening, written from the ledger (``lab results``).
+
+Nothing in them is typed by hand: every figure comes from the committed sitting records
+(:mod:`lab.study.ledger`), so the text cannot drift from the data, and a unit test regenerates both
+and compares. A figure stands in the README only when the ledger holds enough replication
+(:data:`ENOUGH`); until then the opening says how much is missing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from lab.study import ledger
+from lab.study.summary import md_table
+
+README_BEGIN = "<!-- results:begin (written by `lab results` from data/sittings; do not edit by hand) -->"
+README_END = "<!-- results:end -->"
+# what the README's figures need: quick and reference sittings, on this many machines or days
+ENOUGH = {"quick": 3, "reference": 2, "machines_or_days": 2}
+# the reference study's figures at its own volume (docs/reference.md): ms CPU per message
+REFERENCE_STUDY = {("wal", 1): 1.19, ("kafka", 1): 2.35, ("wal", 8): 1.88, ("kafka", 8): 2.16,
+                   ("rabbitmq", 1): 2.20, ("rabbitmq", 8): 2.21}
+REFERENCE_PG_SLOPE = 0.094  # PostgreSQL's ms/msg per extra wal reader, the reference study's fan-out model
+PART_NAMES = {"walsender": "PostgreSQL, one walsender (per reader)", "pg.claims": "PostgreSQL, the claims",
+              "pg.inserts": "PostgreSQL, the outbox inserts", "consumers": "the consumers",
+              "debezium": "Debezium", "kafka": "Kafka", "rabbitmq": "RabbitMQ", "web": "the web service",
+              "senders": "the senders"}
+
+
+def replication(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How much the ledger holds: sittings per profile, machines, days, and whether that is
+    :data:`ENOUGH` for the README (with what is missing)."""
+    by = {p: [r for r in records if r.get("profile") == p] for p in ("quick", "reference")}
+    machines = {str((r.get("machine") or {}).get("id")) for r in records}
+    days = {str(r.get("day")) for r in records}
+    missing = [f"{ENOUGH[p] - len(v)} more {p} sitting{'s' if ENOUGH[p] - len(v) > 1 else ''}"
+               for p, v in by.items() if len(v) < ENOUGH[p]]
+    if max(len(machines), len(days)) < ENOUGH["machines_or_days"]:
+        missing.append("a second machine or day")
+    return {"quick": len(by["quick"]), "reference": len(by["reference"]), "machines": len(machines),
+            "days": sorted(days), "enough": not missing, "missing": missing}
+
+
+def _finding_lines(found: Sequence[ledger.Finding]) -> list[str]:
+    return [f"- **{f.question}** {f.sentence} *({f.kind}" + (f"; held in {f.held}" if f.held else "") + ")*"
+            for f in found]
+
+
+def readme_block(records: Sequence[Mapping[str, Any]]) -> str:
+    """The README's opening: the answer's sentences and the state of their replication."""
+    records = ledger.comparable(records)
+    rep = replication(records)
+    head = (f"**What it found**, from {len(records)} committed sitting{'s' if len(records) != 1 else ''} "
+            f"({rep['quick']} quick, "
+            f"{rep['reference']} at the reference volume) on {rep['machines']} machine"
+            f"{'s' if rep['machines'] != 1 else ''} and {len(rep['days'])} day{'s' if len(rep['days']) != 1 else ''}")
+    if not rep["enough"]:
+        head += (f". **Provisional**: a figure stands here for good after {ENOUGH['quick']} quick and "
+                 f"{ENOUGH['reference']} reference sittings on {ENOUGH['machines_or_days']} machines or days; "
+                 f"still missing: {', '.join(rep['missing'])}")
+    lines = [README_BEGIN, head + ".", "", *_finding_lines(ledger.findings(records)), "",
+             "Every figure, its spread over sittings and its conditions: [docs/results.md](docs/results.md).",
+             README_END]
+    return "\n".join(lines)
+
+
+def with_readme_block(readme: str, block: str) -> str:
+    """``readme`` with the text between the markers replaced by ``block``; ValueError when the
+    markers are missing."""
+    a, b = readme.find(README_BEGIN), readme.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError("README.md has no results markers: add the two lines "
+                         f"{README_BEGIN!r} and {README_END!r} where the answer goes")
+    return readme[:a] + block + readme[b + len(README_END):]
+
+
+def _table(df: pd.DataFrame) -> str:
+    """``df`` as a Markdown table, its first column leading (no index column)."""
+    return md_table(df.set_index(df.columns[0])) if not df.empty else "*(none)*"
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _sittings_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    rep = ledger.sittings_table(records)
+    r = replication(records)
+    enough = ("enough for the README's figures" if r["enough"] else
+              f"not yet enough for the README's figures to stand (missing: {', '.join(r['missing'])})")
+    return ["## The sittings behind it", "",
+            "A sitting is one `make report` (or `lab report`) on one machine at one time. The machine's speed "
+            "moves within a sitting (the speed probe's unit time, `probe max/min`) and machines differ 2–3× "
+            "from day to day, so a figure here holds only where it holds across sittings. "
+            f"The ledger holds {r['quick']} quick and {r['reference']} reference sittings on {r['machines']} "
+            f"machine(s) and {len(r['days'])} day(s): {enough}.", "",
+            _table(rep.rename(columns={"wall_min": "wall (min)", "steal_max_pct": "steal max (%)",
+                                         "unattributed_ms": "unattributed (ms/msg)", "probe_ms": "probe unit (ms)",
+                                         "probe_max_over_min": "probe max/min", "drift_pct": "drift (%)"})), ""]
+
+
+def _crossing_section(records: Sequence[Mapping[str, Any]], volume: int) -> list[str]:
+    recs = ledger.sittings_with(records, volume)
+    out: list[str] = []
+    for broker in ledger.MAIN_BROKERS:
+        rows = []
+        for rec in recs:
+            c = ledger.crossing(rec, ledger.MAIN_DIRECT, broker, volume)
+            if c is None:
+                continue
+            norm = ledger.crossing(rec, ledger.MAIN_DIRECT, broker, volume, basis="diff_norm")
+            row: dict[str, Any] = {"sitting": ledger.label(rec)}
+            for n, d in sorted(c["diffs"].items()):
+                row[f"N = {n}"] = ", ".join(f"{x:+.2f}" for x in d)
+            row["crossing"] = _crossing_words(c)
+            row["speed-normalised"] = _crossing_words(norm) if norm else ""
+            rows.append(row)
+        if rows:
+            out += [f"**`{ledger.MAIN_DIRECT}` against {ledger.BROKER_NAMES[broker]}**, {volume:,} messages per "
+                    f"start: broker − direct, ms CPU per message, one figure per pair of runs at the same N in "
+                    f"the same block (a positive difference: the direct readers cost less).", "",
+                    _table(pd.DataFrame(rows).fillna("")), ""]
+    if not out:
+        return []
+    return [f"## The crossing at {volume:,} messages per start, measured", "", *out]
+
+
+def _crossing_words(c: Mapping[str, Any]) -> str:
+    if c.get("below"):
+        return f"broker cheaper already at N = {c['ns'][0]}"
+    if c.get("beyond"):
+        return f"no crossing up to N = {c['ns'][-1]}"
+    lo, hi = c["between"]
+    return f"between {lo} and {hi} (≈ {c['at']:.1f})" + ("" if c.get("clear") else ", pairs straddle zero")
+
+
+def _cells_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    df = ledger.cells(records)
+    df = df[df["condition"] == "main"]
+    out = ["## Cost per message, cell by cell, over sittings", "",
+           "Each cell: the median over sittings of each sitting's median [lowest, highest sitting], ms CPU per "
+           "message, closed loop; `n` = sittings. Runs within a sitting are in its record.", ""]
+    for volume, g in df.groupby("messages"):
+        rows = []
+        for (p, n), gg in g.groupby(["pipeline", "consumers"], sort=False):
+            v = gg["median_ms"].astype(float).tolist()
+            cell = (f"{statistics.median(v):.2f} [{min(v):.2f}, {max(v):.2f}] n = {len(v)}" if len(v) > 1
+                    else f"{v[0]:.2f} (n = 1)")
+            rows.append({"pipeline": f"`{p}`", "N": int(n), "cell": cell})
+        wide = pd.DataFrame(rows).pivot(index="pipeline", columns="N", values="cell").fillna("")
+        wide.columns = [f"N = {c}" for c in wide.columns]
+        out += [f"**{int(volume):,} messages per start**", "", _table(wide.reset_index()), ""]
+    return out
+
+
+def _prediction_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    err = ledger.prediction_errors(records)
+    if err.empty:
+        return []
+    summary = err.groupby("pipeline")["error_pct"].agg(lambda s: f"{s.min():+.0f} % to {s.max():+.0f} %")
+    lines = ["## The quick model against the measurement", "",
+             "The quick model fits the fixed cost per start F from 5,000- and 20,000-message runs (F as a line in N "
+             "through N = 1 and 16) and predicts c + F/M at 100,000 messages; the reference sittings measured that "
+             "volume directly in the same sitting. A model figure is quoted only for a volume where this check held; "
+             "its error per pipeline over every cell and sitting:", ""]
+    lines += [f"- `{p}`: {s}" for p, s in summary.items()]
+    show = err.assign(sitting=err["sitting"].str[:15], predicted=err["predicted"].map(_fmt),
+                      measured=err["measured"].map(_fmt), error_pct=err["error_pct"].map(lambda x: f"{x:+.1f}"))
+    return [*lines, "", _table(show.drop(columns=["day"])), ""]
+
+
+def _parts_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    recs = ledger.sittings_with(records, ledger.REFERENCE_VOLUME)
+    if not recs:
+        return []
+    rows = []
+    for pipeline, n in sorted(REFERENCE_STUDY, key=lambda k: (k[0], k[1])):
+        vals: dict[str, list[float]] = {}
+        total = []
+        for rec in recs:
+            runs = [r for r in rec.get("runs") or [] if r["pipeline"] == pipeline and r["consumers"] == n
+                    and r["messages"] == ledger.REFERENCE_VOLUME and not r.get("arm")]
+            if not runs:
+                continue
+            total.append(statistics.median(r["ms"] for r in runs))
+            for part in ("pg.walsenders", "pg.claims", "consumers", "debezium", "kafka", "rabbitmq", "web"):
+                got = [r["parts"][part] for r in runs if r.get("parts", {}).get(part) is not None]
+                if got:
+                    key = "walsender" if part == "pg.walsenders" else part
+                    vals.setdefault(key, []).append(statistics.median(got) / (n if key == "walsender" else 1))
+        if not total:
+            continue
+        row = {"cell": f"`{pipeline}` N = {n}", "total (ours)": _span(total),
+               "total (reference study)": f"{REFERENCE_STUDY[(pipeline, n)]:.2f}"}
+        row |= {PART_NAMES[k]: _span(v) for k, v in vals.items() if max(v) >= 0.005}
+        rows.append(row)
+    return ["## Per-component rates at the reference volume", "",
+            f"ms CPU per message at 100,000 messages per start, median over sittings [range when more than one], "
+            f"a team can carry them to its own stack; the reference study's totals beside (it measured on 16 "
+            f"threads with .NET clients; its PostgreSQL grew {REFERENCE_PG_SLOPE} ms/msg per extra reader).", "",
+            _table(pd.DataFrame(rows).fillna("")), ""]
+
+
+def _span(v: Sequence[float]) -> str:
+    return f"{statistics.median(v):.3f}" + (f" [{min(v):.3f}, {max(v):.3f}]" if len(v) > 1 else "")
+
+
+def _modelled_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = []
+    for rec in records:
+        model = rec.get("model") or {}
+        for kind in ("by_volume", "steady_in_runs", "steady_across_volumes"):
+            for a in model.get(kind) or []:
+                if a["direct"] != ledger.MAIN_DIRECT or a["broker"] not in ledger.MAIN_BROKERS:
+                    continue
+                rng = _n_range(*a["range"])
+                rows.append({"sitting": ledger.label(rec), "pair": f"`wal` vs {a['broker']}",
+                             "condition": a["condition"], "N* (range over models)": rng,
+                             "inside the measured N": "yes" if a["inside"] else "no"})
+    if not rows:
+        return []
+    return ["## N\\* from a model, where nothing was measured", "",
+            "Modelled, not measured: the quick model's N\\*(M) (F fitted across 5,000 and 20,000 messages), and "
+            "N\\*∞ (a Debezium never restarted) from the runs' own timelines and, in the reference sittings, from "
+            "the fit across the three volumes. Each range is over the plausible models (direct line straight or "
+            "curved, broker flat or sloped). Quote one only beside the prediction error above.", "",
+            _table(pd.DataFrame(rows)), ""]
+
+
+def _n_range(lo: float | None, hi: float | None) -> str:
+    """``9.1–12.4``, ``12.0 to never``, ``below 1`` (the broker cheaper at every N)."""
+    def one(x: float | None) -> str:
+        return "never" if x is None else ("below 1" if x < 1 else f"{x:.1f}")
+
+    if lo is None:
+        return "never"
+    if one(lo) == one(hi):
+        return one(lo)
+    return f"{one(lo)} to {one(hi)}" if hi is None or lo < 1 else f"{lo:.1f}–{hi:.1f}"
+
+
+def _claims_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = []
+    for rec in records:
+        for r in rec.get("runs") or []:
+            if r["pipeline"] == ledger.MAIN_DIRECT and r.get("parts", {}).get("pg.claims") is not None:
+                rows.append({"sitting": rec["id"], "N": r["consumers"], "messages": r["messages"],
+                             "claims": r["parts"]["pg.claims"], "rows": (r.get("claim_table") or {}).get("rows")})
+    if not rows:
+        return []
+    df = pd.DataFrame(rows)
+    g = df.groupby(["messages", "N"])["claims"].median().unstack("N").round(3)
+    g.columns = [f"N = {c}" for c in g.columns]
+    return ["## The claim table grows with the run", "",
+            "PostgreSQL's claim backends, ms CPU per message (median over every `wal` run in the ledger) by the "
+            "messages per run: the claim table (`inbox_wal`, never pruned within a run, autovacuum off as in the "
+            "reference study) holds every claimed position, so a longer run claims into a bigger table.", "",
+            _table(g.reset_index().rename(columns={"messages": "messages per run"})), ""]
+
+
+def results_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+    """docs/results.md, whole."""
+    records = ledger.comparable(records)
+    found = ledger.findings(records)
+    lines = ["# Results: the current answer and its conditions", "",
+             "*Written by `lab results` from the committed sitting records in `data/sittings/`; edit "
+             "`lab/study/published.py`, not this page.*", "",
+             "## The answer", "", *_finding_lines(found), "",
+             "*Measured* means read from runs at the stated volume, N and rate (a crossing lies between two "
+             "measured N); *modelled* means a model over N or volume, with the check that allows it. "
+             "`held in k of n sittings`: the same result in that many of the sittings that measured it.", ""]
+    for section in (_sittings_section(records), _crossing_section(records, ledger.REFERENCE_VOLUME),
+                    _prediction_section(records), _crossing_section(records, ledger.QUICK_VOLUME),
+                    _cells_section(records), _parts_section(records), _claims_section(records),
+                    _modelled_section(records)):
+        lines += section
+    lines += ["## Studies outside the ledger", "",
+              "Single sittings from before the ledger existed (the decision space of every pipeline, the `ha` "
+              "topology, faults, hosts and link delay) are in [history](history/README.md), each with its date, "
+              "command and machine; they were not replicated and carry no weight here.", ""]
+    return "\n".join(lines)

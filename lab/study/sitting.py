@@ -1,0 +1,414 @@
+"""One sitting as a small record: what a report measured, kept for good (``data/sittings/<id>.json``).
+
+A sitting is one series on one machine at one time: a sample of that machine, not of "the"
+answer. The machine's speed moves within a sitting and machines differ 2–3× from day to day, so a
+figure holds only when it holds across sittings (:mod:`lab.study.ledger` reads them together).
+:func:`build` turns the stored runs of a series into a record of a few kB, no raw samples:
+
+* ``machine`` and ``quiet`` — where and how undisturbed: CPU model, cores, memory, a hash of the
+  machine id; steal, the ``unattributed`` residual, the speed probe's unit time (its spread within
+  the sitting), the drift probe;
+* ``runs`` — every successful measured and volume-arm run: cell, block, ms CPU per message (raw and
+  speed-normalised), the run's own split (steady c, fixed F), the parts a team can carry to its own
+  stack (PostgreSQL's walsenders and claims, consumers, Debezium, the broker), the claim table's size;
+* ``cells`` — each cell's median with its order-statistic interval and that interval's coverage;
+* ``pairs`` and ``crossings`` — broker − direct in the same block at the same N (adjacent runs
+  when the profile is paired) and the measured crossing read from them: between the two measured N
+  whose difference changes sign, never beyond the measured N;
+* ``model`` — the quick model (5,000 messages and a volume arm at 20,000, F as a line in N) and its
+  prediction for every cell measured at another volume, with the prediction error; the modelled N*
+  by volume over the plausible models; N*∞ from each run's own timeline and from the fit across
+  volumes;
+* ``rates`` — the load staircases' floors (CPU/s = a + b·rate) when the report ran them.
+
+Every number is rounded to what it can carry. Pure: the caller loads the runs
+(:func:`lab.results.load_runs`) and the machine facts (:func:`lab.measure.provenance.machine_facts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.study import costmodel, crossover
+from lab.study.costmodel import METRIC
+from lab.study.intervals import order_coverage
+
+SCHEMA = 1
+NORM = "cpu_ms_per_msg_norm"
+UNIT = "speed.unit_ms_median"
+# The parts a team can carry to its own stack, ms CPU per message of the run (``cpu_s.<name>`` and
+# PostgreSQL's backends ``pg.<group>``, lab.measure.pgbackends)
+PARTS = ("postgres", "pg.walsenders", "pg.claims", "pg.inserts", "consumers", "debezium", "kafka", "rabbitmq",
+         "web", "senders", "relay")
+CLAIM_TABLES = ("inbox_wal", "inbox")
+MODEL_VOLUME = 5_000  # the quick model's main volume; its arm is at 20,000 (lab.study.series)
+PREDICT_AT = (100_000,)
+
+
+def _r(x: Any, digits: int = 4) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if not math.isfinite(v) else round(v, digits)
+
+
+def _ok(runs: pd.DataFrame) -> pd.DataFrame:
+    if runs.empty:
+        return runs
+    ok = runs[runs["success"].fillna(False).astype(bool)] if "success" in runs else runs
+    return ok[ok[METRIC].notna()] if METRIC in ok else ok.iloc[0:0]
+
+
+def _labels(runs: pd.DataFrame) -> pd.Series:
+    return runs["label"].fillna("").astype(str) if "label" in runs else pd.Series("", index=runs.index)
+
+
+def main_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The successful measured runs (no warm-up, drift probe or volume arm)."""
+    return costmodel.measured(_ok(runs)) if not runs.empty else runs
+
+
+def arm_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The successful runs of the volume arms."""
+    return crossover.volume_arm(_ok(runs))
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+def _claim_table(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The claim table after the run (run.json's ``vacuum``): rows, dead tuples, heap and index
+    bytes, the primary key's depth."""
+    vac = run.get("vacuum") if isinstance(run.get("vacuum"), Mapping) else {}
+    end = ((vac or {}).get("tables") or {}).get("end") or {}
+    sizes = (vac or {}).get("sizes") or {}
+    for name in CLAIM_TABLES:
+        t = end.get(name)
+        if isinstance(t, Mapping) and t.get("n_live_tup"):
+            out = {"table": name, "rows": int(t["n_live_tup"]), "dead": int(t.get("n_dead_tup") or 0)}
+            return out | {k: v for k, v in (sizes.get(name) or {}).items() if k in
+                          ("index_bytes", "heap_bytes", "index_depth")}
+    return {}
+
+
+def run_rows(runs: pd.DataFrame, raw: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The record's runs: measured and volume-arm runs in series order, each with its block (the
+    how-many-th run of its cell), its figure, split and parts; ``raw`` (run id → run.json) adds the
+    claim table's size."""
+    ok = _ok(runs)
+    labels = _labels(ok)
+    keep = ok[(~ok["warmup"].fillna(False).astype(bool)) | (labels == "volume")] if "warmup" in ok else ok
+    order = "series_index" if "series_index" in keep else "started_at"
+    keep = keep.sort_values(order)
+    seen: dict[tuple[Any, ...], int] = {}
+    out = []
+    for _, r in keep.iterrows():
+        key = (r["pipeline"], int(r["consumers"]), int(r["messages"]), _labels(keep).get(r.name, ""))
+        block = seen.get(key, 0)
+        seen[key] = block + 1
+        m = float(r["messages"])
+        parts = {p: _r(1000 * float(r[f"cpu_s.{p}"]) / m) for p in PARTS
+                 if not p.startswith("pg.") and f"cpu_s.{p}" in r and pd.notna(r[f"cpu_s.{p}"])}
+        parts |= {p: _r(1000 * float(r[p]) / m) for p in PARTS if p.startswith("pg.") and p in r and pd.notna(r[p])}
+        parts = {k: v for k, v in parts.items() if v is not None and abs(v) >= 0.0005}  # idle brokers' crumbs
+        row = {
+            "index": int(r[order]) if order == "series_index" and pd.notna(r[order]) else None,
+            "pipeline": r["pipeline"], "consumers": int(r["consumers"]), "messages": int(m),
+            "arm": bool(key[3] == "volume"), "block": block, "ms": _r(r[METRIC]),
+            "norm": _r(r.get(NORM)), "unit_ms": _r(r.get(UNIT), 3),
+            "steady_ms": _r(r.get("steady_ms_per_msg")), "fixed_cpu_s": _r(r.get("fixed_cpu_s"), 3),
+            "window_s": _r(r.get("window_s"), 2), "parts": parts,
+        }
+        claim = _claim_table((raw or {}).get(str(r.get("run_id")), {}))
+        if claim:
+            row["claim_table"] = claim
+        out.append(row)
+    return out
+
+
+def runs_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """The record's runs back as a frame with the column names the cost model reads
+    (``cpu_ms_per_msg``, ``steady_ms_per_msg``, ``fixed_cpu_s``, ``label`` ``volume`` for the arm)."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return pd.DataFrame(columns=["pipeline", "consumers", "messages", METRIC, "success", "warmup", "label"])
+    return df.assign(**{METRIC: df["ms"], "steady_ms_per_msg": df.get("steady_ms"),
+                        "fixed_cpu_s": df.get("fixed_cpu_s"), NORM: df.get("norm"), "success": True,
+                        "warmup": df["arm"], "label": np.where(df["arm"], "volume", "")})
+
+
+# -- cells and pairs ----------------------------------------------------------------------------
+
+def cells(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each cell (pipeline, N, messages, arm): median of its runs, [min, max] and the coverage of
+    that interval for the median (order statistics: 50 % with 2 runs, 75 % with 3)."""
+    out: list[dict[str, Any]] = []
+    if frame.empty:
+        return out
+    for (p, n, m, arm), g in frame.groupby(["pipeline", "consumers", "messages", "arm"], sort=True):
+        v = g["ms"].to_numpy(float)
+        out.append({"pipeline": p, "consumers": int(n), "messages": int(m), "arm": bool(arm), "runs": len(v),
+                    "median": _r(np.median(v)), "lo": _r(v.min()), "hi": _r(v.max()),
+                    "coverage": _r(order_coverage(len(v), 1), 3) if len(v) > 1 else None})
+    return out
+
+
+def pairs(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str]) -> list[dict[str, Any]]:
+    """broker − direct, ms CPU per message, for every block in which both ran at the same N and
+    volume (main runs only), raw and speed-normalised; ``gap`` is how many runs apart they ran
+    (1: back to back)."""
+    out = []
+    main = frame[~frame["arm"]] if not frame.empty else frame
+    for (n, m, block), g in main.groupby(["consumers", "messages", "block"], sort=True):
+        by = {r["pipeline"]: r for _, r in g.iterrows()}
+        for b in brokers:
+            for d in direct:
+                if b not in by or d not in by:
+                    continue
+                rb, rd = by[b], by[d]
+                gap = (abs(int(rb["index"]) - int(rd["index"]))
+                       if pd.notna(rb.get("index")) and pd.notna(rd.get("index")) else None)
+                out.append({"direct": d, "broker": b, "consumers": int(n), "messages": int(m), "block": int(block),
+                            "diff": _r(rb["ms"] - rd["ms"]), "ratio": _r(rb["ms"] / rd["ms"], 3),
+                            "diff_norm": _r(rb["norm"] - rd["norm"]) if pd.notna(rb.get("norm"))
+                            and pd.notna(rd.get("norm")) else None, "gap": gap})
+    return out
+
+
+def crossing_from(diffs: Mapping[int, Sequence[float]]) -> dict[str, Any]:
+    """The measured crossing from broker − direct differences per measured N (each N's pairs):
+    the broker pays off where the difference turns ≤ 0. ``between`` is the first pair of adjacent
+    measured N whose median differences change sign from > 0 to ≤ 0, ``at`` the linear
+    interpolation of those medians' zero between them; ``below`` when the broker is already cheaper
+    at the smallest N; ``beyond`` when it is dearer at every measured N (no crossing up to the
+    largest). ``clear``: every pair at both ends of ``between`` has the sign of its median (the runs'
+    spread does not reach across zero). ``monotone``: the sign changes once at most."""
+    ns = sorted(n for n, v in diffs.items() if len(v))
+    med = {n: float(np.median(diffs[n])) for n in ns}
+    out: dict[str, Any] = {"ns": ns, "median_diff": {str(n): _r(med[n]) for n in ns},
+                           "between": None, "at": None, "below": False, "beyond": False, "clear": None,
+                           "monotone": True}
+    if not ns:
+        return out
+    signs = [med[n] > 0 for n in ns]
+    out["monotone"] = sum(a != b for a, b in _pairs(signs)) <= 1
+    if not signs[0]:
+        out["below"] = True
+        out["clear"] = all(x <= 0 for x in diffs[ns[0]])
+        return out
+    for lo, hi in _pairs(ns):
+        if med[lo] > 0 >= med[hi]:
+            out["between"] = [lo, hi]
+            out["at"] = _r(lo + (hi - lo) * med[lo] / (med[lo] - med[hi]), 2)
+            out["clear"] = all(x > 0 for x in diffs[lo]) and all(x <= 0 for x in diffs[hi])
+            return out
+    out["beyond"] = True
+    out["clear"] = all(x > 0 for x in diffs[ns[-1]])
+    return out
+
+
+def _pairs(seq: Sequence[Any]) -> list[tuple[Any, Any]]:
+    return list(itertools.pairwise(seq))
+
+
+def crossings(pair_rows: Iterable[Mapping[str, Any]], *, key: str = "diff") -> list[dict[str, Any]]:
+    """:func:`crossing_from` for every (direct, broker, messages) among ``pair_rows``."""
+    df = pd.DataFrame(list(pair_rows))
+    out: list[dict[str, Any]] = []
+    if df.empty:
+        return out
+    df = df.dropna(subset=[key])
+    for (d, b, m), g in df.groupby(["direct", "broker", "messages"], sort=False):
+        diffs = {int(n): gg[key].astype(float).tolist() for n, gg in g.groupby("consumers")}
+        out.append({"direct": d, "broker": b, "messages": int(m), "basis": key, **crossing_from(diffs)})
+    return out
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+def model_base(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The quick model's inputs in this sitting: its runs at :data:`MODEL_VOLUME` (the main runs of
+    a quick sitting, the arm's of a reference one) and its arm at any other volume but the main one."""
+    runs = runs_frame(frame.to_dict("records")) if not frame.empty else runs_frame([])
+    main = runs[~runs["warmup"]]
+    arm = runs[runs["warmup"]]
+    main_volume = int(main["messages"].mode().iloc[0]) if not main.empty else MODEL_VOLUME
+    if main_volume == MODEL_VOLUME:
+        return main, arm[arm["messages"] != MODEL_VOLUME]
+    base = arm[arm["messages"] == MODEL_VOLUME].assign(warmup=False, label="")
+    return base, arm[(arm["messages"] != MODEL_VOLUME)]
+
+
+def predictions(frame: pd.DataFrame, *, volumes: Sequence[float] = PREDICT_AT) -> tuple[list[dict[str, Any]],
+                                                                                       list[dict[str, Any]]]:
+    """The quick model's F lines (F(N) = f0 + f1·(N − 1) CPU-s per start) and its prediction of every
+    (pipeline, N) at ``volumes``: the median over the model's runs of c + F(N)/M, beside the measured
+    median at that volume when this sitting measured it, and the error in %."""
+    base, arm = model_base(frame)
+    if base.empty or arm.empty:
+        return [], []
+    lines = crossover.fixed_lines(base, arm)
+    if lines.empty:
+        return [], []
+    fixed = [{"pipeline": r.pipeline, "f0": _r(r.f0, 3), "f1": _r(r.f1, 4), "fitted_at": list(r.fitted_at),
+              "volumes": sorted({int(MODEL_VOLUME), *(int(x) for x in arm["messages"].unique())})}
+             for r in lines.itertuples()]
+    main = frame[~frame["arm"]] if not frame.empty else frame
+    out = []
+    for m in volumes:
+        moved = crossover.at_volume_lines(base, lines, m)
+        for (p, n), g in moved.groupby(["pipeline", "consumers"]):
+            row = {"pipeline": p, "consumers": int(n), "messages": int(m), "predicted": _r(g[METRIC].median())}
+            meas = main[(main["pipeline"] == p) & (main["consumers"] == n) & (main["messages"] == m)]
+            if not meas.empty:
+                mv = float(meas["ms"].median())
+                row |= {"measured": _r(mv), "error_pct": _r(100 * (row["predicted"] - mv) / mv, 1)}
+            out.append(row)
+    return fixed, out
+
+
+def _answers(answers: Iterable[crossover.Answer]) -> list[dict[str, Any]]:
+    out = []
+    for a in answers:
+        r = a.range
+        out.append({"direct": a.direct, "broker": a.broker, "condition": a.condition,
+                    "range": [None if r is None or math.isinf(r[0]) else _r(r[0], 2),
+                              None if r is None or math.isinf(r[1]) else _r(r[1], 2)],
+                    "never": bool(r is not None and math.isinf(r[1])), "inside": a.measured,
+                    "n_range": list(a.n_range), "models": len(a.models)})
+    return out
+
+
+def modelled(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str], *, n_boot: int,
+             seed: int) -> dict[str, list[dict[str, Any]]]:
+    """The modelled N*: by volume with the quick model (its F lines), at ∞ from each main run's own
+    timeline, and at ∞ from the fit across volumes where every cell ran at two or more volumes."""
+    base, arm = model_base(frame)
+    out: dict[str, list[dict[str, Any]]] = {"by_volume": [], "steady_in_runs": [], "steady_across_volumes": []}
+    runs = runs_frame(frame.to_dict("records")) if not frame.empty else runs_frame([])
+    main = runs[~runs["warmup"]]
+    for b in brokers:
+        for d in direct:
+            with contextlib.suppress(ValueError, KeyError):
+                if not base.empty:
+                    out["by_volume"] += _answers(crossover.by_volume(base, d, b, arm=arm, n_boot=n_boot, seed=seed))
+            with contextlib.suppress(ValueError, KeyError):
+                steady = crossover.at_volume(main, math.inf)
+                if not steady.empty:
+                    out["steady_in_runs"] += _answers([crossover.crossings(
+                        steady, d, b, condition="M = ∞, each run's own timeline", n_boot=n_boot, seed=seed)])
+            with contextlib.suppress(ValueError, KeyError):
+                both = runs.assign(warmup=False)
+                fits = crossover.volume_fit(both[both["pipeline"].isin([d, b])])
+                cells_n = both[both["pipeline"].isin([d, b])].groupby(["pipeline", "consumers"]).ngroups
+                if not fits.empty and len(fits) == cells_n:
+                    out["steady_across_volumes"] += _answers([crossover.crossings(
+                        crossover.at_volume_fit(fits, math.inf), d, b, condition="M = ∞, fitted across volumes",
+                        n_boot=n_boot, seed=seed)])
+    return out
+
+
+# -- quietness ----------------------------------------------------------------------------------
+
+def quiet(runs: pd.DataFrame) -> dict[str, Any]:
+    """How undisturbed the sitting was: steal (%), the unattributed residual (ms/msg), the speed
+    probe's unit (ms: median, min, max and max ÷ min over the sitting's runs), the runs flagged slow,
+    the load average, the drift probe's change (%)."""
+    ok = _ok(runs)
+    out: dict[str, Any] = {}
+    if ok.empty:
+        return out
+    if "steal_pct" in ok:
+        steal = pd.to_numeric(ok["steal_pct"], errors="coerce").dropna()
+        out |= {"steal_pct_median": _r(steal.median(), 2), "steal_pct_max": _r(steal.max(), 2)} if len(steal) else {}
+    if "cpu_s.unattributed" in ok:
+        un = 1000 * pd.to_numeric(ok["cpu_s.unattributed"], errors="coerce") / ok["messages"].astype(float)
+        out["unattributed_ms_median"] = _r(un.median())
+    if UNIT in ok:
+        unit = pd.to_numeric(ok[UNIT], errors="coerce").dropna()
+        if len(unit):
+            out["speed_unit_ms"] = {"median": _r(unit.median(), 3), "min": _r(unit.min(), 3),
+                                    "max": _r(unit.max(), 3), "max_over_min": _r(unit.max() / unit.min(), 2)}
+            out["slow_runs"] = int((unit > 1.25 * unit.median()).sum())
+    if "loadavg_1m" in ok:
+        out["loadavg_1m_max"] = _r(pd.to_numeric(ok["loadavg_1m"], errors="coerce").max(), 2)
+    with contextlib.suppress(KeyError, ValueError, ZeroDivisionError):
+        d = costmodel.drift(ok)
+        if not d.empty:
+            out["drift_pct"] = _r(d["cpu_change_pct"].iloc[0], 1)
+    return out
+
+
+# -- the record ---------------------------------------------------------------------------------
+
+def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, machine: Mapping[str, Any],
+          raw: Mapping[str, Mapping[str, Any]] | None = None, capacity: Iterable[Mapping[str, Any]] = (),
+          wall_min: float | None = None, n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
+    """The sitting record of one series' stored runs (:func:`lab.results.load_runs` rows of that
+    series, failed and warm-up runs included: they are counted, not used). ``capacity``: the run.json
+    of the load staircases run beside it (their floors per second)."""
+    from lab.study.crossover import rate_lines, sides
+
+    all_ok = _ok(runs)
+    rows = run_rows(runs, raw)
+    frame = pd.DataFrame(rows)
+    direct, brokers = sides(frame["pipeline"]) if not frame.empty else ([], [])
+    pair_rows = pairs(frame, direct, brokers) if not frame.empty else []
+    fixed, predicted = predictions(frame) if not frame.empty else ([], [])
+    main = frame[~frame["arm"]] if not frame.empty else frame
+    started = runs["started_at"].dropna().astype(str) if "started_at" in runs else pd.Series([], dtype=str)
+    first = runs.iloc[0] if not runs.empty else pd.Series(dtype=object)
+    git = {"commit": str(first.get("git_sha") or "")[:12] or None,
+           "dirty": bool(runs["git_dirty"].fillna(False).astype(bool).any()) if "git_dirty" in runs else None}
+    scen = {k: first.get(k) for k in ("senders", "rate", "consumer_layout", "reset", "claim", "producer",
+                                      "work_delay_ms") if k in first}
+    record: dict[str, Any] = {
+        "schema": SCHEMA, "id": sitting_id, "profile": profile, "series_id": series_id,
+        "started_at": started.min()[:19] if len(started) else None,
+        "ended_at": started.max()[:19] if len(started) else None,
+        "day": started.min()[:10] if len(started) else None, "wall_min": _r(wall_min, 1),
+        **git, "machine": dict(machine),
+        "conditions": {**{k: (v.item() if hasattr(v, "item") else v) for k, v in scen.items()},
+                       "backend": first.get("backend"), "topology": first.get("topology") or "single",
+                       "claim_retention": "never pruned (truncated before each run)",
+                       "volumes": sorted({int(x) for x in main["messages"]}) if not main.empty else []},
+        "counts": {"runs": len(runs), "successful": len(all_ok),
+                   "failed": len(runs) - len(all_ok), "measured": len(main)},
+        "quiet": quiet(runs),
+        "runs": rows,
+        "cells": cells(frame),
+        "pairs": pair_rows,
+        "crossings": crossings(pair_rows) + crossings(pair_rows, key="diff_norm"),
+        "model": {"fixed": fixed, "predictions": predicted,
+                  **modelled(frame, direct, brokers, n_boot=n_boot, seed=seed)},
+    }
+    lines = rate_lines(capacity)
+    if not lines.empty:
+        record["rates"] = [{"pipeline": r.pipeline, "consumers": int(r.consumers), "a_cpu_per_s": _r(r.a_cpu_per_s),
+                            "b_ms_per_msg": _r(r.b_ms_per_msg)} for r in lines.itertuples()]
+    return record
+
+
+def from_store(series_id: str, *, profile: str, sitting_id: str, capacity_series_id: str = "",
+               wall_min: float | None = None, settings: Any = None, n_boot: int = 200) -> dict[str, Any]:
+    """:func:`build` on the stored runs of ``series_id`` (and the staircases of
+    ``capacity_series_id``), with this machine's facts: the record a report writes."""
+    from lab.measure.provenance import machine_facts
+    from lab.results import iter_runs, load_runs
+
+    runs = load_runs(settings=settings)
+    if runs.empty or "series_id" not in runs or not (runs["series_id"] == series_id).any():
+        raise ValueError(f"no stored run belongs to series {series_id!r}: nothing to record")
+    runs = runs[runs["series_id"] == series_id].reset_index(drop=True)
+    raw = {str(r["run_id"]): r for r in iter_runs(settings=settings)
+           if r.get("series_id") in (series_id, capacity_series_id)}
+    capacity = [r for r in raw.values() if capacity_series_id and r.get("series_id") == capacity_series_id]
+    return build(runs, sitting_id=sitting_id, profile=profile, series_id=series_id, machine=machine_facts(),
+                 raw=raw, capacity=capacity, wall_min=wall_min, n_boot=n_boot)

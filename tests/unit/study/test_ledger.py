@@ -1,0 +1,85 @@
+"""The ledger across sittings: findings with how many sittings they held in, a team's point answered
+inside or beyond what was measured, the two-level bootstrap, and the generated pages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lab.study import answer, ledger, published
+from tests.unit.study.test_sitting import M, record
+
+
+def two() -> list[dict[str, object]]:
+    a = record()
+    b = {**record(shift=0.02), "id": "s2", "day": "2026-12-07", "started_at": "2026-12-07T01:00:00"}
+    return [a, b]
+
+
+def test_findings_say_measured_and_how_many_sittings_held() -> None:
+    found = {f.question: f for f in ledger.findings(two())}
+    kafka = found["From which N does Kafka pay off at 100,000 messages per start?"]
+    assert kafka.kind == "measured" and kafka.held == "2 of 2 sittings"
+    assert "between N = 4 and 8" in kafka.sentence and "paired" in kafka.sentence
+    cheapest = found["Which option costs least at N = 4, 100,000 messages per start?"]
+    assert "`wal` costs least" in cheapest.sentence and cheapest.held == "2 of 2 sittings"
+    steady = found["And for a Debezium that is never restarted?"]
+    assert steady.kind == "modelled"
+    one = {f.question: f for f in ledger.findings(two()[:1])}
+    assert one["From which N does Kafka pay off at 100,000 messages per start?"].held == ""
+
+
+def test_smoke_and_ha_sittings_are_not_read() -> None:
+    smoke = {**record(), "id": "x", "profile": "smoke"}
+    ha = {**record(), "id": "y", "conditions": {"topology": "ha", "volumes": [M]}}
+    assert ledger.comparable([smoke, ha]) == []
+
+
+def test_answer_is_exact_at_a_measured_cell_and_says_beyond() -> None:
+    recs = two()
+    at = ledger.answer(recs, 4, M).set_index("pipeline")
+    assert at.loc["wal", "ms_per_msg"] == pytest.approx(0.8 + 0.15 + 0.005 + 0.01, abs=0.011)
+    assert at.loc["wal", "where"] == "inside what was measured" and at.loc["wal", "sittings"] == 2
+    far = ledger.answer(recs, 4, 1_000_000).set_index("pipeline")
+    assert far.loc["kafka", "where"] == "beyond what was measured (volume)"
+    # F + c·M through 5,000 and 100,000 at N = 4: kafka's F = 2 CPU-s is spread over 10 × more
+    assert far.loc["kafka", "ms_per_msg"] == pytest.approx(0.95 + 0.002 + 0.01, abs=0.02)
+    between = ledger.answer(recs, 6, M).set_index("pipeline")
+    assert between.loc["wal", "n"] == "inside" and between.loc["wal", "ms_per_msg"] == pytest.approx(1.06, abs=0.02)
+    assert ledger.answer(recs, 32, M).set_index("pipeline").loc["wal", "where"].endswith("(n)")
+    text = answer.text(recs, 16, 5_000)
+    assert "cheapest:" in text and "wal" in text
+
+
+def test_volume_curve_is_the_line_through_two_volumes() -> None:
+    f, c = 2.0, 0.5  # ms·msg: y = c + f/M
+    pts = {5_000: c + 1000 * f / 5_000, 100_000: c + 1000 * f / 100_000}
+    v, how = ledger._volume_curve(pts, 20_000)
+    assert how == "inside" and v == pytest.approx(c + 1000 * f / 20_000)
+    assert ledger._volume_curve(pts, float("inf")) == (pytest.approx(c), "beyond")
+
+
+def test_hierarchical_interval_widens_with_the_spread_between_sittings() -> None:
+    rng = np.random.default_rng(1)
+    same = [list(1.0 + 0.01 * rng.standard_normal(3)) for _ in range(4)]
+    apart = [[v + 0.3 * k for v in x] for k, x in enumerate(same)]
+    p1, lo1, hi1 = ledger.hierarchical_interval(same, n_boot=500)
+    _, lo2, hi2 = ledger.hierarchical_interval(apart, n_boot=500)
+    assert lo1 <= p1 <= hi1 and hi1 - lo1 < 0.05
+    assert hi2 - lo2 > 10 * (hi1 - lo1)
+    assert np.isnan(ledger.hierarchical_interval([])[0])
+
+
+def test_the_pages_carry_the_findings_and_the_readme_block_is_replaced() -> None:
+    recs = two()
+    md = published.results_markdown(recs)
+    for f in ledger.findings(recs):
+        assert f.sentence in md
+    assert "The quick model against the measurement" in md and "| `wal` N = 1 |" in md
+    block = published.readme_block(recs)
+    assert "Provisional" in block and "3 more quick sittings" in block  # no quick sitting yet
+    readme = f"# x\n\n{published.README_BEGIN}\nold\n{published.README_END}\n\nrest\n"
+    out = published.with_readme_block(readme, block)
+    assert "old" not in out and out.endswith("\n\nrest\n") and block in out
+    with pytest.raises(ValueError, match="no results markers"):
+        published.with_readme_block("# no markers\n", block)

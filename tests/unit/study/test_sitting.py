@@ -1,0 +1,116 @@
+"""The sitting record: a reference sitting's runs, made up with known costs, read back as the
+measured crossing, the quick model's prediction and its error."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pandas as pd
+import pytest
+
+from lab.study import ledger, sitting
+
+M = 100_000
+
+
+def _run(i: int, pipeline: str, n: int, messages: int, ms: float, *, label: str = "", warmup: bool = False,
+         unit: float = 1.0) -> dict[str, object]:
+    return {"run_id": f"r{i}", "series_index": i, "started_at": f"2026-12-06T22:{i // 60:02d}:{i % 60:02d}",
+            "pipeline": pipeline, "consumers": n, "messages": messages, "cpu_ms_per_msg": ms, "success": True,
+            "warmup": warmup, "label": label, "cpu_ms_per_msg_norm": ms / unit, "speed.unit_ms_median": unit,
+            "steady_ms_per_msg": ms * 0.9, "fixed_cpu_s": ms * 0.1 * messages / 1000, "window_s": 10.0,
+            "cpu_s.postgres": ms * messages / 2000, "cpu_s.consumers": ms * messages / 4000,
+            "pg.walsenders": 0.1 * n * messages / 1000 if pipeline == "wal" else None,
+            "pg.claims": 0.05 * messages / 1000 if pipeline == "wal" else None,
+            "steal_pct": 0.1, "cpu_s.unattributed": 0.02 * messages / 1000, "loadavg_1m": 1.5,
+            "git_sha": "abcdef1234567890", "git_dirty": False, "topology": "single", "backend": "native",
+            "senders": 200, "rate": 0.0}
+
+
+def wal_ms(n: int, messages: int) -> float:
+    return 0.8 + 0.05 * (n - 1)  # no start cost
+
+
+def kafka_ms(n: int, messages: int) -> float:
+    return 0.95 + 1000 * 2.0 / messages  # a flat steady cost and F = 2 CPU-s per start
+
+
+def reference_runs(*, shift: float = 0.0) -> pd.DataFrame:
+    """Two blocks of paired 100,000-message cells, a 5,000-message arm at every N, 20,000 at 1 and 16."""
+    rows, i = [], 0
+    rows.append(_run(i, "kafka", 1, 20_000, 2.0, label="warmup", warmup=True))
+    for block in range(2):
+        for n in (1, 4, 8, 12, 16):
+            for p, f in (("wal", wal_ms), ("kafka", kafka_ms)):
+                i += 1
+                rows.append(_run(i, p, n, M, f(n, M) + shift + 0.01 * block))
+            arm = [5_000] if block == 0 else ([20_000] if n in (1, 16) else [])
+            for m in arm:
+                for p, f in (("wal", wal_ms), ("kafka", kafka_ms)):
+                    i += 1
+                    rows.append(_run(i, p, n, m, f(n, m) + shift, label="volume", warmup=True))
+    return pd.DataFrame(rows)
+
+
+@functools.lru_cache(maxsize=4)
+def _record(shift: float) -> str:
+    return json.dumps(sitting.build(reference_runs(shift=shift), sitting_id="s1", profile="reference",
+                                    series_id="reference", machine={"id": "m1", "cpus": 2}, n_boot=50))
+
+
+def record(shift: float = 0.0) -> dict[str, object]:
+    """A reference sitting's record (built once per shift, a fresh copy each call)."""
+    return json.loads(_record(shift))
+
+
+def test_crossing_from_reads_the_first_sign_change_between_measured_n() -> None:
+    c = sitting.crossing_from({1: [0.2, 0.3], 4: [0.1, 0.05], 8: [-0.1, -0.2], 16: [-0.3]})
+    assert c["between"] == [4, 8] and c["at"] == pytest.approx(4 + 4 * 0.075 / 0.225, abs=0.01)
+    assert c["clear"] and c["monotone"] and not c["beyond"] and not c["below"]
+    straddle = sitting.crossing_from({4: [0.1, -0.02], 8: [-0.1, -0.2]})
+    assert straddle["between"] == [4, 8] and straddle["clear"] is False  # a pair at N = 4 already below 0
+    assert sitting.crossing_from({1: [0.3], 16: [0.1]})["beyond"]
+    assert sitting.crossing_from({1: [-0.1], 16: [-0.3]})["below"]
+    assert not sitting.crossing_from({1: [0.1], 4: [-0.1], 8: [0.1]})["monotone"]
+    assert sitting.crossing_from({})["between"] is None
+
+
+def test_a_reference_sitting_records_its_measured_crossing_and_the_models_error() -> None:
+    rec = record()
+    # kafka - wal = 0.97 - (0.8 + 0.05 (N - 1)): +0.17 at 1, +0.02 at 4, -0.18 at 8: between 4 and 8
+    c = ledger.crossing(rec, "wal", "kafka", M)
+    assert c is not None and c["between"] == [4, 8] and c["clear"]
+    assert c["at"] == pytest.approx(4 + 4 * 0.02 / 0.2, abs=0.05)
+    assert {n: len(v) for n, v in c["diffs"].items()} == {1: 2, 4: 2, 8: 2, 12: 2, 16: 2}
+    assert all(p["gap"] == 1 for p in rec["pairs"])  # back to back
+    # the quick model's F lines: kafka's F = 2 CPU-s, wal's none
+    fixed = {f["pipeline"]: f for f in rec["model"]["fixed"]}
+    assert fixed["kafka"]["f0"] == pytest.approx(2.0, abs=0.01) and fixed["wal"]["f0"] == pytest.approx(0, abs=0.01)
+    pred = {(p["pipeline"], p["consumers"]): p for p in rec["model"]["predictions"]}
+    assert set(pred) == {(p, n) for p in ("wal", "kafka") for n in (1, 4, 8, 12, 16)}
+    assert pred[("kafka", 4)]["predicted"] == pytest.approx(kafka_ms(4, M), abs=0.005)
+    assert abs(pred[("kafka", 4)]["error_pct"]) < 1.5  # the measured cells are 0.005 above on average
+    cells = {(c["pipeline"], c["consumers"], c["messages"]): c for c in rec["cells"]}
+    assert cells[("wal", 8, M)]["runs"] == 2 and cells[("wal", 8, M)]["coverage"] == 0.5
+    assert cells[("wal", 8, 5_000)]["arm"]
+    assert rec["counts"] == {"runs": 35, "successful": 35, "failed": 0, "measured": 20}
+    assert rec["conditions"]["volumes"] == [M] and rec["day"] == "2026-12-06"
+    assert rec["quiet"]["speed_unit_ms"]["max_over_min"] == 1.0
+    assert rec["model"]["steady_across_volumes"]  # every cell ran at two volumes or more
+    assert len(json.dumps(rec)) < 40_000  # a few kB a sitting: no samples
+
+
+def test_a_sitting_counts_failed_runs_and_leaves_them_out() -> None:
+    runs = reference_runs()
+    runs.loc[1, "success"] = False  # wal at N = 1 in the first block
+    rec = sitting.build(runs, sitting_id="s", profile="reference", series_id="x", machine={}, n_boot=20)
+    assert rec["counts"]["failed"] == 1 and rec["counts"]["measured"] == 19
+
+
+def test_the_claim_table_comes_from_the_vacuum_block() -> None:
+    run = {"vacuum": {"tables": {"end": {"inbox_wal": {"n_live_tup": 100000.0, "n_dead_tup": 12.0}}},
+                      "sizes": {"inbox_wal": {"index_bytes": 3_000_000, "heap_bytes": 4_000_000, "index_depth": 2}}}}
+    assert sitting._claim_table(run) == {"table": "inbox_wal", "rows": 100000, "dead": 12,
+                                         "index_bytes": 3_000_000, "heap_bytes": 4_000_000, "index_depth": 2}
+    assert sitting._claim_table({}) == {}
