@@ -6,10 +6,10 @@ the log end that are not yet acknowledged, those a member holds under its acquis
 included). ``DescribeShareGroupOffsets`` v1 (Kafka 4.2, the version ``kafka-share`` needs anyway)
 answers it; confluent-kafka 2.16 has no call for it, so :class:`ShareBacklog` speaks those two
 requests of the Kafka protocol itself (``FindCoordinator`` v4 for the group's coordinator, then
-``DescribeShareGroupOffsets`` v1 on one kept connection): a few hundred bytes a sample, from the
-runner's event loop, no client library and no child process. A sample is ``{"t", "messages"}``
-(the lag summed over the topic's partitions) with ``start_offset``; a failed reading is a gap
-``{"t", "error"}`` and the next one connects again.
+``DescribeShareGroupOffsets`` v1 on one kept connection, in :mod:`lab.stack.kafka_wire`'s
+encoding): a few hundred bytes a sample, from the runner's event loop, no client library and no
+child process. A sample is ``{"t", "messages"}`` (the lag summed over the topic's partitions) with
+``start_offset``; a failed reading is a gap ``{"t", "error"}`` and the next one connects again.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from lab.stack.kafka_wire import NO_TAGS, Reader, compact_array, compact_string, frame, uvarint
+
 FIND_COORDINATOR, FIND_COORDINATOR_VERSION = 10, 4
 DESCRIBE_OFFSETS, DESCRIBE_OFFSETS_VERSION = 90, 1  # v1 adds Lag (KIP-1226)
 CLIENT_ID = "fanout-lab-backlog"
 TIMEOUT_S = 4.0  # one reading (the coordinator found again, a connection, a request), at most
-NO_TAGS = b"\x00"  # an empty tagged-field section
 ERRORS = {3: "UNKNOWN_TOPIC_OR_PARTITION", 14: "COORDINATOR_LOAD_IN_PROGRESS", 15: "COORDINATOR_NOT_AVAILABLE",
           16: "NOT_COORDINATOR", 35: "UNSUPPORTED_VERSION", 69: "GROUP_ID_NOT_FOUND"}
 
@@ -38,30 +39,9 @@ class KafkaProtocolError(Exception):
         self.code = code
 
 
-# encoding (flexible versions: compact strings and arrays, tagged fields) ---------------------
-def uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | 0x80 if n else byte)
-        if not n:
-            return bytes(out)
-
-
-def compact_string(text: str) -> bytes:
-    data = text.encode()
-    return uvarint(len(data) + 1) + data
-
-
-def compact_array(items: list[bytes]) -> bytes:
-    return uvarint(len(items) + 1) + b"".join(items)
-
-
 def request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
-    """A framed request: header v2 (its client id in the old two-byte form), then ``body``."""
-    client = CLIENT_ID.encode()
-    message = struct.pack(">hhih", api_key, version, correlation, len(client)) + client + NO_TAGS + body
-    return struct.pack(">i", len(message)) + message
+    """A framed request of a flexible version (header v2), then ``body``."""
+    return frame(api_key, version, correlation, CLIENT_ID.encode(), body, flexible=True)
 
 
 def find_coordinator(group: str) -> bytes:
@@ -77,44 +57,6 @@ def describe_offsets(group: str, topic: str, partitions: int) -> bytes:
 
 
 # decoding --------------------------------------------------------------------------------------
-class Reader:
-    """Reads the fields of one answer in order."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.at = data, 0
-
-    def take(self, fmt: str) -> Any:
-        value = struct.unpack_from(fmt, self.data, self.at)[0]
-        self.at += struct.calcsize(fmt)
-        return value
-
-    def uvarint(self) -> int:
-        shift = value = 0
-        while True:
-            byte = self.data[self.at]
-            self.at += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-
-    def string(self) -> str | None:
-        size = self.uvarint() - 1
-        if size < 0:
-            return None
-        text = self.data[self.at:self.at + size].decode()
-        self.at += size
-        return text
-
-    def count(self) -> int:
-        return max(0, self.uvarint() - 1)
-
-    def skip_tags(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self.at += self.uvarint()
-
-
 def parse_coordinator(r: Reader) -> tuple[str, int]:
     """(host, port) from a ``FindCoordinator`` v4 answer; :class:`KafkaProtocolError` on an error code."""
     r.take(">i")  # throttle time

@@ -25,7 +25,7 @@ from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import DURABLE
-from lab.stack.kafka_broker import metadata_brokers
+from lab.stack.kafka_wire import metadata_brokers
 from lab.study.fault_matrix import profile as fault_profile
 from lab.study.presentation import fault_line
 
@@ -405,7 +405,7 @@ def test_slot_invalidation_of_a_sharded_reader_loses_rows_of_its_shards(stack: o
 def test_a_failed_restart_starts_the_stopped_broker(stack: object, settings: Settings) -> None:
     """The run fails (drain deadline) while Kafka is stopped for 10 min: the cleanup starts it
     again, and the next run uses it. (The wait for the restarted broker once ran librdkafka in the
-    test process and aborted it; it is a plain Kafka-protocol probe now, lab.stack.kafka_broker.)"""
+    test process and aborted it; it is a plain Kafka-protocol probe now, lab.stack.kafka_wire.)"""
     r = run(settings, pipeline="kafka", fault="broker-restart@1s+600s", drain_timeout_s=15)
     assert not r["success"] and "not drained" in r["error"]
     what = [e["what"] for e in r["fault"]["events"]]

@@ -9,19 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from lab.pipelines.share_lag import (
-    CLIENT_ID,
-    NO_TAGS,
-    Reader,
-    ShareBacklog,
-    compact_array,
-    compact_string,
-    describe_offsets,
-    find_coordinator,
-    parse_offsets,
-    request,
-    uvarint,
-)
+from lab.pipelines.share_lag import CLIENT_ID, ShareBacklog, describe_offsets, find_coordinator, parse_offsets, request
+from lab.stack.kafka_wire import NO_TAGS, Reader, compact_array, compact_string, uvarint
 
 
 def test_the_flexible_encoding() -> None:
