@@ -4,7 +4,9 @@ A pipeline has two halves that live in different processes:
 
 * :class:`Pipeline`, in the runner: resets its transport before a run (slots, topic, queue),
   holds the readiness gate after the consumers started, starts its CDC source (Debezium) if it
-  has one, and tears everything down afterwards.
+  has one, gives the reader of its broker's backlog (:class:`BacklogReader`) and tears everything
+  down afterwards. What it is (its :class:`Capabilities`) is declared on its class, read before a
+  run builds one.
 * :class:`Source`, in each consumer process: fills a batch from the transport, claims it in
   the inbox, and acknowledges positions. The consumer loop around it (work call, counters,
   stop) is the same for every pipeline and lives in :mod:`lab.consumer`.

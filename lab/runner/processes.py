@@ -55,13 +55,10 @@ class RunProcesses:
         self._ended: set[int] = set()  # consumers a fault ended for good (slot-invalidation)
         self._consumer_groups: list[cgroups.CpuGroup | None] = []  # set by participants()
         self._service_groups: dict[str, cgroups.CpuGroup | None] = {}  # a restarted service moves back in
+        self.helpers = dict(env.pipeline.capabilities.helpers)  # participant name -> module
         self._helpers_stopped = False
         self._http: aiohttp.ClientSession | None = None
         self._home = cgroups.current()  # the runner is lent to its group, then moved back
-
-    @property
-    def helpers(self) -> dict[str, str]:
-        return dict(self.env.pipeline.capabilities.helpers)
 
     def _spawn(self, name: str, argv: list[str], host: str | None = None) -> psutil.Popen:
         """``host``: the participant group it runs on under ``LAB_HOSTS=netns`` (None: the runner's)."""
