@@ -26,7 +26,7 @@ from lab.results import load_reference
 from lab.study import groups
 from lab.study.ha_nodes import rollup_nodes
 from lab.study.intervals import median_interval
-from lab.study.linefit import NAN_CI, Anchor, Interval, boot_draws, fit_line, t975
+from lab.study.linefit import NAN_CI, Anchor, Interval, boot_draws, fit_line, percentile_ci, t975
 
 METRIC = "cpu_ms_per_msg"
 NOISE_REL = 0.10  # the article's rule: under 10 % is stand drift
@@ -254,7 +254,7 @@ def crossover(fit: FanoutFit, level: Level, *, n_boot: int = 2000, seed: int = 0
         rise = b - lslope
         with np.errstate(divide="ignore", invalid="ignore"):
             draws = np.where(rise > 0, 1 + (lvl - a) / rise, np.inf)
-        ci, p_never = ci(draws), float(np.mean(rise <= 0))
+        ci, p_never = percentile_ci(draws), float(np.mean(rise <= 0))
     lo, hi = fit.n_range
     inside = n_star is not None and lo <= n_star <= hi
     method = fit.ci_method if fit.ci_method != "ols-t" else "parametric-t"

@@ -46,7 +46,7 @@ def t975(dof: int) -> float:
     return float(np.interp(0.975, cdf, t))
 
 
-def ci(draws: np.ndarray) -> Interval:
+def percentile_ci(draws: np.ndarray) -> Interval:
     lo, hi = np.quantile(np.asarray(draws, float), [0.025, 0.975], method="inverted_cdf")
     return float(lo), float(hi)
 
@@ -130,7 +130,7 @@ def fit_line(x: np.ndarray, y: np.ndarray, ys: np.ndarray, anchor: Anchor, n_boo
     counts = np.unique(x, return_counts=True)[1]
     if counts.max() >= 2:
         draws = boot_draws(x, y, ys, anchor, n_boot, np.random.default_rng(seed))
-        out |= dict(draws=draws, a_ci_boot=ci(draws[:, 0]), b_ci_boot=ci(draws[:, 1]))
+        out |= dict(draws=draws, a_ci_boot=percentile_ci(draws[:, 0]), b_ci_boot=percentile_ci(draws[:, 1]))
     if anchor == "ols" and ols and counts.size >= 3:
         design = np.column_stack([np.ones_like(x), x])
         dof = len(y) - 2
