@@ -26,7 +26,17 @@ import psycopg
 from lab.pg import slots
 from lab.settings import Settings
 from lab.stack import children, hosts, proc, remote_engine, stackdir
-from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
+from lab.stack.base import (
+    DEBEZIUM_SINKS,
+    DebeziumStart,
+    Endpoints,
+    ErlCall,
+    NativeService,
+    ServiceStatus,
+    StackError,
+    check_sink,
+    debezium_participant,
+)
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka_broker import KafkaCluster, KafkaService
 from lab.stack.postgres import PostgresService, reset_altered
@@ -39,7 +49,9 @@ log = logging.getLogger(__name__)
 
 
 class NativeStack:
-    """``up``/``down``/``status`` of the always-on services plus on-demand Debezium."""
+    """``up``/``down``/``status`` of the always-on services plus on-demand Debezium (a
+    :class:`~lab.stack.base.Stack`), and the control of those services, which are processes of its
+    own (its :class:`~lab.stack.base.ServiceControl`: :attr:`control` is itself)."""
 
     backend = "native"
 
@@ -76,10 +88,9 @@ class NativeStack:
         return [KafkaService(s), RabbitMQService(s)]
 
     @property
-    def service_names(self) -> tuple[str, ...]:
-        """The always-on participants, a name per node (``kafka-1``..3, ``rabbitmq-1``..3 and
-        ``postgres-standby`` under ``ha``)."""
-        return tuple(self.participants())[:-1]  # all but debezium
+    def control(self) -> NativeStack:
+        """Its services are processes of its own: it controls them itself."""
+        return self
 
     def endpoints(self) -> Endpoints:
         s = self.settings
@@ -249,12 +260,12 @@ class NativeStack:
             out += service.statuses() if isinstance(service, KafkaCluster | RabbitMQCluster) else [service.status()]
         return out
 
-    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumService:
+    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumStart:
         """Start one Debezium instance (:meth:`DebeziumService.start`: ``durable`` in fault runs,
         ``resume`` to restart it from its kept slot and offsets)."""
         service = self.debezium[check_sink(sink)]
         service.start(durable=durable, resume=resume)
-        return service
+        return DebeziumStart(sink, tuple(p.pid for p in service.processes()), service.last_start_s)
 
     def kill_debezium(self, sink: str) -> int | None:
         """SIGKILL one Debezium instance (a fault); its pid, or None when none ran."""
@@ -305,8 +316,8 @@ class NativeStack:
         # the node's own recorded tree only (proc.terminate with SIGKILL, which counts a zombie
         # as gone): node 1's epmd, in a directory of its own, serves the other two nodes here,
         # where on three hosts each would have its own
-        node = self.service(name)
-        state_dir = node.state_dir if isinstance(node, KafkaService) else node.dir  # type: ignore[attr-defined]
+        node = next(n for n in self._nodes() if n.name == name)
+        state_dir = node.state_dir if isinstance(node, KafkaService) else node.dir
         root = proc.running(state_dir)
         pids = [] if root is None else [root.pid, *(c.pid for c in _children(root))]
         proc.terminate(state_dir, timeout=0, sig=signal.SIGKILL)
@@ -353,20 +364,13 @@ class NativeStack:
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()
 
-    def debezium_processes(self, sink: str) -> list[psutil.Process]:
-        return self.debezium[check_sink(sink)].processes()
-
-    def counters(self) -> None:
-        """None: CPU is read from the services' process trees (:meth:`participants`)."""
-        return None
-
     def record(self) -> dict[str, Any]:
         """Local processes run no images."""
         return {"images": None}
 
     def participants(self) -> dict[str, list[psutil.Process]]:
-        """Participant name -> roots of its process trees (empty when not running)."""
-        debezium = [p for d in self.debezium.values() for p in d.processes()]
+        """Participant name -> roots of its process trees now (empty when not running)."""
+        each = {debezium_participant(sink): d.processes() for sink, d in self.debezium.items()}
         out = {"postgres": self.postgres.processes()}
         if self.standby is not None:
             out["postgres-standby"] = self.standby.processes()
@@ -378,7 +382,19 @@ class NativeStack:
             out |= {node.name: node.processes() for node in self.rabbitmq.nodes}
         else:
             out["rabbitmq"] = self.rabbitmq.processes()
-        return out | {"debezium": debezium}
+        return out | {"debezium": [p for roots in each.values() for p in roots]} | each
+
+    def processes(self, participant: str) -> list[psutil.Process]:
+        return self.participants().get(participant, [])
+
+    def queue_replicas(self, queue: str) -> dict[str, object] | None:
+        """The cluster's members of ``queue`` and its leader (``ha``); None on one node."""
+        return self.rabbitmq.queue_replicas(queue) if isinstance(self.rabbitmq, RabbitMQCluster) else None
+
+    def erl_call(self) -> ErlCall | None:
+        """``erl_call`` on the one RabbitMQ node; None for a cluster (its queue's backlog is then
+        read with a passive declare)."""
+        return self.rabbitmq.erl_call() if isinstance(self.rabbitmq, RabbitMQService) else None
 
 
 def _children(root: psutil.Process) -> list[psutil.Process]:

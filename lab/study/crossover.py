@@ -214,8 +214,8 @@ def sides(pipelines: Iterable[str]) -> tuple[list[str], list[str]]:
 
     present = set(pipelines)
     named = [name for name in REGISTRY if name in present]
-    return ([n for n in named if REGISTRY[n].pipeline.cdc_sink is None],
-            [n for n in named if REGISTRY[n].pipeline.cdc_sink is not None])
+    return ([n for n in named if REGISTRY[n].pipeline.capabilities.cdc_sink is None],
+            [n for n in named if REGISTRY[n].pipeline.capabilities.cdc_sink is not None])
 
 
 def answers_by_volume(measured: pd.DataFrame, arm: pd.DataFrame | None = None, *, n_boot: int = 500,
