@@ -388,22 +388,6 @@ def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float) -> Finding 
     return Finding(f"And for a slow steady stream ({rate:,.0f} msg/s)?", text, "modelled", held(n, n) if n > 1 else "")
 
 
-def sittings_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per sitting: id, day, profile, machine, commit, wall minutes, runs measured/failed,
-    steal (max %), unattributed (ms/msg), the speed probe's unit (median ms, max ÷ min), drift (%)."""
-    rows = []
-    for r in records:
-        q = r.get("quiet") or {}
-        unit = q.get("speed_unit_ms") or {}
-        rows.append({"sitting": r["id"], "day": r.get("day"), "profile": r.get("profile"),
-                     "machine": (r.get("machine") or {}).get("id"), "commit": r.get("commit"),
-                     "wall_min": r.get("wall_min"), "measured": (r.get("counts") or {}).get("measured"),
-                     "failed": (r.get("counts") or {}).get("failed"), "steal_max_pct": q.get("steal_pct_max"),
-                     "unattributed_ms": q.get("unattributed_ms_median"), "probe_ms": unit.get("median"),
-                     "probe_max_over_min": unit.get("max_over_min"), "drift_pct": q.get("drift_pct")})
-    return pd.DataFrame(rows)
-
-
 def by_sitting(values: Iterable[tuple[Mapping[str, Any], float]]) -> str:
     """``0.91 (12-06 quick), 0.95 (12-07 quick)``: each sitting's own value."""
     return ", ".join(f"{v:.2f} ({str(r.get('day'))[5:]} {r.get('profile')})" for r, v in values)
