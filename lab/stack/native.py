@@ -17,15 +17,13 @@ import contextlib
 import logging
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children, hosts, proc, remote_engine, stackdir
+from lab.stack import children, hosts, leftover_slots, proc, remote_engine, stackdir
 from lab.stack.base import (
     DEBEZIUM_SINKS,
     DebeziumStart,
@@ -126,7 +124,7 @@ class NativeStack:
                     started.append(service)
                     service.start()
                 if service is self.postgres:  # the topology's slot and setting on the primary
-                    self._drop_pending_slots()
+                    leftover_slots.drop_pending(self.settings)
                     configure_primary(self.settings)
                     reset_altered(self.settings.pg_primary_dsn)  # what a killed fault run left changed
         except BaseException:
@@ -190,8 +188,8 @@ class NativeStack:
             errors.append(str(exc))
         # the other topology's nodes too: `down` stops whatever this stack dir runs
         for service in [*self.debezium.values(), *self._other_topology(), *reversed(self.services)]:
-            if service is self.postgres and not purge:  # a purge deletes the cluster, its slots with it
-                self._drop_slots(errors)
+            if service is self.postgres and not purge and service.processes():  # a purge deletes the slots too
+                leftover_slots.drop_all(self.settings, errors)
             try:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
@@ -211,42 +209,6 @@ class NativeStack:
         if errors:
             kept = f"; state kept in {self.settings.stack_dir} (not purged)" if purge else ""
             raise StackError("could not stop cleanly: " + "; ".join(errors) + kept)
-
-    def _drop_slots(self, errors: list[str]) -> None:
-        """Drop every replication slot of the stack's private cluster (a killed run's readers'
-        or Debezium's): a slot left while the stack is down would pin WAL at the next start."""
-        if not self.postgres.processes():
-            return
-        if self.settings.netns and not hosts.routed(self.settings):  # its address leads off the machine now
-            # recorded: the next `up` drops them once PostgreSQL is reached again (they pin its WAL)
-            self.pending_slots.write_text(f"{hosts.NOT_UP}\n")
-            log.warning("replication slots not dropped (%s): the next `lab stack up` drops them", hosts.NOT_UP)
-            return
-        try:
-            dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
-        except psycopg.OperationalError as exc:
-            if not missing_database(str(exc), self.settings.pg_database):
-                errors.append(f"replication slots: {exc}")
-            else:  # an `up` killed before it created the database, and before any slot
-                log.info("no replication slots to drop: database %s does not exist yet", self.settings.pg_database)
-        except Exception as exc:
-            errors.append(f"replication slots: {exc}")
-        else:
-            if dropped:
-                log.info("dropped replication slots %s", ", ".join(dropped))
-
-    @property
-    def pending_slots(self) -> Path:
-        """The record of slots a ``down`` could not drop (the host layout was not routed then)."""
-        return self.settings.stack_dir / "slots.pending"
-
-    def _drop_pending_slots(self) -> None:
-        """Drop the slots a ``down`` left (:attr:`pending_slots`), now that PostgreSQL is reached."""
-        if not self.pending_slots.exists():
-            return
-        dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
-        log.info("dropped the replication slots an earlier `down` could not: %s", ", ".join(dropped) or "none")
-        self.pending_slots.unlink(missing_ok=True)
 
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other
@@ -401,9 +363,3 @@ def _children(root: psutil.Process) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         return root.children(recursive=True)
     return []
-
-
-def missing_database(error: str, database: str) -> bool:
-    """Whether a connection ``error`` says that ``database`` does not exist (the server's FATAL at
-    login; psycopg gives a connection's failure no SQLSTATE)."""
-    return f'database "{database}" does not exist' in error
