@@ -1,7 +1,7 @@
 """The relay of ``wal-relay``: one process that decodes the slot once and hands rows to the consumers.
 
-Run by the runner as a helper of the pipeline (:attr:`lab.pipelines.wal_relay.RelayPipeline.helpers`),
-measured as the participant ``relay``::
+Run by the runner as a helper of the pipeline (``helpers`` in
+:attr:`lab.pipelines.wal_relay.RelayPipeline.capabilities`), measured as the participant ``relay``::
 
     python -m lab.relay --run-dir DIR --scenario '{...}'
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import uvloop
 
-from lab.pipelines.wal_relay import HELPER, Relay
+from lab.pipelines.relay_stream import Relay
+from lab.pipelines.wal_relay import HELPER
 from lab.scenario import Scenario
 from lab.settings import get_settings
 

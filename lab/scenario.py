@@ -17,7 +17,9 @@ in ``s`` or ``ms`` (a bare number is seconds), START counted from the senders' g
 ``consumer-kill:1@10s`` or ``sink-outage@5s+3s``. This layer reads only that shared grammar
 (:func:`parse_fault`); the kinds, what each makes of its amount, target and duration, and where it
 applies are :mod:`lab.faults`'s (one module per kind; docs/faults.md), checked by
-:func:`lab.faults.check` before a run starts.
+:func:`lab.faults.check` before a run starts. Likewise ``pipeline`` is any name here: which names
+are registered and what each pipeline takes is :mod:`lab.pipelines`'s, checked by
+:func:`lab.pipelines.check`.
 
 A fault run needs ``producer="web"`` and one process per consumer: ``consumer_layout="auto"`` (the
 default) gives it that, ``tasks`` is refused.
@@ -56,7 +58,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-PIPELINE_NAMES = ("wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay", "kafka-share")
 PRODUCERS = ("web", "direct")
 RESETS = ("discard", "none")
 CONSUMER_LAYOUTS = ("auto", "tasks", "processes")
@@ -70,7 +71,7 @@ _TIME = re.compile(r"(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?")
 FAULT_GRAMMAR = "KIND[:TARGET]@START[+DURATION], e.g. consumer-kill:1@10s or sink-outage@5s+3s"
 DAY_S = 86_400.0
 #: the largest value of each float field: a run must end (a cooldown of a year holds the stack's
-#: lock as surely as one of ``inf``); the CLI's options carry the same bounds (lab.cli.SCENARIO_NUMBERS)
+#: lock as surely as one of ``inf``); the CLI's options carry the same bounds (lab.cli.options.SCENARIO_NUMBERS)
 FLOAT_LIMITS = {"rate": 1e7, "work_delay_ms": 3_600_000.0, "ready_timeout_s": DAY_S, "drain_timeout_s": 7 * DAY_S,
                 "cooldown_s": DAY_S, "step_s": 3600.0}
 
@@ -134,7 +135,7 @@ def step_plan(rates: tuple[float, ...], step_s: float) -> list[tuple[float, floa
 class Scenario:
     """What load a run applies. Validated on construction; errors are one clear line."""
 
-    pipeline: str = "wal"  # wal | wal-sharded | kafka | rabbitmq | poll | wal-filtered | wal-relay
+    pipeline: str = "wal"  # a registered pipeline's name (lab.pipelines.REGISTRY; lab.pipelines.check)
     consumers: int = 1  # N consumer processes
     messages: int = 100_000  # M messages sent, the divisor of the metric
     senders: int = 200  # closed-loop HTTP senders
@@ -162,10 +163,6 @@ class Scenario:
 
     def __post_init__(self) -> None:
         self._check_numbers()
-        if self.pipeline not in PIPELINE_NAMES:
-            raise ValueError(
-                f"unknown pipeline {self.pipeline!r}: choose one of {', '.join(PIPELINE_NAMES)}"
-            )
         if not 1 <= self.consumers <= MAX_CONSUMERS:
             raise ValueError(
                 f"consumers must be between 1 and {MAX_CONSUMERS} "
@@ -186,9 +183,6 @@ class Scenario:
         if self.claim_retention not in CLAIM_RETENTIONS:
             raise ValueError(f"unknown claim_retention {self.claim_retention!r}: choose one of "
                              f"{', '.join(CLAIM_RETENTIONS)}")
-        if self.producer == "direct" and self.pipeline == "kafka-share":
-            raise ValueError("kafka-share has no broker-native stand: producer='direct' writes the kafka "
-                             "pipeline's topic (run it with --pipeline kafka)")
         if self.producer == "direct" and self.rate:
             raise ValueError("rate needs producer='web': the direct producers are closed-loop only")
         for name in ("messages", "senders", "batch_size"):

@@ -8,9 +8,10 @@ injects itself (:meth:`Fault.inject`), restores what it held when the run ends e
 records of it (:meth:`Fault.record`) and when delivery resumed (:meth:`Fault.resume_s`).
 
 The runner drives it through :class:`FaultContext`: the run's settings, stack, pipeline and
-scenario, its consumers through a few calls, and the :class:`FaultState` the fault writes its
-events, its stopped processes and its stopped services into (what the runner's cleanup and the
-disk guard continue and start again). :class:`BaseFault` holds what every fault shares.
+scenario, the stack's service control (for a fault that declares it needs it, ``needs_control``),
+its consumers through a few calls, and the :class:`FaultState` the fault writes its events, its
+stopped processes and its stopped services into (what the runner's cleanup and the disk guard
+continue and start again). :class:`BaseFault` holds what every fault shares.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import psutil
 
 from lab.scenario import BROKER_NODES, FaultSpec, Scenario
 from lab.settings import Settings
+from lab.stack import controls_services
 
 if TYPE_CHECKING:
     from lab.pipelines.base import Pipeline, PipelineFactory
-    from lab.stack.base import Stack
+    from lab.stack.base import ServiceControl, Stack
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,13 +118,13 @@ class FaultState:
         if continued:  # the run ended (failed, interrupted, guard) while the fault held them stopped
             self.event(why, pids=continued)
 
-    def start_down(self, stack: Stack) -> None:
+    def start_down(self, control: ServiceControl) -> None:
         """Start every service the fault stopped and did not start again; never raises."""
         self.join_threads()  # a stop or start still under way in a thread ends first
         for name in list(self.down):
             try:  # stopped for sure, then started
-                stack.stop_service(name)
-                stack.start_service(name)
+                control.stop_service(name)
+                control.start_service(name)
                 self.event("started by cleanup", service=name)
             except Exception as exc:  # the run's error says the rest; this must be seen
                 log.error("fault cleanup: could not start %s again: %s", name, exc)
@@ -142,6 +144,12 @@ class FaultContext(Protocol):
     pipeline: Pipeline
     scenario: Scenario
     state: FaultState
+
+    @property
+    def control(self) -> ServiceControl:
+        """The stack's service control (a fault that uses it declares ``needs_control``; without one
+        the injection stops with :class:`RunStopped`)."""
+        ...
 
     def consumer(self, i: int) -> psutil.Popen:
         """Consumer ``i``'s process (the current one: a replacement after a kill)."""
@@ -177,7 +185,9 @@ class Fault(Protocol):
 
     kind: ClassVar[str]  # its KIND in the spec text, its key in lab.faults.FAULTS
     family: ClassVar[str]  # run.json's fault.family: its module (two kinds of one code share it)
-    native_only: ClassVar[bool]  # needs the native backend (a stack's process, flag or service it stops)
+    # needs the stack's service control (lab.stack.base.ServiceControl, the native backend's): a
+    # service, a process or a server flag of the stack it stops, kills or changes
+    needs_control: ClassVar[bool]
     targets: ClassVar[str]  # TARGETS
     lasting: ClassVar[str]  # LASTING
     amount_help: ClassVar[str | None]  # what =AMOUNT is, e.g. "=ROWS"; None: takes none
@@ -242,6 +252,11 @@ class Fault(Protocol):
         """Seconds until delivery resumed after it (``accounting.time_to_resume_s``), or None."""
         ...
 
+    def accounting(self, arrivals: Mapping[str, Any]) -> dict[str, Any]:
+        """Its own fields of run.json's ``accounting``, from the web service's arrivals (big-transaction:
+        when its last row was worked); none by default."""
+        ...
+
 
 @dataclass(eq=True)
 class BaseFault:
@@ -251,7 +266,7 @@ class BaseFault:
 
     kind: ClassVar[str] = ""
     family: ClassVar[str] = ""
-    native_only: ClassVar[bool] = False
+    needs_control: ClassVar[bool] = False
     targets: ClassVar[str] = "none"
     lasting: ClassVar[str] = "never"
     amount_help: ClassVar[str | None] = None
@@ -270,14 +285,14 @@ class BaseFault:
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
         if (why := self.target_refusal(scenario)) is not None:
             return why
-        if self.native_only and settings is not None and settings.backend != "native":
+        if self.needs_control and settings is not None and not controls_services(settings):
             return (f"fault {scenario.fault!r}: {self.kind} needs the native backend (LAB_BACKEND=native): "
                     f"the {settings.backend} backend's services are containers")
         return None
 
     def needs_debezium(self, scenario: Scenario, pipeline: PipelineFactory) -> str | None:
         """The shared rule of the faults of Debezium and its broker: the pipeline has a CDC sink."""
-        if pipeline.cdc_sink is None:
+        if pipeline.capabilities.cdc_sink is None:
             return (f"fault {scenario.fault!r}: {self.kind} needs Debezium and a broker "
                     f"(a pipeline with a Debezium sink; {pipeline.name} has none)")
         return None
@@ -321,7 +336,8 @@ class BaseFault:
 
     def restore(self, ctx: FaultContext, by: str = "cleanup") -> None:
         ctx.state.continue_stopped(f"continued by {by}")
-        ctx.state.start_down(ctx.stack)
+        if ctx.state.down:  # only a fault with the stack's service control stops a service
+            ctx.state.start_down(ctx.control)
 
     def lost_slot(self) -> Mapping[str, Any] | None:
         return None
@@ -341,10 +357,14 @@ class BaseFault:
     def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:
         return None
 
+    def accounting(self, arrivals: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
 
 def pipeline_refusal(fault: Fault, scenario: Scenario, pipeline: PipelineFactory) -> str | None:
     """What a pipeline itself says before any kind's own rule: it has no fault runs at all
     (``fault_refusal``)."""
-    if pipeline.fault_refusal is not None:
-        return f"fault {scenario.fault!r}: {pipeline.name} has no fault runs ({pipeline.fault_refusal})"
+    why = pipeline.capabilities.fault_refusal
+    if why is not None:
+        return f"fault {scenario.fault!r}: {pipeline.name} has no fault runs ({why})"
     return None

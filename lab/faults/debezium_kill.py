@@ -23,22 +23,21 @@ if TYPE_CHECKING:
 class DebeziumKill(BaseFault):
     kind: ClassVar[str] = "debezium-kill"
     family: ClassVar[str] = "debezium_kill"
-    native_only: ClassVar[bool] = True
+    needs_control: ClassVar[bool] = True
 
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
         return self.needs_debezium(scenario, pipeline) or super().refusal(scenario, pipeline, settings)
 
     async def inject(self, ctx: FaultContext) -> None:
-        sink = ctx.pipeline.cdc_sink
+        sink = ctx.pipeline.capabilities.cdc_sink
         assert sink is not None
-        pid = await ctx.state.off_loop(ctx.stack.kill_debezium, sink)
+        pid = await ctx.state.off_loop(ctx.control.kill_debezium, sink)
         if pid is None:
             raise RunStopped(f"no Debezium Server ({sink}) to kill")
         ctx.state.event("debezium killed", sink=sink, pid=pid)
-        await start_debezium_again(ctx)
-        service: Any = ctx.stack.debezium[sink]  # type: ignore[attr-defined]  # the native stack's
-        ctx.state.event("debezium restarted", sink=sink, pid=[p.pid for p in service.processes()],
-                        start_to_streaming_s=service.last_start_s)
+        started = await start_debezium_again(ctx)
+        ctx.state.event("debezium restarted", sink=sink, pid=list(started.pids),
+                        start_to_streaming_s=started.start_to_streaming_s)
         await held_again(ctx, SLOT[sink], None, "Debezium was restarted")
 
     def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:

@@ -28,7 +28,6 @@ import psycopg
 from lab.faults.base import RESUME_WAIT_S, BaseFault, FaultContext, FaultState, RunStopped
 from lab.faults.supervision import held_again, source_slot, start_debezium_again, supervise
 from lab.measure.recovery import longest_stall_after
-from lab.pipelines import PIPELINES
 from lab.scenario import FaultSpec, Scenario
 from lab.settings import Settings
 from lab.stack.debezium import START_TIMEOUT
@@ -37,6 +36,7 @@ from lab.stack.standby import PROMOTE_TIMEOUT
 
 if TYPE_CHECKING:
     from lab.pipelines.base import PipelineFactory
+    from lab.stack.base import Standby
 
 log = logging.getLogger(__name__)
 FAILOVER_MODES = ("immediate", "fast")  # how the primary stops
@@ -54,7 +54,7 @@ class PostgresFailover(BaseFault):
     kind: ClassVar[str] = "postgres-failover"
     family: ClassVar[str] = "failover"
     amount_help: ClassVar[str | None] = "=MODE"
-    native_only: ClassVar[bool] = True
+    needs_control: ClassVar[bool] = True
     stops_service: ClassVar[bool] = True
     stops_source: ClassVar[bool] = True
     mode: str = FAILOVER_MODES[0]
@@ -77,38 +77,37 @@ class PostgresFailover(BaseFault):
         return FAILOVER_SETTLE_S
 
     async def inject(self, ctx: FaultContext) -> None:
-        stack, state = ctx.stack, ctx.state
-        standby = stack.standby
+        control, state = ctx.control, ctx.state
+        standby = control.standby
         if standby is None:
             raise RunStopped("postgres-failover needs the ha topology's standby")
         waited, copies = await self._slots_synced(ctx, standby)
         state.event("slots synced on the standby", waited_s=waited, slots=copies)
         state.paused = True
         supervise(ctx)
-        sink = ctx.pipeline.cdc_sink
+        sink = ctx.pipeline.capabilities.cdc_sink
         try:
             state.event("primary stopping", mode=self.mode)
             self.failed_over = True  # from here on the cleanup fails back, whatever happens next
             # a future of its own: the cleanup waits for the thread even when this task is cancelled
             self.thread = asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(stack.fail_over, immediate=self.mode == "immediate"))
+                None, functools.partial(control.fail_over, immediate=self.mode == "immediate"))
             times = await asyncio.shield(self.thread)
             state.event("standby promoted", **times, slots=await state.off_loop(standby.slots))
             if sink is not None:  # its JVM retries the old primary's one address: move it
-                stack.move_debezium(sink, standby.port)
-                pid = await state.off_loop(stack.kill_debezium, sink)
+                control.move_debezium(sink, standby.port)
+                pid = await state.off_loop(control.kill_debezium, sink)
                 state.event("debezium stopped to move", sink=sink, pid=pid)
-                await start_debezium_again(ctx)
-                service: Any = stack.debezium[sink]  # type: ignore[attr-defined]  # the native stack's
-                state.event("debezium started on the new primary", sink=sink,
-                            pid=[p.pid for p in service.processes()], start_to_streaming_s=service.last_start_s)
+                started = await start_debezium_again(ctx)
+                state.event("debezium started on the new primary", sink=sink, pid=list(started.pids),
+                            start_to_streaming_s=started.start_to_streaming_s)
         finally:
             state.paused = False
         # Debezium was moved, the relay reconnects by itself: either holds its slot again
-        if (slot := source_slot(PIPELINES[ctx.scenario.pipeline])) is not None:
+        if (slot := source_slot(ctx.pipeline.capabilities)) is not None:
             await held_again(ctx, slot, None, "the standby was promoted")
 
-    async def _slots_synced(self, ctx: FaultContext, standby: Any) -> tuple[float, list[dict[str, Any]]]:
+    async def _slots_synced(self, ctx: FaultContext, standby: Standby) -> tuple[float, list[dict[str, Any]]]:
         """Wait until every failover slot of the primary has a synced, persistent copy on the
         standby; the seconds waited and the copies.
 
@@ -140,7 +139,7 @@ class PostgresFailover(BaseFault):
                 await asyncio.sleep(0.2)
 
     async def undo(self, ctx: FaultContext) -> None:
-        """Undo a failover (:meth:`lab.stack.native.NativeStack.fail_back`: the promoted standby
+        """Undo a failover (:meth:`lab.stack.base.ServiceControl.fail_back`: the promoted standby
         stops, the primary starts, the standby is rebuilt); never raises."""
         if not self.failed_over:
             return
@@ -151,7 +150,7 @@ class PostgresFailover(BaseFault):
         if thread is not None and thread.done() and not thread.cancelled():
             thread.exception()  # retrieved: the run recorded or logged it
         try:
-            await asyncio.to_thread(ctx.stack.fail_back)
+            await asyncio.to_thread(ctx.control.fail_back)
             self.failed_over = False
         except Exception as exc:  # the next `lab stack up` tries again (NativeStack.up)
             log.error("could not fail back after postgres-failover: %s: %s", type(exc).__name__, exc)

@@ -29,7 +29,7 @@ class BrokerNodeKill(BaseFault):
     family: ClassVar[str] = "node_kill"
     targets: ClassVar[str] = "node"
     lasting: ClassVar[str] = "optional"
-    native_only: ClassVar[bool] = True
+    needs_control: ClassVar[bool] = True
     stops_service: ClassVar[bool] = True
 
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
@@ -39,17 +39,16 @@ class BrokerNodeKill(BaseFault):
                 or super().refusal(scenario, pipeline, settings))
 
     async def inject(self, ctx: FaultContext) -> None:
-        name, stack, state = f"{ctx.pipeline.cdc_sink}-{self.target}", ctx.stack, ctx.state
+        name, control, state = f"{ctx.pipeline.capabilities.broker}-{self.target}", ctx.control, ctx.state
         supervise(ctx)
         state.down.append(name)
-        pids = await state.off_loop(stack.kill_node, name)
+        pids = await state.off_loop(control.kill_node, name)
         state.event("node killed", node=name, pids=pids)
         await asyncio.sleep(self.duration_s)
-        await state.off_loop(stack.start_service, name)
+        await state.off_loop(control.start_service, name)
         state.down.remove(name)
         ctx.attach(name)
-        service: Any = stack.service(name)  # type: ignore[attr-defined]  # the native stack's
-        state.event("node started", node=name, pid=[p.pid for p in service.processes()[:1]])
+        state.event("node started", node=name, pid=[p.pid for p in control.processes(name)[:1]])
 
     def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:
         killed = state.at().get("node killed")

@@ -21,38 +21,38 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from lab.faults.base import BaseFault, FaultContext, FaultState
 from lab.faults.supervision import held_again, source_slot, supervise
 from lab.measure.recovery import first_call_after
-from lab.pipelines import PIPELINES
 from lab.scenario import Scenario
 from lab.settings import Settings
 
 if TYPE_CHECKING:
-    from lab.pipelines.base import PipelineFactory
+    from lab.pipelines.base import Capabilities, PipelineFactory
 
 
 @dataclass
 class ServiceRestart(BaseFault):
     family: ClassVar[str] = "service_restart"
     lasting: ClassVar[str] = "optional"  # the outage before the start
-    native_only: ClassVar[bool] = True
+    needs_control: ClassVar[bool] = True
     stops_service: ClassVar[bool] = True
 
-    def service(self, pipeline: PipelineFactory) -> str:
+    def service(self, capabilities: Capabilities) -> str:
         """The stack's service it restarts."""
         raise NotImplementedError
 
     async def inject(self, ctx: FaultContext) -> None:
-        name, stack, state = self.service(PIPELINES[ctx.scenario.pipeline]), ctx.stack, ctx.state
+        capabilities, control, state = ctx.pipeline.capabilities, ctx.control, ctx.state
+        name = self.service(capabilities)
         supervise(ctx)
         state.down.append(name)
         t0 = time.monotonic()
-        await state.off_loop(stack.stop_service, name)
+        await state.off_loop(control.stop_service, name)
         state.event("service stopped", service=name, stop_s=round(time.monotonic() - t0, 3))
         await asyncio.sleep(self.duration_s)
-        await state.off_loop(stack.start_service, name)
+        await state.off_loop(control.start_service, name)
         state.down.remove(name)
         ctx.attach(name)
         state.event("service started", service=name)
-        slot = source_slot(PIPELINES[ctx.scenario.pipeline])
+        slot = source_slot(capabilities)
         if slot is None or not self.stops_source:  # a broker restart leaves Debezium's source side alone
             return
         # Debezium's connections broke: it restarts its task after a retriable error (or its JVM
@@ -72,9 +72,9 @@ class BrokerRestart(ServiceRestart):
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
         return self.needs_debezium(scenario, pipeline) or super().refusal(scenario, pipeline, settings)
 
-    def service(self, pipeline: PipelineFactory) -> str:
-        assert pipeline.cdc_sink is not None
-        return pipeline.cdc_sink  # the broker Debezium writes to is the service of that name
+    def service(self, capabilities: Capabilities) -> str:
+        assert capabilities.broker is not None  # a pipeline with a CDC sink has its broker
+        return capabilities.broker
 
 
 @dataclass
@@ -82,5 +82,5 @@ class PostgresRestart(ServiceRestart):
     kind: ClassVar[str] = "postgres-restart"
     stops_source: ClassVar[bool] = True
 
-    def service(self, pipeline: PipelineFactory) -> str:
+    def service(self, capabilities: Capabilities) -> str:
         return "postgres"

@@ -69,7 +69,7 @@ class SlotInvalidation(BaseFault):
     family: ClassVar[str] = "slot_invalidation"
     targets: ClassVar[str] = "consumer"
     amount_help: ClassVar[str | None] = "=KEEP, the keep size"
-    native_only: ClassVar[bool] = True  # ALTER SYSTEM cannot override a flag on the server's command line
+    needs_control: ClassVar[bool] = True  # ALTER SYSTEM cannot override a flag on the server's command line
     keep_mb: int = KEEP_MB
     invalidation: dict[str, Any] | None = field(default=None, compare=False)  # what happened
     keep_set: bool = field(default=False, compare=False)  # the keep size is lowered: restore() resets it
@@ -80,7 +80,7 @@ class SlotInvalidation(BaseFault):
         return cls(spec.target, spec.start_s, spec.duration_s or 0.0, keep)
 
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
-        if not pipeline.consumer_slots:
+        if not pipeline.capabilities.consumer_slots:
             return (f"fault {scenario.fault!r}: slot-invalidation needs a direct reader's slot "
                     f"(a pipeline whose consumers read their own slots; {pipeline.name}'s do not)")
         return super().refusal(scenario, pipeline, settings)

@@ -18,22 +18,23 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from lab.faults.base import RESUME_WAIT_S, FaultContext, RunStopped
+from lab.stack.base import DebeziumStart, debezium_participant
 from lab.stack.debezium import SLOT
 from lab.stack.proc import tied
 
 if TYPE_CHECKING:
-    from lab.pipelines.base import PipelineFactory
+    from lab.pipelines.base import Capabilities
 
 HELD_S = 2.0  # a slot is held again once one walsender has held it this long
 HOLDER_SQL = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s"
 
 
-def source_slot(pipeline: PipelineFactory) -> str | None:
+def source_slot(capabilities: Capabilities) -> str | None:
     """The one slot a process of the pipeline's own streams for every consumer: Debezium's on a
     pipeline with a CDC sink, a helper's (``helper_slot``, the relay's), else None."""
-    if pipeline.cdc_sink is not None:
-        return SLOT[pipeline.cdc_sink]
-    return pipeline.helper_slot
+    if capabilities.cdc_sink is not None:
+        return SLOT[capabilities.cdc_sink]
+    return capabilities.helper_slot
 
 
 async def holder(conn: psycopg.AsyncConnection[Any], slot: str) -> int | None:
@@ -65,14 +66,15 @@ async def held_again(ctx: FaultContext, slot: str, old: int | None, after: str,
     ctx.state.event("slot held again", slot=slot, pid=since[0], at_mono=since[1], at=since[2])
 
 
-async def start_debezium_again(ctx: FaultContext) -> None:
+async def start_debezium_again(ctx: FaultContext) -> DebeziumStart:
     """Start the pipeline's Debezium from its kept slot and offsets, tied to the runner as the run's
-    first one is, and move it into its participant's cgroup."""
-    sink = ctx.pipeline.cdc_sink
+    first one is, and move it into its participant's cgroup; what its start says."""
+    sink = ctx.pipeline.capabilities.cdc_sink
     assert sink is not None
     with tied():  # like the run's first Debezium: it dies with the runner
-        await ctx.state.off_loop(ctx.stack.start_debezium, sink, durable=True, resume=True)
+        started = await ctx.state.off_loop(ctx.stack.start_debezium, sink, durable=True, resume=True)
     ctx.attach("debezium")
+    return started
 
 
 def supervise(ctx: FaultContext) -> None:
@@ -82,13 +84,13 @@ def supervise(ctx: FaultContext) -> None:
 
 
 async def _supervise(ctx: FaultContext) -> None:
-    state, sink = ctx.state, ctx.pipeline.cdc_sink
+    state, sink = ctx.state, ctx.pipeline.capabilities.cdc_sink
     replacing: dict[int, asyncio.Task[None]] = {}
     try:
         while True:
             while state.down or state.paused:  # noqa: ASYNC110 -- a replacement could not connect yet
                 await asyncio.sleep(0.1)
-            if sink is not None and not ctx.stack.debezium_processes(sink):
+            if sink is not None and not ctx.control.processes(debezium_participant(sink)):
                 state.event("debezium exited", sink=sink)
                 await start_debezium_again(ctx)
                 state.event("debezium restarted by the lab", sink=sink)

@@ -14,13 +14,12 @@ import psycopg
 
 from lab.faults.base import BaseFault, FaultContext, FaultState, RunStopped
 from lab.faults.supervision import held_again, holder, source_slot
-from lab.pipelines import PIPELINES
 from lab.pipelines.wal import slot_name
 from lab.scenario import Scenario
 from lab.settings import Settings
 
 if TYPE_CHECKING:
-    from lab.pipelines.base import PipelineFactory
+    from lab.pipelines.base import Capabilities, PipelineFactory
 
 
 @dataclass
@@ -30,30 +29,31 @@ class WalsenderKill(BaseFault):
     targets: ClassVar[str] = "consumer"  # a consumer's slot; none where one slot streams for all (source_slot)
 
     def refusal(self, scenario: Scenario, pipeline: PipelineFactory, settings: Settings | None) -> str | None:
-        if self.target is not None and source_slot(pipeline) is not None:
-            whose = "Debezium's" if pipeline.cdc_sink is not None else f"its helper's ({', '.join(pipeline.helpers)})"
+        caps = pipeline.capabilities
+        if self.target is not None and source_slot(caps) is not None:
+            whose = "Debezium's" if caps.cdc_sink is not None else f"its helper's ({', '.join(caps.helpers)})"
             return (f"fault {scenario.fault!r}: on {pipeline.name} the walsender is {whose}; "
                     "write walsender-kill@T without a target")
-        if source_slot(pipeline) is None and not pipeline.consumer_slots:
+        if source_slot(caps) is None and not caps.consumer_slots:
             return (f"fault {scenario.fault!r}: walsender-kill needs a slot: {pipeline.name}'s consumers "
                     "read none and no process of its own streams one")
         return super().refusal(scenario, pipeline, settings)
 
     def resolved(self, scenario: Scenario, pipeline: PipelineFactory) -> Self:
-        return self if source_slot(pipeline) is not None else super().resolved(scenario, pipeline)
+        return self if source_slot(pipeline.capabilities) is not None else super().resolved(scenario, pipeline)
 
     def hit_consumers(self, scenario: Scenario) -> list[int]:
         return [self.target] if self.target is not None else []
 
-    def slot(self, pipeline: PipelineFactory) -> str:
+    def slot(self, capabilities: Capabilities) -> str:
         """The slot whose walsender it terminates."""
-        if (shared := source_slot(pipeline)) is not None:
+        if (shared := source_slot(capabilities)) is not None:
             return shared
         assert self.target is not None
         return slot_name(self.target)
 
     async def inject(self, ctx: FaultContext) -> None:
-        slot = self.slot(PIPELINES[ctx.scenario.pipeline])
+        slot = self.slot(ctx.pipeline.capabilities)
         async with await psycopg.AsyncConnection.connect(ctx.settings.pg_dsn, autocommit=True) as conn:
             pid = await holder(conn, slot)
             if pid is None:
@@ -63,7 +63,7 @@ class WalsenderKill(BaseFault):
             await held_again(ctx, slot, pid, "its walsender was terminated", conn)
 
     def record(self, pipeline: PipelineFactory, accounting: Mapping[str, Any] | None) -> dict[str, Any]:
-        return {**super().record(pipeline, accounting), "slot": self.slot(pipeline)}
+        return {**super().record(pipeline, accounting), "slot": self.slot(pipeline.capabilities)}
 
     def resume_s(self, state: FaultState, arrivals: Mapping[str, Any]) -> float | None:
         at = state.at()

@@ -31,10 +31,9 @@ import psutil
 
 from lab.measure.cgroups import attached, choose_cpu_method, tree_pids
 from lab.measure.sampler import Participant, Sampler
-from lab.measure.services import Source, service_names, service_sources
 from lab.settings import Settings, child_env
 from lab.stack import children, get_stack
-from lab.stack.base import DEBEZIUM_SINKS
+from lab.stack.base import DEBEZIUM_SINKS, ParticipantSource, debezium_participant, services
 from lab.stack.proc import exclusive, port_open, require_free, tied, wait_until
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ HA_SERVICES = ("postgres-standby", "kafka-1", "kafka-2", "kafka-3", "rabbitmq-1"
                "rabbitmq-3")  # the ha topology
 
 
-def _participant(name: str, roots: Source, settings: Settings, method: str) -> Participant:
+def _participant(name: str, roots: ParticipantSource, settings: Settings, method: str) -> Participant:
     if callable(roots):  # a container's counter (compose backend)
         return Participant(name, [], counter=roots)
     if method != "cgroup":  # LAB_CPU_METHOD asked for a tree walk: no group, as in a run
@@ -54,7 +53,7 @@ def _participant(name: str, roots: Source, settings: Settings, method: str) -> P
     return Participant(name, roots, cgroup=group)
 
 
-def sample_idle(settings: Settings, roots: Mapping[str, Source], seconds: float, *,
+def sample_idle(settings: Settings, roots: Mapping[str, ParticipantSource], seconds: float, *,
                 settle: float = 0.0) -> dict[str, Any]:
     """:meth:`Sampler.window` over ``seconds`` of the named process trees doing nothing, each in
     its own cgroup, or containers through their counters (after ``settle`` seconds, e.g. for something just started)."""
@@ -111,7 +110,8 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
     started: list[str] = []
     try:
         web = _start_web(settings)
-        roots: dict[str, Source] = dict(service_sources(stack, service_names(stack)))
+        sources = stack.participants()
+        roots: dict[str, ParticipantSource] = {n: sources[n] for n in services(sources)}
         roots["web"] = [web]
         if debezium:
             for sink in DEBEZIUM_SINKS:
@@ -119,7 +119,8 @@ def _measure_idle(settings: Settings, *, seconds: float, debezium: bool, say: Sa
                 started.append(sink)
                 with tied():  # dies with this process if it is killed
                     stack.start_debezium(sink)
-                roots.update(service_sources(stack, (f"debezium-{sink}",)))
+                name = debezium_participant(sink)
+                roots[name] = stack.participants()[name]
         say(f"idle baseline: sampling {', '.join(roots)} for {seconds:.0f} s")
         window = sample_idle(settings, roots, seconds, settle=min(1.0, seconds / 10))
     finally:

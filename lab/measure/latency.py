@@ -28,8 +28,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.scenario import PIPELINE_NAMES
-
 QUANTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 STATS = ("p50", "p95", "p99", "max")
 STAT_STYLE = {"p50": "-o", "p95": "--s", "p99": "-.^", "max": ":v"}
@@ -156,7 +154,9 @@ def latency_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = table.rename(columns={c: "due_" + c.rsplit(".", 1)[1] for c in due})
     table["runs"] = g.size()
     table = table.rename(columns=dict(zip(cols, STATS, strict=True))).reset_index()
-    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    from lab.pipelines import NAMES  # the registry's order (its modules load the broker clients: only here)
+
+    rank = {p: i for i, p in enumerate(NAMES)}
     table = table.sort_values(["pipeline", "consumers"],
                               key=lambda s: s.map(rank) if s.name == "pipeline" else s)
     return table.reset_index(drop=True)

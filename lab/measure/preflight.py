@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from lab.measure.cgroups import occupant
 from lab.settings import Settings
-from lab.stack.base import DEBEZIUM_SINKS, Stack, StackError
+from lab.stack.base import DEBEZIUM_SINKS, Stack, StackError, debezium_participant
 from lab.stack.children import require_clean
 from lab.stack.debezium import http_port
 
@@ -30,8 +30,8 @@ def check_clean(settings: Settings, stack: Stack) -> None:
     ports = {"the web service": settings.web_port,
              "the web service's control listener": settings.control_port}
     ours: set[int] = set()
-    if stack.backend == "native":  # containers publish their own ports
-        ours = {p.pid for sink in DEBEZIUM_SINKS for p in stack.debezium_processes(sink)}
+    if stack.control is not None:  # local processes (containers publish their own ports)
+        ours = {p.pid for sink in DEBEZIUM_SINKS for p in stack.control.processes(debezium_participant(sink))}
         ports |= {f"Debezium Server ({sink} sink)": http_port(settings, sink) for sink in DEBEZIUM_SINKS}
     require_clean(settings, ports, ours=ours)
     left = occupant(settings, services=SERVICE_GROUPS, ignore=ours)

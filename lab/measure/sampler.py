@@ -28,9 +28,6 @@ Decisions:
 * **Disjoint trees**: another participant's root is never walked into. ``children_*`` cannot be
   split, so a process that spawns other participants (the runner) is declared
   ``recursive=False``: its own user+system only.
-* **Resolution**: the kernel truncates every field to whole ticks (1/``SC_CLK_TCK`` s). A non-zero
-  field is read as its midpoint (+½ tick): this cancels for processes alive at both edges and
-  removes the undercount (≈ 10 ms per process) for processes that appear inside a window.
 * **Known gaps**: an orphan (its parent exited first) is reparented out of the tree; a child of a
   parent that ignores SIGCHLD is auto-reaped and its times are lost. The lab's services reap their
   own children (postmaster) or do not fork (JVMs, consumers).
@@ -48,18 +45,8 @@ Decisions:
   snapshot and every ``rss_every``-th background reading (4: every 2 s at the default period);
   the readings in between carry the last value. Memory moves slowly; CPU is read every time.
   A root found outside its participant's cgroup at a snapshot is logged (its CPU is not counted).
-* **CPU method of the walk** (``cpu_method``): ``proc-ticks`` reads ``utime + stime`` as above;
-  ``schedstat`` reads each live member's scheduler runtime instead (Σ of the first field of
-  ``/proc/<pid>/task/*/schedstat``, nanoseconds, exact for bursty processes) and keeps the
-  ``children_*`` ticks for what was reaped (the kernel sets those from the exited child's exact
-  runtime). The runner picks ``cgroup`` where it can (:func:`lab.measure.cgroups.choose_cpu_method`),
-  else ``schedstat``, else ``proc-ticks``, and stores which one it used with the run.
-* **Memory** of a participant is Σ private resident pages + the largest shared part, so shared
-  buffers mapped by every PostgreSQL backend count once (zombies count 0).
-* **Host busy** = user + nice + system + irq + softirq of ``/proc/stat``. Idle and iowait are not
-  busy, steal is CPU the hypervisor gave to another guest, guest/guest_nice are already in
-  user/nice. ``unattributed = host busy - Σ participants`` (kernel threads, other jobs, tick
-  rounding: it may be slightly negative, and the sign is kept).
+* **What a reading reads** (ticks and their resolution, the scheduler's runtime, memory, the
+  host's busy time): :mod:`lab.measure.procstat`.
 """
 
 from __future__ import annotations
@@ -70,16 +57,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import psutil
 
+from lab.measure import procstat
 from lab.measure.cgroups import CpuGroup
 
 log = logging.getLogger(__name__)
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 TIMELINE_COLUMNS = ("t", "participant", "cpu_s", "rss_mb")
 RESERVED = frozenset({"host", "unattributed"})
 _RETRIES = 3
@@ -87,101 +73,6 @@ WALK_METHODS = ("proc-ticks", "schedstat")
 
 Roots = Sequence[psutil.Process] | Callable[[], Iterable[psutil.Process]]
 _Trees = dict[str, list[tuple[tuple[int, int], list[int]]]]  # name -> [((pid, start), members)]
-
-
-class _Stat(NamedTuple):
-    ppid: int
-    zombie: bool
-    start: int  # ticks since boot; with the pid, the process identity
-    own: float  # utime + stime, ticks (midpoints)
-    reaped: float  # cutime + cstime, ticks (midpoints)
-    rss: int  # pages
-
-
-def _ticks(raw: bytes) -> float:
-    v = int(raw)
-    return v + 0.5 if v else 0.0
-
-
-#: Linux: readings parse /proc. Elsewhere (macOS, where only the compose backend runs) the same
-#: fields come from psutil (no reaped-children times on macOS: a short-lived child's CPU is lost).
-_PROC = os.path.isdir("/proc/self")
-
-
-def _psutil_stat(pid: int) -> _Stat | None:
-    try:
-        p = psutil.Process(pid)
-        with p.oneshot():
-            t = p.cpu_times()
-            return _Stat(p.ppid(), p.status() == psutil.STATUS_ZOMBIE, int(p.create_time() * CLK_TCK),
-                         (t.user + t.system) * CLK_TCK, (t.children_user + t.children_system) * CLK_TCK,
-                         int(p.memory_info().rss / (PAGE_MB * 2**20)))
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def _read_stat(pid: int) -> _Stat | None:
-    """One ``/proc/<pid>/stat`` read; None when the process is gone."""
-    if not _PROC:
-        return _psutil_stat(pid)
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    r = raw[raw.rindex(b")") + 2 :].split()  # fields 3.. (comm may contain spaces and parens)
-    return _Stat(int(r[1]), r[0] == b"Z", int(r[19]), _ticks(r[11]) + _ticks(r[12]),
-                 _ticks(r[13]) + _ticks(r[14]), int(r[21]))
-
-
-def _schedstat_ticks(pid: int) -> float | None:
-    """Σ scheduler runtime of the live threads of ``pid``, in ticks (None when unreadable)."""
-    base = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return None
-    ns = 0
-    for tid in tids:
-        try:
-            with open(f"{base}/{tid}/schedstat", "rb") as f:
-                ns += int(f.read().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that exited meanwhile: its runtime is in the process's own total
-    return ns * CLK_TCK / 1e9
-
-
-def _memory(pid: int, rss_pages: int) -> tuple[int, int]:
-    """(private, shared) resident pages of ``pid`` from ``/proc/<pid>/statm``.
-
-    A participant's memory is Σ private + the largest shared part: PostgreSQL's backends all
-    map the same shared buffers, and summing their RSS would count those once per backend
-    (4 GB for 220 backends where the server really holds ~0.5 GB).
-    """
-    if not _PROC:
-        return rss_pages, 0
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            fields = f.read().split()
-        resident, shared = int(fields[1]), int(fields[2])
-    except (OSError, IndexError, ValueError):
-        return rss_pages, 0
-    return resident - shared, shared
-
-
-def _group_rss_mb(pids: Iterable[int]) -> float:
-    """Σ private + the largest shared part of ``pids`` (gone and zombie processes count 0)."""
-    private = shared = 0
-    for pid in pids:
-        p, sh = _memory(pid, 0)
-        private, shared = private + p, max(shared, sh)
-    return round((private + shared) * PAGE_MB, 1)
-
-
-def host_busy_s() -> float:
-    """Busy CPU-seconds of the whole host since boot (see the module docstring)."""
-    t = psutil.cpu_times()
-    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 @dataclass(frozen=True)
@@ -220,12 +111,12 @@ class Snapshot:
     sampler_cpu_s: float
 
 
-class _Round(dict[int, _Stat | None]):
+class _Round(dict[int, procstat.Stat | None]):
     """The stats read during one reading attempt, each pid at most once."""
 
-    def get_stat(self, pid: int) -> _Stat | None:
+    def get_stat(self, pid: int) -> procstat.Stat | None:
         if pid not in self:
-            self[pid] = _read_stat(pid)
+            self[pid] = procstat.read_stat(pid)
         return self[pid]
 
 
@@ -342,13 +233,13 @@ class Sampler:
                     cpu[part.name] = part.cgroup.usage_s()
                     if rss_due or part.name not in self._rss:
                         pids = set(part.cgroup.pids())
-                        self._rss[part.name] = _group_rss_mb(pids)
+                        self._rss[part.name] = procstat.group_rss_mb(pids)
                         if full:
                             self._check_roots(part, pids)
                     rss[part.name] = self._rss[part.name]
             order = [p.name for p in self.participants]
             cpu, rss = {n: cpu[n] for n in order}, {n: rss[n] for n in order}
-            snap = Snapshot(time.monotonic(), time.time(), cpu, rss, host_busy_s(), self._own_cpu)
+            snap = Snapshot(time.monotonic(), time.time(), cpu, rss, procstat.host_busy_s(), self._own_cpu)
             self._timeline.append(snap)
             return snap
 
@@ -357,7 +248,7 @@ class Sampler:
         for root in part.current_roots():
             if root.pid in pids or (part.name, root.pid) in self._outside:
                 continue
-            if (st := _read_stat(root.pid)) is None or st.zombie:
+            if (st := procstat.read_stat(root.pid)) is None or st.zombie:
                 continue
             self._outside.add((part.name, root.pid))
             log.warning("participant %s: root pid %s is not in its cgroup %s; "
@@ -370,7 +261,7 @@ class Sampler:
         Participants with a cgroup are not walked; their roots still bound the others' walks.
         """
         rnd = _Round()
-        pids = {int(n) for n in os.listdir("/proc") if n.isdigit()} if _PROC else set(psutil.pids())
+        pids = {int(n) for n in os.listdir("/proc") if n.isdigit()} if procstat.PROC else set(psutil.pids())
         self._ppid = {pid: pp for pid, pp in self._ppid.items() if pid in pids}
         for pid in pids if full else (pids - self._ppid.keys()) | (self._members & pids):
             if (st := rnd.get_stat(pid)) is not None:
@@ -408,7 +299,7 @@ class Sampler:
     def _consistent(self, rnd: _Round) -> bool:
         """True if no member vanished or reaped a child since it was read in this round."""
         for pid in self._members:
-            first, now = rnd.get_stat(pid), _read_stat(pid)
+            first, now = rnd.get_stat(pid), procstat.read_stat(pid)
             if first is None:
                 continue
             if now is None or (now.start, now.reaped) != (first.start, first.reaped):
@@ -425,14 +316,14 @@ class Sampler:
                 ticks = 0.0
                 for pid in members:
                     if (st := rnd.get_stat(pid)) is not None:
-                        own = _schedstat_ticks(pid) if exact and not st.zombie else None
+                        own = procstat.schedstat_ticks(pid) if exact and not st.zombie else None
                         ticks += (st.own if own is None else own) + (st.reaped if part.recursive else 0.0)
                         if not st.zombie:
-                            p, sh = _memory(pid, st.rss)
+                            p, sh = procstat.memory(pid, st.rss)
                             private, shared = private + p, max(shared, sh)
                 last[key] = ticks
-            cpu[part.name] = sum(last.values()) / CLK_TCK
-            rss[part.name] = round((private + shared) * PAGE_MB, 1)
+            cpu[part.name] = sum(last.values()) / procstat.CLK_TCK
+            rss[part.name] = round((private + shared) * procstat.PAGE_MB, 1)
         return cpu, rss
 
     def timeline(self) -> list[Snapshot]:

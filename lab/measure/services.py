@@ -15,41 +15,19 @@ import psutil
 
 from lab.measure.cgroups import CpuGroup
 from lab.measure.sampler import Participant
-from lab.stack.base import Counter, Stack
+from lab.stack.base import Stack, services
 
-Source = list[psutil.Process] | Counter
 GroupFor = Callable[[str, list[psutil.Process]], CpuGroup | None]
 
 
-SINGLE_SERVICES = ("postgres", "kafka", "rabbitmq")
-
-
-def service_names(stack: Stack) -> tuple[str, ...]:
-    """The stack's always-on participants: one per node (the ``ha`` topology's ``kafka-1``..3
-    and ``postgres-standby``; the compose backend runs the single topology only)."""
-    return stack.service_names
-
-
-def service_sources(stack: Stack, names: tuple[str, ...]) -> dict[str, Source]:
-    """Name -> the service's process roots (native) or its container counter (compose).
-
-    Names: those of :func:`service_names`, ``debezium`` (both instances) and
-    ``debezium-<sink>`` (one instance).
-    """
-    c = stack.counters()
-    if c is not None:
-        return {n: c[n] for n in names}
-    roots = stack.participants()
-    return {n: stack.debezium_processes(n.split("-", 1)[1]) if n.startswith("debezium-") else roots[n]
-            for n in names}
-
-
-def service_participants(stack: Stack, names: tuple[str, ...], group: GroupFor) -> list[Participant]:
-    """Participants for the stack's services: a container counter, or process roots asked at
-    every tree walk with a cgroup from ``group`` (name, current roots)."""
-    sources = service_sources(stack, names)
+def service_participants(stack: Stack, group: GroupFor) -> list[Participant]:
+    """Participants for the stack's always-on services and its Debezium (both instances as one):
+    a container counter, or process roots asked at every tree walk with a cgroup from ``group``
+    (name, current roots)."""
+    sources = stack.participants()
     parts = []
-    for name, source in sources.items():
+    for name in (*services(sources), "debezium"):
+        source = sources[name]
         if callable(source):
             parts.append(Participant(name, [], counter=source))
         else:
@@ -60,7 +38,7 @@ def service_participants(stack: Stack, names: tuple[str, ...], group: GroupFor) 
 def _roots(stack: Stack, name: str) -> Callable[[], Iterable[Any]]:
     """The service's process roots, asked again at every walk (a restarted service is the same participant)."""
     def roots() -> Iterable[Any]:
-        source = service_sources(stack, (name,))[name]
+        source = stack.participants()[name]
         return [] if callable(source) else source
     return roots
 

@@ -25,14 +25,8 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
-from lab.pg.pgoutput import (
-    XLogData,
-    format_lsn,
-    parse_copy_data,
-    parse_lsn,
-    protocol_version,
-    standby_status_update,
-)
+from lab.pg.pgoutput import protocol_version
+from lab.pg.walstream import XLogData, format_lsn, parse_copy_data, parse_lsn, standby_status_update
 
 log = logging.getLogger(__name__)
 

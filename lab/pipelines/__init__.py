@@ -1,7 +1,11 @@
 """The pipelines, registered by name; the name is the CLI value, result field and label.
 
 A pipeline is two classes with one constructor shape each (:class:`PipelineFactory`,
-:class:`SourceFactory`) and one line in :data:`REGISTRY`.
+:class:`SourceFactory`) and one line in :data:`REGISTRY`; what it is (its
+:class:`~lab.pipelines.base.Capabilities`) is declared on its class, and only its own module
+decides anything by its name. :func:`check` says in one line why a scenario does not fit its
+pipeline (the twin of :func:`lab.faults.check`); the CLI and :func:`lab.runner.run_scenario` call it
+before anything starts.
 """
 
 from __future__ import annotations
@@ -9,7 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.pipelines.base import Pipeline, PipelineFactory, SharedResources, Source, SourceFactory
+from lab.pipelines.base import (
+    BacklogReader,
+    Capabilities,
+    Pipeline,
+    PipelineFactory,
+    SharedResources,
+    Source,
+    SourceFactory,
+)
 from lab.pipelines.kafka import KafkaPipeline, KafkaSource
 from lab.pipelines.kafka_share import KafkaSharePipeline, KafkaShareSource
 from lab.pipelines.poll import PollPipeline, PollSource
@@ -33,8 +45,8 @@ class Registered:
 
 REGISTRY: dict[str, Registered] = {
     "wal": Registered(WalPipeline, WalSource, "C0"),
-    "kafka": Registered(KafkaPipeline, KafkaSource, "C3"),
     "wal-sharded": Registered(ShardedWalPipeline, ShardedWalSource, "C2"),
+    "kafka": Registered(KafkaPipeline, KafkaSource, "C3"),
     "rabbitmq": Registered(RabbitPipeline, RabbitSource, "C1"),
     "poll": Registered(PollPipeline, PollSource, "C5"),
     "wal-filtered": Registered(FilteredWalPipeline, FilteredWalSource, "C4"),
@@ -43,15 +55,23 @@ REGISTRY: dict[str, Registered] = {
 }
 PIPELINES: dict[str, PipelineFactory] = {name: r.pipeline for name, r in REGISTRY.items()}
 SOURCES: dict[str, SourceFactory] = {name: r.source for name, r in REGISTRY.items()}
+NAMES = tuple(REGISTRY)  # the order of every table, series and legend
 
 
 def check(scenario: Scenario) -> None:
-    """The scenario's options that only some pipelines take, refused elsewhere in one line (by the
-    pipeline's capabilities, never its name): ``claim_retention`` prunes ``inbox_wal``."""
-    pipeline = PIPELINES[scenario.pipeline]
-    if scenario.claim_retention != "never" and pipeline.inbox_table != "inbox_wal":
+    """ValueError (one line) when ``scenario``'s pipeline is not registered, or does not take what
+    the scenario asks of it (a broker-native stand, ``producer="direct"``; ``claim_retention``, which
+    prunes ``inbox_wal``)."""
+    registered = REGISTRY.get(scenario.pipeline)
+    if registered is None:
+        raise ValueError(f"unknown pipeline {scenario.pipeline!r}: choose one of {', '.join(NAMES)}")
+    capabilities = registered.pipeline.capabilities
+    why = capabilities.stand_refusal
+    if scenario.producer == "direct" and why is not None:
+        raise ValueError(f"{scenario.pipeline} has no broker-native stand: {why}")
+    if scenario.claim_retention != "never" and capabilities.inbox_table != "inbox_wal":
         raise ValueError(f"claim_retention {scenario.claim_retention!r} prunes the direct readers' claim table "
-                         f"inbox_wal; {scenario.pipeline} claims in {pipeline.inbox_table}: use never")
+                         f"inbox_wal; {scenario.pipeline} claims in {capabilities.inbox_table}: use never")
 
 
 def source_for(
@@ -66,5 +86,5 @@ def source_for(
     return SOURCES[scenario.pipeline](scenario, settings, index, run_dir=run_dir, shared=shared)
 
 
-__all__ = ["PIPELINES", "REGISTRY", "SOURCES", "Pipeline", "PipelineFactory", "Registered", "Source",
-           "SourceFactory", "check", "source_for"]
+__all__ = ["NAMES", "PIPELINES", "REGISTRY", "SOURCES", "BacklogReader", "Capabilities", "Pipeline",
+           "PipelineFactory", "Registered", "Source", "SourceFactory", "check", "source_for"]

@@ -1,4 +1,6 @@
-"""The broker's backlog during a fault run, about once a second; read by the runner.
+"""The brokers' backlog readers of ``kafka`` and ``rabbitmq`` (:class:`lab.pipelines.base.BacklogReader`):
+a fault run's backlog, about once a second; each pipeline gives its own (``Pipeline.backlog``,
+``kafka-share``'s is :mod:`lab.pipelines.share_lag`), the runner samples it.
 
 * **Kafka**: Σ over the topic's 2N partitions of (log end offset − the run's group's committed
   offset; the log start offset when the group committed none), what ``kafka-consumer-groups``
@@ -12,7 +14,7 @@
   whole process (SIGABRT in ``AdminClient.list_topics``) while a broker restarted: an abort here
   costs a gap, and the reader starts the child again. The runner starts it before the consumers
   (:meth:`lab.runner.fault_sampling.FaultSampling.prepare`: Python and librdkafka take seconds to start on
-  a loaded machine) and moves it into its own cgroup at the gate: its CPU is the runner's.
+  a loaded machine) and moves it into the runner's cgroup at the gate: its CPU is the runner's.
 * **RabbitMQ**: the quorum queue's messages ready + unacknowledged (delivered to a consumer, not
   yet acked: a stopped consumer's prefetch). The node runs no management plugin (it would add a
   statistics collector to the measured broker) and ``rabbitmqctl list_queues`` boots an Erlang VM
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.stack import children
+from lab.stack.base import ErlCall
 
 log = logging.getLogger(__name__)
 SAMPLE_S = 1.0
@@ -49,16 +52,6 @@ ERL_CALL_TRIES = 3  # erl_call failed this often while the broker answered: read
 RESTARTS = 20  # Kafka: children started again after an exit, at most
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 _ERL_RESULT = re.compile(rb"\{ok,\s*\{(\d+),\s*(\d+)\}\}")
-
-
-def reader_for(run: Any) -> KafkaBacklog | RabbitBacklog | None:
-    """The backlog reader of ``run``'s pipeline (a :class:`lab.runner.Run`), None without a broker."""
-    pipeline = run.pipeline
-    if pipeline.name == "kafka":
-        return KafkaBacklog(run.settings, pipeline.topic, pipeline.group, pipeline.partitions, run.scratch)
-    if pipeline.name == "rabbitmq":
-        return RabbitBacklog(run.settings, run.stack.rabbitmq, pipeline.queue)
-    return None
 
 
 # Kafka -----------------------------------------------------------------------------------------
@@ -185,9 +178,11 @@ class RabbitBacklog:
 
     where = "rabbitmq"
 
-    def __init__(self, settings: Any, service: Any, queue: str) -> None:
+    def __init__(self, settings: Any, erl_call: ErlCall | None, queue: str) -> None:
+        """``erl_call``: how to evaluate Erlang on the node (:meth:`lab.stack.base.ServiceControl.erl_call`),
+        None where the stack cannot (the compose backend, a cluster)."""
         self.settings, self.queue = settings, queue
-        self.erl_call = service.erl_call() if service is not None and hasattr(service, "erl_call") else None
+        self.erl_call = erl_call
         self.erl_call_ok = False  # it answered once: later failures are gaps, not a reason to give up
         self.erl_call_failed = 0  # failures in a row while the broker answered a declare
         self._conn: Any = None

@@ -4,7 +4,9 @@ A pipeline has two halves that live in different processes:
 
 * :class:`Pipeline`, in the runner: resets its transport before a run (slots, topic, queue),
   holds the readiness gate after the consumers started, starts its CDC source (Debezium) if it
-  has one, and tears everything down afterwards.
+  has one, gives the reader of its broker's backlog (:class:`BacklogReader`) and tears everything
+  down afterwards. What it is (its :class:`Capabilities`) is declared on its class, read before a
+  run builds one.
 * :class:`Source`, in each consumer process: fills a batch from the transport, claims it in
   the inbox, and acknowledges positions. The consumer loop around it (work call, counters,
   stop) is the same for every pipeline and lives in :mod:`lab.consumer`.
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -103,29 +105,77 @@ class Source(Protocol):
         """Release everything; never raises."""
 
 
-class Pipeline(Protocol):
-    """The runner's half of a pipeline."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a pipeline is, declared once on its class and read before a run builds one: by the runner,
+    the faults (where a fault applies), the study (which side of the question a pipeline is on) and
+    :func:`lab.pipelines.check`. Never decided from a pipeline's name. A pipeline states only what
+    differs from these defaults (a broker-less competing-consumer design with no slot of its own)."""
 
-    name: ClassVar[str]
-    fan_out: ClassVar[bool]  # every consumer sees every row (skipped = (N-1)·M)
-    inbox_table: ClassVar[str]  # "inbox" or "inbox_wal"
-    cdc_sink: ClassVar[str | None]  # Debezium sink this pipeline needs, if any
-    consumes_outbox: ClassVar[bool]  # consumers delete finished rows from ``messages`` (poll)
+    fan_out: bool = False  # every consumer sees every row (skipped = (N-1)·M)
+    inbox_table: str = "inbox"  # "inbox" (claimed by message id) or "inbox_wal" (by WAL position)
+    cdc_sink: str | None = None  # the Debezium sink (lab.stack.base.DEBEZIUM_SINKS) it needs, if any
+    broker: str | None = None  # the stack's service its messages wait in (a participant), if any
+    consumes_outbox: bool = False  # consumers delete the rows they finished from ``messages`` (poll)
     # processes of the pipeline's own that the runner starts for each run, each measured as a
     # participant of its own: participant name -> module run as ``python -m <module> --run-dir DIR
     # --scenario JSON`` (it writes ``<name>.ready`` once it serves, ``<name>.json`` at its end); it
     # reconnects by itself when PostgreSQL goes away (a restart, a failover): one that exits fails the run
-    helpers: ClassVar[dict[str, str]]
-    consumer_slots: ClassVar[bool]  # consumer i reads its own logical slot (lab.pipelines.wal.slot_name(i))
+    helpers: Mapping[str, str] = field(default_factory=dict)
+    consumer_slots: bool = False  # consumer i reads its own logical slot (lab.pipelines.wal.slot_name(i))
     # the one slot a helper streams for every consumer (a walsender fault's target, held again
     # after PostgreSQL's restart or failover), or None
-    helper_slot: ClassVar[str | None]
+    helper_slot: str | None = None
     # None: the faults apply as their own rules say; a text: why this pipeline has no fault runs
-    fault_refusal: ClassVar[str | None]
+    fault_refusal: str | None = None
+    # None: ``producer="direct"`` (the broker-native stand) writes into its broker, or its table
+    # without one; a text: why it has no such stand
+    stand_refusal: str | None = None
     # how long a record handed to a consumer that stopped answering may stay out of the others'
     # reach before the broker hands it out again (a share group's acquisition lock; 0: no such
     # hold): a fault run's drain waits this much longer for work before it counts the rest lost
-    redelivery_s: ClassVar[float]
+    redelivery_s: float = 0.0
+
+    @property
+    def participants(self) -> tuple[str, ...]:
+        """The participants of its own beside the stack's services and the run's processes: its helpers."""
+        return tuple(self.helpers)
+
+    @property
+    def stand_target(self) -> str:
+        """Where the broker-native stand's producers write (:mod:`lab.pipelines.producers`' ``--target``)."""
+        return self.broker or "pg"
+
+
+class BacklogReader(Protocol):
+    """The broker's backlog of one fault run, read about once a second (:mod:`lab.pipelines.backlog`).
+
+    A sample is ``{"t": monotonic s, "messages": int, ...}``; a reading that failed (the broker is
+    restarting) is ``{"t", "error"}``: a gap, never an exception."""
+
+    where: str  # the participant that holds the backlog
+
+    def start(self) -> None:
+        """Before the consumers start: a reader with a process of its own starts it now."""
+
+    def pids(self) -> list[int]:
+        """Its live processes (moved into the runner's cgroup at the gate: their CPU is the runner's)."""
+
+    async def read(self) -> list[dict[str, Any]]:
+        """The samples since the last call."""
+
+    def close(self) -> None:
+        """Release what it holds without awaiting (the run's cleanup); never raises."""
+
+    async def aclose(self) -> None:
+        """Release what it holds; never raises."""
+
+
+class Pipeline(Protocol):
+    """The runner's half of a pipeline."""
+
+    name: ClassVar[str]  # the CLI value, the result field and the legend label
+    capabilities: ClassVar[Capabilities]
 
     def describe(self) -> dict[str, Any]:
         """The pipeline's settings, echoed into run.json."""
@@ -142,28 +192,19 @@ class Pipeline(Protocol):
     async def teardown(self) -> None:
         """Stop the source, drop slots, delete the topic or queue; never raises."""
 
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        """The reader of its broker's backlog during a fault run, once :meth:`prepare` made the
+        transport (``scratch``: the run's scratch dir); None without a broker."""
+
 
 class PipelineFactory(Protocol):
-    """The one constructor shape of a pipeline's runner half (its class), and the class attributes
-    read before a run builds one (its capabilities: :mod:`lab.faults` decides by them where a
-    fault applies)."""
+    """The one constructor shape of a pipeline's runner half (its class), and what it declares
+    before a run builds one (its name and :class:`Capabilities`)."""
 
     @property
     def name(self) -> str: ...
     @property
-    def fan_out(self) -> bool: ...
-    @property
-    def inbox_table(self) -> str: ...
-    @property
-    def cdc_sink(self) -> str | None: ...
-    @property
-    def consumer_slots(self) -> bool: ...
-    @property
-    def helper_slot(self) -> str | None: ...
-    @property
-    def fault_refusal(self) -> str | None: ...
-    @property
-    def helpers(self) -> dict[str, str]: ...
+    def capabilities(self) -> Capabilities: ...
 
     def __call__(self, scenario: Scenario, settings: Settings, stack: Stack) -> Pipeline: ...
 

@@ -3,9 +3,9 @@
 Runner side (:class:`KafkaPipeline`): before the consumers start, ``dbzk.public.messages`` is
 deleted, awaited until it is gone from *cluster-wide* metadata, re-created with 2N partitions
 and replication factor 1, and awaited until the metadata shows exactly 2N partitions
-(metadata is never requested by topic name, because the broker
-auto-creates topics). The readiness gate then requires every member of the run's group to own
-exactly 2 partitions, 2N in all, on 3 consecutive checks 200 ms apart; only then
+(metadata is never requested by topic name, because the broker auto-creates topics:
+:mod:`lab.pipelines.kafka_admin`). The readiness gate then requires every member of the run's
+group to own exactly 2 partitions, 2N in all, on 3 consecutive checks 200 ms apart; only then
 does Debezium start (its slot streaming is the last gate).
 
 Consumer side (:class:`KafkaSource`): the consumer config of the reference study, the full JSON
@@ -64,23 +64,26 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import psycopg
-from confluent_kafka import (
-    Consumer,
-    ConsumerGroupState,
-    KafkaError,
-    KafkaException,
-    TopicCollection,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
-from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
+from lab.pipelines.backlog import KafkaBacklog
+from lab.pipelines.base import BacklogReader, Capabilities, Item, SharedResources, claim_batch, row_parser
+from lab.pipelines.kafka_admin import (
+    METADATA_TIMEOUT,
+    admin_client,
+    delete_topic,
+    group_id,
+    partition_count,
+    partitions_per_member,
+    poll_until,
+    recreate_topic,
+    settled,
+)
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -96,12 +99,8 @@ DIRECT_TOPIC = "messages"  # the broker-native stand's topic (lab.pipelines.prod
 PARTITIONS_PER_CONSUMER = 2
 GROUP_PREFIX = "dbz-kafka-"
 DIRECT_GROUP_PREFIX = "kafka-"
-METADATA_TIMEOUT = 10.0  # seconds per cluster-wide metadata request
-POLL_INTERVAL = 0.5  # topic absent / partitions present
-T = TypeVar("T")
 GATE_CHECKS = 3  # consecutive passing assignment checks
 GATE_INTERVAL = 0.2
-_MASK64 = (1 << 64) - 1
 
 
 def consumer_config(settings: Settings, group: str | None, instance: str | None = None) -> dict[str, Any]:
@@ -125,76 +124,11 @@ def names(scenario: Scenario) -> tuple[str, str]:
     return TOPIC, GROUP_PREFIX
 
 
-def _admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "logger": log})  # type: ignore[dict-item]
-
-
-def partition_count(admin: AdminClient, topic: str = TOPIC) -> int | None:
-    """Partitions of ``topic`` in cluster-wide metadata (never by name); None if absent."""
-    meta = admin.list_topics(timeout=METADATA_TIMEOUT).topics.get(topic)
-    return None if meta is None or meta.error is not None else len(meta.partitions)
-
-
-def group_id(admin: AdminClient, timeout: float, topic: str = TOPIC,
-             prefix: str = GROUP_PREFIX) -> str:
-    """``<prefix><uuid>`` from the topic id Kafka gave ``topic`` when it was created."""
-    desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result()
-    tid = desc.topic_id
-    msb, lsb = tid.get_most_significant_bits(), tid.get_least_significant_bits()
-    bits = (msb & _MASK64) << 64 | lsb & _MASK64
-    return f"{prefix}{uuid.UUID(int=bits)}"
-
-
-def replica_counts(admin: AdminClient, topic: str, timeout: float = METADATA_TIMEOUT) -> dict[str, int]:
-    """The fewest replicas and in-sync replicas of any partition of ``topic``, as Kafka reports them."""
-    desc = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result()
-    return {"replicas_min": min(len(p.replicas) for p in desc.partitions),
-            "isr_min": min(len(p.isr) for p in desc.partitions)}
-
-
-# A broker that has not yet applied a new topic's metadata answers "unknown topic" while another
-# broker already lists it (KRaft propagates metadata to each broker on its own; seen on the
-# three-node topology). Such an answer means "not yet", never "failed".
-_NOT_YET = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE})
-
-
-def _not_yet(exc: KafkaException) -> bool:
-    return bool(exc.args) and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in _NOT_YET
-
-
-def settled(fetch: Callable[[], T], deadline: float, what: str) -> T:
-    """``fetch()``, asked again while a broker still answers that the topic is unknown."""
-    while True:
-        try:
-            return fetch()
-        except KafkaException as exc:
-            if not _not_yet(exc):
-                raise
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: {exc}") from exc
-        time.sleep(POLL_INTERVAL)
-
-
-def _poll(check: Callable[[], bool], deadline: float, what: str) -> None:
-    while not settled(check, deadline, what):
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(POLL_INTERVAL)
-
-
 class KafkaPipeline:
     """Runner side: recreate the topic, gate on the group's assignment, run Debezium."""
 
     name: ClassVar[str] = "kafka"
-    fan_out: ClassVar[bool] = False
-    inbox_table: ClassVar[str] = "inbox"
-    cdc_sink: ClassVar[str | None] = "kafka"
-    consumes_outbox: ClassVar[bool] = False
-    helpers: ClassVar[dict[str, str]] = {}
-    consumer_slots: ClassVar[bool] = False
-    helper_slot: ClassVar[str | None] = None
-    fault_refusal: ClassVar[str | None] = None
-    redelivery_s: ClassVar[float] = 0.0
+    capabilities: ClassVar[Capabilities] = Capabilities(cdc_sink="kafka", broker="kafka")
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
@@ -212,7 +146,7 @@ class KafkaPipeline:
     @property
     def admin(self) -> AdminClient:
         if self._admin_client is None:
-            self._admin_client = _admin(self.settings)
+            self._admin_client = admin_client(self.settings)
         return self._admin_client
 
     def describe(self) -> dict[str, Any]:
@@ -229,11 +163,11 @@ class KafkaPipeline:
             "assignment_gate": {"partitions_per_consumer": PARTITIONS_PER_CONSUMER,
                                 "checks": GATE_CHECKS, "interval_s": GATE_INTERVAL,
                                 "members": self.assignment},
-            "debezium_sink": None if self.direct else self.cdc_sink,
+            "debezium_sink": None if self.direct else self.capabilities.cdc_sink,
             "debezium_slot": None if self.direct else SLOT["kafka"],
             "source": ("lab.pipelines.producers straight into the topic (no outbox, no Debezium)"
                        if self.direct else "Debezium Server from the outbox table"),
-            "inbox": self.inbox_table,
+            "inbox": self.capabilities.inbox_table,
             "claim": self.scenario.claim,
             "offsets": "per-partition watermark, stored once per batch",
             "membership": "static (group.instance.id = inbox name)" if self.scenario.fault else "dynamic",
@@ -243,57 +177,16 @@ class KafkaPipeline:
         await asyncio.to_thread(self._recreate_topic)
 
     def _recreate_topic(self) -> None:
-        admin, n, topic = self.admin, self.partitions, self.topic
         deadline = time.monotonic() + self.scenario.ready_timeout_s
-        while True:
-            self._delete_topic()
-            _poll(lambda: partition_count(admin, topic) is None, deadline,
-                  f"topic {topic} still in cluster metadata after delete")
-            rep = self.replication
-            new = NewTopic(topic, n, rep["replication_factor"],
-                           config={"min.insync.replicas": str(rep["min_insync_replicas"])})
-            future = admin.create_topics([new])[topic]
-            try:
-                future.result()
-                break
-            except KafkaException as exc:  # deletion not finished yet, or recreated meanwhile
-                exists = exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
-                if not exists or time.monotonic() > deadline:
-                    raise
-        _poll(lambda: partition_count(admin, topic) == n, deadline,
-              f"topic {topic} does not show {n} partitions in cluster metadata")
-        rf = self.replication["replication_factor"]
-        _poll(lambda: replica_counts(admin, topic)["isr_min"] >= rf, deadline,
-              f"topic {topic} has partitions with fewer than {rf} replicas in sync")
-        self.replicas = settled(lambda: replica_counts(admin, topic), deadline,
-                                f"replicas of topic {topic}")  # what the cluster reports (run.json)
-        self.group = settled(lambda: group_id(admin, METADATA_TIMEOUT, topic, self.prefix), deadline,
-                             f"id of topic {topic}")
-        log.info("topic %s: %d partitions, %s, group %s", topic, n, self.replicas, self.group)
+        self.replicas, self.group = recreate_topic(self.admin, self.topic, self.partitions, self.replication,
+                                                   self.prefix, deadline)
 
     def _delete_topic(self) -> None:
-        try:
-            self.admin.delete_topics([self.topic], operation_timeout=30)[self.topic].result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise
+        delete_topic(self.admin, self.topic)
 
     def _members(self) -> list[int] | None:
-        """Partitions of the topic per member when the group is stable; None otherwise."""
-        try:
-            group = self.group
-            assert group is not None  # set by prepare()
-            futures = self.admin.describe_consumer_groups([group], request_timeout=METADATA_TIMEOUT)
-            desc = futures[group].result()
-        except KafkaException:
-            return None
-        if desc.state != ConsumerGroupState.STABLE:
-            return None
-        owned = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == self.topic}
-                 for m in desc.members]
-        if len(set().union(*owned)) != sum(map(len, owned)):
-            return None  # a partition listed twice: mid-rebalance
-        return sorted(len(o) for o in owned)
+        assert self.group is not None  # set by prepare()
+        return partitions_per_member(self.admin, self.group, self.topic)
 
     async def wait_ready(self) -> None:
         """Every consumer owns exactly 2 partitions, 2N in all, on 3 checks in a row."""
@@ -329,6 +222,10 @@ class KafkaPipeline:
     def _delete_group(self, group: str) -> None:
         """Fails (and is ignored) while a member is alive, e.g. one killed without leaving."""
         self.admin.delete_consumer_groups([group], request_timeout=10)[group].result()
+
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        """The run's group's lag (:class:`lab.pipelines.backlog.KafkaBacklog`)."""
+        return KafkaBacklog(self.settings, self.topic, self.group, self.partitions, scratch)
 
 
 class _Partition:
@@ -379,9 +276,9 @@ class KafkaSource:
                                  on_lost=self._lost)
 
     def _find_group(self) -> str:
-        admin = _admin(self.settings)
+        admin = admin_client(self.settings)
         deadline = time.monotonic() + self.scenario.ready_timeout_s
-        _poll(lambda: partition_count(admin, self.topic) is not None, deadline,
+        poll_until(lambda: partition_count(admin, self.topic) is not None, deadline,
               f"topic {self.topic} does not exist; "
               "the runner creates it before the consumers start")
         return settled(lambda: group_id(admin, METADATA_TIMEOUT, self.topic, self._prefix), deadline,

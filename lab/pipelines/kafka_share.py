@@ -39,6 +39,9 @@ Deviations and choices, with their reasons:
   after it subscribed and its first ``poll`` returned (that poll sends the group heartbeat that
   joins it). A member that joins later misses nothing (``earliest``, and Debezium starts only
   after the gate); it only starts work later.
+* **The broker's backlog** under a fault is the share group's lag (:mod:`lab.pipelines.share_lag`,
+  asked of the group's coordinator): a share group commits no offsets, so the lag ``kafka``
+  reads of its consumer group would count every record ever written.
 * **Teardown** deletes the topic and the run's share group (Kafka's own ``deleteShareGroups`` is
   the ``DeleteGroups`` request, which confluent-kafka sends for any group); a group that still had
   a member then (one killed without leaving) is deleted by the next run's ``prepare``, so at most
@@ -53,7 +56,7 @@ Deviations and choices, with their reasons:
   its connection: its records stay locked for up to 30 s, or until it acknowledges them once
   continued). One smoke ``consumer-kill`` run (docs/faults.md) had no message wait for either.
   A fault run's drain therefore
-  waits the lock's length longer for work (:attr:`KafkaSharePipeline.redelivery_s`) before it
+  waits the lock's length longer for work (its :attr:`~lab.pipelines.base.Capabilities.redelivery_s`) before it
   counts what is missing as lost.
 """
 
@@ -71,17 +74,17 @@ import psycopg
 from confluent_kafka import AcknowledgeType, KafkaException, ShareConsumer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
-from lab.pipelines.kafka import (
+from lab.pipelines.base import BacklogReader, Capabilities, Item, SharedResources, claim_batch, row_parser
+from lab.pipelines.kafka import TOPIC, KafkaPipeline
+from lab.pipelines.kafka_admin import (
     METADATA_TIMEOUT,
-    TOPIC,
-    KafkaPipeline,
-    _admin,
-    _poll,
+    admin_client,
     group_id,
     partition_count,
+    poll_until,
     settled,
 )
+from lab.pipelines.share_lag import ShareBacklog
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack, StackError
@@ -128,11 +131,9 @@ class KafkaSharePipeline(KafkaPipeline):
     """Runner side: recreate the one-partition topic, set the group's start, run Debezium."""
 
     name: ClassVar[str] = "kafka-share"
-    fan_out: ClassVar[bool] = False
-    inbox_table: ClassVar[str] = "inbox"
-    cdc_sink: ClassVar[str | None] = "kafka"
-    fault_refusal: ClassVar[str | None] = None
-    redelivery_s: ClassVar[float] = RECORD_LOCK_MS / 1000
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        cdc_sink="kafka", broker="kafka", redelivery_s=RECORD_LOCK_MS / 1000,
+        stand_refusal="producer='direct' writes the kafka pipeline's topic (run it with --pipeline kafka)")
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         super().__init__(scenario, settings, stack)
@@ -155,10 +156,10 @@ class KafkaSharePipeline(KafkaPipeline):
             "consumer_config": {k: v for k, v in share_consumer_config(
                 self.settings, self.group, self.scenario.batch_size).items() if k != "bootstrap.servers"},
             "ready_gate": "consumers' ready files (subscribed, first poll returned)",
-            "debezium_sink": self.cdc_sink,
+            "debezium_sink": self.capabilities.cdc_sink,
             "debezium_slot": SLOT["kafka"],
             "source": "Debezium Server from the outbox table",
-            "inbox": self.inbox_table,
+            "inbox": self.capabilities.inbox_table,
             "claim": self.scenario.claim,
             "acknowledgement": "per record (ACCEPT after the work), sent with the next fetch",
         }
@@ -224,6 +225,11 @@ class KafkaSharePipeline(KafkaPipeline):
         except Exception as exc:  # gone already (its own teardown deleted it), or never made
             log.debug("share group %s not deleted: %s", previous, exc)
 
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        """The share group's lag (:class:`lab.pipelines.share_lag.ShareBacklog`): a share group commits
+        no offsets, so ``kafka``'s reader of the group's lag has nothing to read here."""
+        return ShareBacklog(self.settings.kafka_bootstrap, self.group, self.topic, self.partitions)
+
 
 class KafkaShareSource:
     """Consumer side: one share consumer in the run's group, one claim connection."""
@@ -261,9 +267,9 @@ class KafkaShareSource:
         self._held = list(await asyncio.to_thread(consumer.poll, OPEN_POLL_S))
 
     def _find_group(self) -> str:
-        admin = _admin(self.settings)
+        admin = admin_client(self.settings)
         deadline = time.monotonic() + self.scenario.ready_timeout_s
-        _poll(lambda: partition_count(admin, self.topic) is not None, deadline,
+        poll_until(lambda: partition_count(admin, self.topic) is not None, deadline,
               f"topic {self.topic} does not exist; the runner creates it before the consumers start")
         return settled(lambda: group_id(admin, METADATA_TIMEOUT, self.topic, GROUP_PREFIX), deadline,
                        f"id of topic {self.topic}")

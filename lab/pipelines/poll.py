@@ -62,7 +62,7 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from lab.pipelines.base import Item, SharedResources, claim_batch
+from lab.pipelines.base import BacklogReader, Capabilities, Item, SharedResources, claim_batch
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -104,15 +104,7 @@ class PollPipeline:
     """Runner side: nothing to prepare (the runner empties the tables), no source to start."""
 
     name: ClassVar[str] = "poll"
-    fan_out: ClassVar[bool] = False
-    inbox_table: ClassVar[str] = "inbox"
-    cdc_sink: ClassVar[str | None] = None
-    consumes_outbox: ClassVar[bool] = True
-    helpers: ClassVar[dict[str, str]] = {}
-    consumer_slots: ClassVar[bool] = False
-    helper_slot: ClassVar[str | None] = None
-    fault_refusal: ClassVar[str | None] = None
-    redelivery_s: ClassVar[float] = 0.0
+    capabilities: ClassVar[Capabilities] = Capabilities(consumes_outbox=True)
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
@@ -123,7 +115,7 @@ class PollPipeline:
             "finished_to": DONE,
             "read": "ORDER BY id LIMIT batch_size FOR UPDATE SKIP LOCKED",
             "finish": "delete-on-done, one transaction per batch",
-            "inbox": self.inbox_table,
+            "inbox": self.capabilities.inbox_table,
             "consumers": [consumer_name(i) for i in range(self.scenario.consumers)],
         }
 
@@ -138,6 +130,9 @@ class PollPipeline:
 
     async def teardown(self) -> None:
         return None
+
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        return None  # no broker: the backlog waits in the outbox table
 
 
 class PollSource:

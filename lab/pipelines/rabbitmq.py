@@ -63,12 +63,12 @@ import aiormq
 import psycopg
 from aiormq.abc import ChannelFrame, DeliveredMessage
 
-from lab.pipelines.base import Item, SharedResources, claim_batch, row_parser
+from lab.pipelines.backlog import RabbitBacklog
+from lab.pipelines.base import BacklogReader, Capabilities, Item, SharedResources, claim_batch, row_parser
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack, StackError
 from lab.stack.debezium import RABBITMQ_EXCHANGE, RABBITMQ_ROUTING_KEY, SLOT
-from lab.stack.rabbitmq_cluster import RabbitMQCluster
 from lab.workload.inbox import CLAIMS_APPLICATION, take_lease
 
 log = logging.getLogger(__name__)
@@ -115,15 +115,7 @@ class RabbitPipeline:
     """Runner side: topology before consumers, consumer-count gate, Debezium, queue delete."""
 
     name: ClassVar[str] = "rabbitmq"
-    fan_out: ClassVar[bool] = False
-    inbox_table: ClassVar[str] = "inbox"
-    cdc_sink: ClassVar[str | None] = SINK
-    consumes_outbox: ClassVar[bool] = False
-    helpers: ClassVar[dict[str, str]] = {}
-    consumer_slots: ClassVar[bool] = False
-    helper_slot: ClassVar[str | None] = None
-    fault_refusal: ClassVar[str | None] = None
-    redelivery_s: ClassVar[float] = 0.0
+    capabilities: ClassVar[Capabilities] = Capabilities(cdc_sink=SINK, broker="rabbitmq")
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
@@ -145,8 +137,8 @@ class RabbitPipeline:
             "replicas_at_start": self.replicas,  # ha: read back from the cluster once declared
             "prefetch": PREFETCH, "ack": "basic.ack per message after work, multiple=false",
             "consumer_names": [consumer_name(i, producer) for i in range(self.scenario.consumers)],
-            "inbox": self.inbox_table, "claim": self.scenario.claim,
-            "debezium_sink": None if direct else self.cdc_sink,
+            "inbox": self.capabilities.inbox_table, "claim": self.scenario.claim,
+            "debezium_sink": None if direct else self.capabilities.cdc_sink,
             "slot": None if direct else SLOT["rabbitmq"],
             "client": f"aiormq {version('aiormq')} (consumers), "
                       f"aio-pika {version('aio-pika')} (topology)",
@@ -166,9 +158,9 @@ class RabbitPipeline:
                 await channel.queue_delete(QUEUE)
                 queue = await _declare_queue(conn, QUEUE, args)
                 await queue.bind(exchange, routing_key=ROUTING_KEY)
-        cluster = self.stack.rabbitmq
-        if self.settings.ha and isinstance(cluster, RabbitMQCluster):  # before the window: rabbitmqctl
-            self.replicas = await asyncio.to_thread(cluster.queue_replicas, self.queue)
+        control = self.stack.control
+        if self.settings.ha and control is not None:  # the cluster's members; before the window: rabbitmqctl
+            self.replicas = await asyncio.to_thread(control.queue_replicas, self.queue)
 
     async def wait_ready(self) -> None:
         n, timeout = self.scenario.consumers, self.scenario.ready_timeout_s
@@ -197,13 +189,19 @@ class RabbitPipeline:
             try:
                 await asyncio.to_thread(self.stack.stop_debezium, SINK)
             except Exception as exc:
-                log.warning("could not stop Debezium (%s sink): %s", self.cdc_sink, exc)
+                log.warning("could not stop Debezium (%s sink): %s", SINK, exc)
         try:
             async with await aio_pika.connect(self.settings.amqp_url) as conn:
                 channel = await conn.channel()
                 await channel.queue_delete(self.queue)
         except Exception as exc:
             log.warning("could not delete queue %s: %s", self.queue, exc)
+
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        """The quorum queue's ready + unacknowledged messages (:class:`lab.pipelines.backlog.RabbitBacklog`),
+        asked of its Raft member on the node where the stack can (``erl_call``), else by a passive declare."""
+        control = self.stack.control
+        return RabbitBacklog(self.settings, control.erl_call() if control is not None else None, self.queue)
 
 
 async def _declare_queue(

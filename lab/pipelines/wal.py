@@ -49,10 +49,11 @@ from typing import Any, ClassVar
 import psycopg
 from psycopg import sql
 
-from lab.pg.pgoutput import Decoder, Insert, commit_end_lsn, protocol_version
+from lab.pg.messages import Insert
+from lab.pg.pgoutput import Decoder, commit_end_lsn, protocol_version
 from lab.pg.replication import ReplicationStream
 from lab.pg.slots import drop_slots, wait_streaming
-from lab.pipelines.base import Item, SharedResources
+from lab.pipelines.base import BacklogReader, Capabilities, Item, SharedResources
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.base import Stack
@@ -77,15 +78,7 @@ class WalPipeline:
     """Runner side: drop stale slots, gate on every slot streaming, drop them afterwards."""
 
     name: ClassVar[str] = "wal"
-    fan_out: ClassVar[bool] = True
-    inbox_table: ClassVar[str] = "inbox_wal"
-    cdc_sink: ClassVar[str | None] = None
-    consumes_outbox: ClassVar[bool] = False
-    helpers: ClassVar[dict[str, str]] = {}
-    consumer_slots: ClassVar[bool] = True
-    helper_slot: ClassVar[str | None] = None
-    fault_refusal: ClassVar[str | None] = None
-    redelivery_s: ClassVar[float] = 0.0
+    capabilities: ClassVar[Capabilities] = Capabilities(fan_out=True, inbox_table="inbox_wal", consumer_slots=True)
 
     def __init__(self, scenario: Scenario, settings: Settings, stack: Stack) -> None:
         self.scenario = scenario
@@ -98,7 +91,7 @@ class WalPipeline:
             "publication": PUBLICATION,
             "plugin": "pgoutput",
             "binary": True,
-            "inbox": self.inbox_table,
+            "inbox": self.capabilities.inbox_table,
             "claim_retention": retention.describe(self.scenario.claim_retention),
             "claim_table": self.claim_table,
         }
@@ -126,6 +119,9 @@ class WalPipeline:
         except Exception as exc:  # a reading: never the run's failure
             log.warning("claim table not read: %s", " ".join(str(exc).split()))
         await asyncio.to_thread(drop_slots, self.settings.pg_dsn, SLOT_PREFIX)
+
+    def backlog(self, scratch: Path) -> BacklogReader | None:
+        return None  # no broker: the backlog is the slots' WAL, which every fault run samples
 
 
 class WalSource:

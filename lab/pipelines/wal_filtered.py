@@ -51,7 +51,7 @@ import psycopg
 from psycopg import sql
 
 from lab.pg.slots import like_prefix
-from lab.pipelines.base import SharedResources
+from lab.pipelines.base import Capabilities, SharedResources
 from lab.pipelines.wal import WalPipeline, WalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -115,7 +115,7 @@ class FilteredWalPipeline(WalPipeline):
     """Runner side: ``wal``'s slots, plus this run's N filtered publications created before them."""
 
     name: ClassVar[str] = "wal-filtered"
-    fan_out: ClassVar[bool] = False
+    capabilities: ClassVar[Capabilities] = Capabilities(inbox_table="inbox_wal", consumer_slots=True)
 
     def describe(self) -> dict[str, Any]:
         n = self.scenario.consumers

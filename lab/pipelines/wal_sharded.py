@@ -73,7 +73,7 @@ from lab.pg.shards import (
     census,
     target,
 )
-from lab.pipelines.base import Item, SharedResources
+from lab.pipelines.base import Capabilities, Item, SharedResources
 from lab.pipelines.wal import WalPipeline, WalSource
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -103,7 +103,7 @@ class ShardedWalPipeline(WalPipeline):
     """Runner side: ``wal``'s slots plus a gate on the settled shard ownership."""
 
     name: ClassVar[str] = "wal-sharded"
-    fan_out: ClassVar[bool] = False
+    capabilities: ClassVar[Capabilities] = Capabilities(inbox_table="inbox_wal", consumer_slots=True)
 
     def describe(self) -> dict[str, Any]:
         return {

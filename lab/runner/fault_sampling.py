@@ -2,9 +2,10 @@
 second: WAL retained (``pg_current_wal_lsn() - restart_lsn``), not yet confirmed
 (``- confirmed_flush_lsn``), ``wal_status``, ``safe_wal_size``, whether a walsender holds it, and
 what its decoding spilled to disk (``spill_txns``, ``spill_bytes`` of ``pg_stat_replication_slots``).
-With a broker, :meth:`FaultSampling.watch_backlog` samples the broker's backlog once a second too
-(:mod:`lab.pipelines.backlog`: the Kafka group's lag, the quorum queue's ready + unacknowledged);
-a reading that fails while the broker restarts is a gap (``backlog_gaps``), never a failure.
+With a broker, :meth:`FaultSampling.watch_backlog` samples the broker's backlog once a second too,
+through the reader the pipeline gives (``Pipeline.backlog``: the Kafka group's lag, the share
+group's, the quorum queue's ready + unacknowledged); a reading that fails while the broker
+restarts is a gap (``backlog_gaps``), never a failure.
 After the run, :meth:`lab.runner.fault_driver.FaultInjector.analysis` adds the per-consumer lag, the before / during /
 after phases (rate, CPU per message per participant, latency) and the recovery time
 (:mod:`lab.measure.recovery`, which defines them) from the arrivals and ``created_at``.
@@ -25,13 +26,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from lab.faults import FaultState
 from lab.measure import cgroups, recovery
-from lab.pipelines.backlog import reader_for
+from lab.pipelines import BacklogReader
 from lab.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,15 +63,16 @@ class FaultSampling:
         self.guard: dict[str, Any] | None = None  # the disk guard's trip, once it tripped during the fault
         self.backlog: list[dict[str, Any]] = []  # the broker's backlog, sampled (watch_backlog)
         self.backlog_gaps: list[dict[str, Any]] = []  # readings that failed (a broker restarting)
-        self._backlog_reader: Any = None
+        self._backlog_reader: BacklogReader | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    def prepare(self, run: Any) -> None:
+    def prepare(self, reader: Callable[[], BacklogReader | None]) -> None:
         """Once the pipeline's transport exists, before the consumers start: build the backlog reader
-        and start its sampling child if it has one (a Python child with librdkafka takes seconds to
-        start on a loaded machine; started at the gate, its first reading came after a fault at 3 s)."""
+        (``reader``, the pipeline's) and start its sampling child if it has one (a Python child with
+        librdkafka takes seconds to start on a loaded machine; started at the gate, its first reading
+        came after a fault at 3 s)."""
         try:
-            self._backlog_reader = reader_for(run) if BACKLOG_SAMPLE_S else None
+            self._backlog_reader = reader() if BACKLOG_SAMPLE_S else None
             if self._backlog_reader is not None:
                 self._backlog_reader.start()
         except Exception as exc:  # informative: never fails the run, never silent
@@ -149,6 +152,7 @@ class FaultSampling:
         :attr:`backlog`, until cancelled; a failed reading is a gap in :attr:`backlog_gaps`. Never
         raises (the drain loop would fail the run on it)."""
         reader = self._backlog_reader
+        assert reader is not None  # started only with one
         try:
             while self.sampling:
                 for sample in await reader.read():

@@ -1,8 +1,11 @@
-"""The run's own processes: the web service, the speed probe, the senders, the consumers and the
-pipeline's helpers (:attr:`lab.pipelines.base.Pipeline.helpers`, e.g. wal-relay's relay).
+"""The run's own processes, and the one object that owns them (:class:`RunProcesses`): the web
+service, the speed probe, the senders, the consumers and the pipeline's helpers (its
+capabilities' ``helpers``, e.g. wal-relay's relay).
 
 Each is spawned through :mod:`lab.stack.children` (recorded under the stack dir, dying with the
 runner), measured as a participant of its own, and stopped by pid in :meth:`RunProcesses.cleanup`.
+Whatever else touches one of them (a fault that kills, stops or replaces a consumer, the disk
+guard that kills the senders) asks this object.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import psutil
 from lab.measure import cgroups
 from lab.measure.cgroups import attached, tree_pids
 from lab.measure.sampler import Participant
-from lab.measure.services import service_names, service_participants
+from lab.measure.services import service_participants
 from lab.pg.slots import drop_slots
-from lab.runner.context import RunContext
+from lab.runner.environment import RunEnv
+from lab.runner.values import Stopped
 from lab.settings import child_env
 from lab.stack import children
 from lab.stack.hosts import namespace
@@ -33,6 +37,7 @@ from lab.stack.proc import tail
 # The web opens its 220 connections (its own limit: 120 s), then starts its control listener,
 # which answering means ready: on a loaded machine that took over 30 s.
 WEB_READY_S = 150.0
+Event = Callable[..., None]  # lab.faults.FaultState.event
 
 
 class RunError(RuntimeError):
@@ -40,40 +45,50 @@ class RunError(RuntimeError):
 
 
 class RunProcesses:
-    """Start, measure, watch and stop the processes of one run (a part of :class:`lab.runner.Run`, over its state)."""
+    """Start, measure, watch, replace and stop the processes of one run; nothing else holds them."""
 
-    def __init__(self, run: RunContext) -> None:
-        self.run = run  # the run's state, shared with its other parts and the fault injector
-        self.consumer_cgroups: list[cgroups.CpuGroup | None] = []  # set by participants()
+    def __init__(self, env: RunEnv) -> None:
+        self.env = env
+        self._procs: dict[str, psutil.Popen] = {}  # web, probe, senders, the pipeline's helpers
+        self._consumers: list[psutil.Popen] = []  # by index: a replacement takes its place
+        self._respawning: set[int] = set()  # consumers being replaced (consumer-kill)
+        self._ended: set[int] = set()  # consumers a fault ended for good (slot-invalidation)
+        self._consumer_groups: list[cgroups.CpuGroup | None] = []  # set by participants()
+        self._service_groups: dict[str, cgroups.CpuGroup | None] = {}  # a restarted service moves back in
+        self.helpers = dict(env.pipeline.capabilities.helpers)  # participant name -> module
+        self._helpers_stopped = False
+        self._http: aiohttp.ClientSession | None = None
+        self._home = cgroups.current()  # the runner is lent to its group, then moved back
 
     def _spawn(self, name: str, argv: list[str], host: str | None = None) -> psutil.Popen:
         """``host``: the participant group it runs on under ``LAB_HOSTS=netns`` (None: the runner's)."""
-        st = self.run.settings
-        return children.spawn(st, name, [sys.executable, *argv], log_path=self.run.scratch / f"{name}.log",
+        st = self.env.settings
+        return children.spawn(st, name, [sys.executable, *argv], log_path=self.env.scratch / f"{name}.log",
                               env=child_env(st), cwd=st.root,
                               netns=namespace(st, host) if host is not None else None)
 
+    # starting ------------------------------------------------------------------------------
     async def start_web(self) -> None:
         """The web service (and the speed probe beside it); returns once the service answers
         on its control listener, which it starts after its insert listener."""
-        s, st = self.run.scenario, self.run.settings
+        s, st = self.env.scenario, self.env.settings
         web_args = ["-m", "lab.workload.web", "--host", st.web_host, "--port", str(st.web_port),
                     "--control-port", str(st.control_port), "--dsn", st.pg_dsn, "--reset", s.reset]
         if s.work_delay_ms:
             web_args += ["--work-delay-ms", str(s.work_delay_ms)]
         if s.fault:  # per-consumer accounting of the work calls (lab.runner.accounting)
             web_args += ["--by-consumer"]
-        self.run.procs["web"] = self._spawn("web", web_args, "web")
-        self.run.procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
-                                                    "--out", str(self.run.scratch / "probe.json")])
+        self._procs["web"] = self._spawn("web", web_args, "web")
+        self._procs["probe"] = self._spawn("probe", ["-m", "lab.measure.probe",
+                                                     "--out", str(self.env.scratch / "probe.json")])
         await self._wait_web()
 
     def start_senders(self) -> None:
         """The senders (or a broker-native stand's producers), waiting at their gate file."""
-        s, st = self.run.scenario, self.run.settings
-        gate_out = ["--start-file", str(self.run.scratch / "start"), "--out", str(self.run.scratch / "senders.json")]
+        s, st, scratch = self.env.scenario, self.env.settings, self.env.scratch
+        gate_out = ["--start-file", str(scratch / "start"), "--out", str(scratch / "senders.json")]
         if s.producer == "direct":  # broker-native stand: write straight into the transport
-            target = {"kafka": "kafka", "rabbitmq": "rabbitmq"}.get(s.pipeline, "pg")
+            target = self.env.pipeline.capabilities.stand_target
             sender_args = ["-m", "lab.pipelines.producers", "--target", target, "--messages", str(s.messages),
                            "--producers", str(s.senders), "--reset", s.reset, *gate_out]
         else:
@@ -83,161 +98,233 @@ class RunProcesses:
                 sender_args += ["--rate", str(s.rate)]
             if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.staircase)
                 sender_args += ["--rate-steps", s.rate_steps, "--step-s", str(s.step_s),
-                                "--stop-file", str(self.run.scratch / "stop")]
-        self.run.procs["senders"] = self._spawn("senders", sender_args, "web")
+                                "--stop-file", str(scratch / "stop")]
+        self._procs["senders"] = self._spawn("senders", sender_args, "web")
 
+    def spawn_consumer(self, group: list[int]) -> psutil.Popen:
+        """One consumer process running the consumers ``group`` (a replacement too: same index)."""
+        s = self.env.scenario
+        return self._spawn(f"consumer-{group[0]}", [
+            "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
+            "--run-dir", str(self.env.scratch), "--scenario", json.dumps(s.as_parameters()),
+        ], "consumers")
+
+    async def start_consumers(self) -> None:
+        s = self.env.scenario
+        # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
+        layout = [[i] for i in range(s.consumers)] if s.layout == "processes" else [list(range(s.consumers))]
+        for group in layout:
+            self._consumers.append(self.spawn_consumer(group))
+        await self._ready([f"consumer-{i}" for i in range(s.consumers)], "consumers")
+
+    async def start_helpers(self) -> None:
+        """The pipeline's own processes, each waited for until it wrote ``<name>.ready``."""
+        s = self.env.scenario
+        for name, module in self.helpers.items():
+            self._procs[name] = self._spawn(name, [
+                "-m", module, "--run-dir", str(self.env.scratch), "--scenario", json.dumps(s.as_parameters())])
+        await self._ready(list(self.helpers), ", ".join(self.helpers))
+
+    async def _ready(self, names: list[str], what: str) -> None:
+        timeout = self.env.scenario.ready_timeout_s
+        deadline = time.monotonic() + timeout
+        while not all((self.env.scratch / f"{name}.ready").exists() for name in names):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RunError(f"{what} not ready after {timeout:.0f} s")
+            await asyncio.sleep(0.05)
+
+    # measuring -----------------------------------------------------------------------------
     def participants(self) -> list[Participant]:
         """Everything that does work in a run, each in its own cgroup where one can be made.
 
         The runner counts its own CPU only (its children are other participants).
         """
         def group(name: str, roots: list[psutil.Process], *, tree: bool = True) -> cgroups.CpuGroup | None:
-            if self.run.cpu_method != "cgroup":
+            if self.env.cpu_method != "cgroup":
                 return None
             pids = (pid for r in roots for pid in (tree_pids(r.pid) if tree else [r.pid]))
-            return attached(self.run.settings, name, pids)
+            return attached(self.env.settings, name, pids)
 
-        parts = service_participants(self.run.stack, (*service_names(self.run.stack), "debezium"), group)
-        self.run.service_cgroups = {p.name: p.cgroup for p in parts}  # a restarted service moves in (faults)
+        parts = service_participants(self.env.stack, group)
+        self._service_groups = {p.name: p.cgroup for p in parts}
         # the speed probe: measured, outside the totals; a pipeline's helpers (wal-relay's relay)
-        for name in ("web", "senders", "probe", *self.run.pipeline.helpers):
-            parts.append(Participant(name, [self.run.procs[name]], cgroup=group(name, [self.run.procs[name]])))
-        self.consumer_cgroups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self.run.consumers)]
+        for name in ("web", "senders", "probe", *self.env.pipeline.capabilities.participants):
+            parts.append(Participant(name, [self._procs[name]], cgroup=group(name, [self._procs[name]])))
+        self._consumer_groups = [group(f"consumer-{i}", [c]) for i, c in enumerate(self._consumers)]
         parts += [  # roots asked at every walk: a replaced consumer (consumer-kill) is the same participant
             Participant(f"consumer-{i}", self._consumer_roots(i), group="consumers", cgroup=cg)
-            for i, cg in enumerate(self.consumer_cgroups)
+            for i, cg in enumerate(self._consumer_groups)
         ]
         me = psutil.Process()
         parts.append(Participant("runner", [me], recursive=False, cgroup=group("runner", [me], tree=False)))
         return parts
 
     def _consumer_roots(self, i: int) -> Callable[[], list[psutil.Popen]]:
-        return lambda: [self.run.consumers[i]]
+        return lambda: [self._consumers[i]]
 
-    async def _web(self, path: str, method: str = "GET") -> dict[str, Any]:
+    def attach(self, participant: str) -> None:
+        """Move a restarted service's processes into its participant's cgroup, if it has one."""
+        group = self._service_groups.get(participant)
+        control = self.env.stack.control
+        if group is None or control is None:
+            return
+        group.attach(pid for r in control.processes(participant) for pid in tree_pids(r.pid))
+
+    # the web service's control listener ------------------------------------------------------
+    async def web(self, path: str, method: str = "GET") -> dict[str, Any]:
         """One call to the web service's control listener on a kept-alive connection (the drain
         loop polls it); never queued behind the senders' inserts, which the other listener serves."""
-        if self.run._http is None or self.run._http.closed:
-            self.run._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        async with self.run._http.request(method, self.run.settings.control_url + path) as r:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        async with self._http.request(method, self.env.settings.control_url + path) as r:
             if r.status >= 300:
                 raise RunError(f"web service answered {r.status} to {method} {path}")
             return await r.json() if r.status == 200 else {}
 
     async def _wait_web(self) -> None:
         deadline = time.monotonic() + WEB_READY_S
+        web = self._procs["web"]
         while True:
-            if self.run.procs["web"].poll() is not None:
-                raise RunError(
-                    f"web service exited with {self.run.procs['web'].returncode}: "
-                    f"{tail(self.run.scratch / 'web.log', 2)}"
-                )
+            if web.poll() is not None:
+                raise RunError(f"web service exited with {web.returncode}: {tail(self.env.scratch / 'web.log', 2)}")
             try:
-                await self._web("/load/stats")
+                await self.web("/load/stats")
                 return
             except (aiohttp.ClientError, OSError, TimeoutError):
                 if time.monotonic() > deadline:
                     raise RunError(f"web service did not answer within {WEB_READY_S:.0f} s") from None
                 await asyncio.sleep(0.1)
 
-    def spawn_consumer(self, group: list[int]) -> psutil.Popen:
-        """One consumer process running the consumers ``group`` (a replacement too: same index)."""
-        s = self.run.scenario
-        return self._spawn(f"consumer-{group[0]}", [
-            "-m", "lab.consumer", "--pipeline", s.pipeline, "--index", ",".join(map(str, group)),
-            "--run-dir", str(self.run.scratch), "--scenario", json.dumps(s.as_parameters()),
-        ], "consumers")
-
-    def attach_consumer(self, i: int, proc: psutil.Popen) -> None:
-        """Move a replacement into consumer ``i``'s cgroup, which keeps the killed one's CPU."""
-        group = self.consumer_cgroups[i] if i < len(self.consumer_cgroups) else None
-        if group is not None:
-            group.attach([proc.pid])
-
-    async def start_consumers(self) -> None:
-        s = self.run.scenario
-        # processes: one process per consumer; tasks: one process runs them all (lab.consumer)
-        layout = [[i] for i in range(s.consumers)] if s.layout == "processes" else [list(range(s.consumers))]
-        for group in layout:
-            self.run.consumers.append(self.spawn_consumer(group))
-        deadline = time.monotonic() + s.ready_timeout_s
-        while not all((self.run.scratch / f"consumer-{i}.ready").exists() for i in range(s.consumers)):
-            self._check_consumers_alive()
-            if time.monotonic() > deadline:
-                raise RunError(f"consumers not ready after {s.ready_timeout_s:.0f} s")
-            await asyncio.sleep(0.05)
-
-    async def start_helpers(self) -> None:
-        """The pipeline's own processes (:attr:`lab.pipelines.base.Pipeline.helpers`), each
-        waited for until it wrote ``<name>.ready``."""
-        s = self.run.scenario
-        for name, module in self.run.pipeline.helpers.items():
-            self.run.procs[name] = self._spawn(name, [
-                "-m", module, "--run-dir", str(self.run.scratch), "--scenario", json.dumps(s.as_parameters())])
-        deadline = time.monotonic() + s.ready_timeout_s
-        while not all((self.run.scratch / f"{name}.ready").exists() for name in self.run.pipeline.helpers):
-            self._check_consumers_alive()
-            if time.monotonic() > deadline:
-                raise RunError(f"{', '.join(self.run.pipeline.helpers)} not ready after {s.ready_timeout_s:.0f} s")
-            await asyncio.sleep(0.05)
-
-    async def stop_helpers(self) -> dict[str, Any]:
-        """Stop the pipeline's helpers (SIGTERM, bounded) and read each one's ``<name>.json``."""
-        procs = [self.run.procs[n] for n in self.run.pipeline.helpers if n in self.run.procs]
-        with contextlib.suppress(psutil.Error):
-            await asyncio.to_thread(children.stop, [p for p in procs if p.poll() is None], timeout=10)
-        out: dict[str, Any] = {}
-        for name in self.run.pipeline.helpers:
-            path = self.run.scratch / f"{name}.json"
-            with contextlib.suppress(OSError, ValueError):
-                out[name] = json.loads(path.read_text())
-        return out
-
-    def _check_consumers_alive(self) -> None:
-        for name in self.run.pipeline.helpers:  # a dead helper (the relay) stalls every consumer
-            p = self.run.procs.get(name)
+    # watching --------------------------------------------------------------------------------
+    def check_alive(self, excused: Callable[[int], bool] = lambda i: False) -> None:
+        """Raise when a helper or a consumer exited early; a consumer being replaced, one a fault
+        ended, and one whose exit is ``excused`` (a fault's supervision replaces it) are not."""
+        for name in self.helpers:  # a dead helper (the relay) stalls every consumer
+            p = self._procs.get(name)
             if p is not None and p.poll() is not None:
-                raise RunError(f"{name} exited with {p.returncode}; see {self.run.scratch / f'{name}.log'}")
-        for i, c in enumerate(self.run.consumers):
-            if i not in self.run.respawning and i not in self.run.ended and c.poll() is not None and not (
-                    self.run.injector is not None and self.run.injector.supervises(i)):
-                raise RunError(f"consumer {i} exited with {c.returncode}; see {self.run.scratch / f'consumer-{i}.log'}")
+                raise RunError(f"{name} exited with {p.returncode}; see {self.env.scratch / f'{name}.log'}")
+        for i, c in enumerate(self._consumers):
+            if i not in self._respawning and i not in self._ended and c.poll() is not None and not excused(i):
+                raise RunError(f"consumer {i} exited with {c.returncode}; "
+                               f"see {self.env.scratch / f'consumer-{i}.log'}")
 
-    async def stop_consumers(self) -> list[dict[str, Any]]:
-        for c in self.run.consumers:
+    def senders_failed(self) -> int | None:
+        """The senders' exit status when they exited with an error (they write no result then)."""
+        code = self._procs["senders"].poll()
+        return code if code not in (None, 0) else None
+
+    def kill_senders(self) -> int | None:
+        """SIGKILL the senders if they still run (the disk guard: the load writes the WAL); their pid."""
+        senders = self._procs.get("senders")
+        if senders is None or senders.poll() is not None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            senders.kill()
+        return senders.pid
+
+    # the consumers, for a fault (lab.faults.FaultContext) ------------------------------------
+    def consumer(self, i: int) -> psutil.Popen:
+        return self._consumers[i]
+
+    def consumer_count(self) -> int:
+        return len(self._consumers)
+
+    def replacing(self, i: int) -> bool:
+        return i in self._respawning
+
+    def expect_exit(self, i: int) -> None:
+        self._ended.add(i)
+
+    def consumer_error(self, i: int) -> str | None:
+        try:
+            error = json.loads((self.env.scratch / f"consumer-{i}.json").read_text()).get("error")
+        except (OSError, ValueError):
+            return None
+        return None if error is None else str(error)
+
+    def exited(self) -> list[int]:
+        """Consumers that exited, not being replaced and not ended by a fault."""
+        return [i for i, c in enumerate(self._consumers)
+                if i not in self._respawning and i not in self._ended and c.poll() is not None]
+
+    def begin_replacing(self, i: int) -> None:
+        """Consumer ``i``'s exit is no failure from here on: it is being replaced."""
+        self._respawning.add(i)
+
+    async def replace(self, i: int, event: Event) -> None:
+        """Start a replacement for consumer ``i`` (same index, same cgroup, which keeps the killed
+        one's CPU) and wait until it is ready; ``event`` records its start and readiness."""
+        self._respawning.add(i)
+        children.forget(self.env.settings, [self._consumers[i]])
+        ready = self.env.scratch / f"consumer-{i}.ready"
+        ready.unlink(missing_ok=True)
+        new = self._consumers[i] = self.spawn_consumer([i])  # on the loop's thread: it dies with this one
+        group = self._consumer_groups[i] if i < len(self._consumer_groups) else None
+        if group is not None:
+            group.attach([new.pid])
+        event("replacement started", consumer=i, pid=new.pid)
+        timeout = self.env.scenario.ready_timeout_s
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if new.poll() is not None:
+                raise RunError(f"replacement consumer {i} exited with {new.returncode}")
+            if time.monotonic() > deadline:
+                raise RunError(f"replacement consumer {i} not ready after {timeout:.0f} s")
+            await asyncio.sleep(0.05)
+        self._respawning.discard(i)
+        event("replacement ready", consumer=i, pid=new.pid)
+
+    # stopping --------------------------------------------------------------------------------
+    async def stop(self) -> Stopped:
+        """Stop the consumers (SIGTERM, bounded) and then the pipeline's helpers; their result files."""
+        for c in self._consumers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 c.send_signal(signal.SIGTERM)
-        results = []
-        for c in self.run.consumers:
+        for c in self._consumers:
             try:
                 await asyncio.to_thread(c.wait, 30)
             except psutil.TimeoutExpired:
                 c.kill()
-        for i in range(self.run.scenario.consumers):  # one result file per consumer in either layout
-            path = self.run.scratch / f"consumer-{i}.json"
-            results.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
-        return results
+        consumers = []
+        for i in range(self.env.scenario.consumers):  # one result file per consumer in either layout
+            path = self.env.scratch / f"consumer-{i}.json"
+            consumers.append(json.loads(path.read_text()) if path.exists() else {"index": i, "error": "no result"})
+        return Stopped(consumers, await self._stop_helpers(), sorted(self._ended))
 
-    async def cleanup(self) -> None:
-        """Stop our processes and the pipeline's source, drop slots; never raises."""
-        cgroups.move_to(self.run.home_cgroup)  # the caller (pytest, a kernel) leaves the lab's group
-        if self.run.injector is not None:  # before any stop: a stopped consumer would ignore its SIGTERM
-            self.run.injector.restore()  # (and a service the fault stopped starts outside our groups)
+    async def _stop_helpers(self) -> dict[str, Any]:
+        """Stop the pipeline's helpers (SIGTERM, bounded) and read each one's ``<name>.json``, once."""
+        if self._helpers_stopped or not self.helpers:
+            return {}
+        self._helpers_stopped = True
+        procs = [self._procs[n] for n in self.helpers if n in self._procs]
         with contextlib.suppress(psutil.Error):
-            await asyncio.to_thread(children.stop, [c for c in self.run.consumers if c.poll() is None], timeout=0)
-        if self.run.pipeline.helpers and not self.run.helper_results:  # stopped before the teardown
-            self.run.helper_results = await self.stop_helpers()
+            await asyncio.to_thread(children.stop, [p for p in procs if p.poll() is None], timeout=10)
+        out: dict[str, Any] = {}
+        for name in self.helpers:
+            with contextlib.suppress(OSError, ValueError):
+                out[name] = json.loads((self.env.scratch / f"{name}.json").read_text())
+        return out
+
+    def go_home(self) -> None:
+        """The runner leaves the lab's groups (the caller, pytest or a kernel, is not measured after
+        the run, and a service a fault started again meanwhile starts outside them)."""
+        cgroups.move_to(self._home)
+
+    async def cleanup(self) -> Stopped:
+        """Stop every process of the run, the pipeline's source and transport, drop the readers'
+        slots; what the helpers left if they were still running; never raises."""
+        with contextlib.suppress(psutil.Error):
+            await asyncio.to_thread(children.stop, [c for c in self._consumers if c.poll() is None], timeout=0)
+        left = Stopped(helpers=await self._stop_helpers(), ended=sorted(self._ended))  # before the teardown
         with contextlib.suppress(Exception):
-            await self.run.pipeline.teardown()
-        ours = [*self.run.consumers, *self.run.procs.values()]
+            await self.env.pipeline.teardown()
+        ours = [*self._consumers, *self._procs.values()]
         with contextlib.suppress(Exception):
             await asyncio.to_thread(children.stop, [p for p in ours if p.poll() is None], timeout=10)
-            children.forget(self.run.settings, ours)
+            children.forget(self.env.settings, ours)
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(drop_slots, self.run.settings.pg_dsn, "load_test_slot")
-        with contextlib.suppress(Exception):
-            await self.run.decoders.stop()
-        if self.run._http is not None:
-            await self.run._http.close()
-        if self.run.injector is not None:  # last: nothing of the run may still use the promoted standby
-            await self.run.injector.undo()
+            await asyncio.to_thread(drop_slots, self.env.settings.pg_dsn, "load_test_slot")
+        if self._http is not None:
+            await self._http.close()
+        return left

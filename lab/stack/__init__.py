@@ -1,10 +1,11 @@
-"""Native and compose stacks behind one interface."""
+"""Native and compose stacks behind one interface (:class:`~lab.stack.base.Stack`); the native one also
+controls its services (:class:`~lab.stack.base.ServiceControl`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lab.stack.base import Stack, StackError
+from lab.stack.base import ServiceControl, Stack, StackError
 
 if TYPE_CHECKING:
     from lab.settings import Settings
@@ -23,3 +24,12 @@ def get_stack(settings: Settings) -> Stack:
 
         return ComposeStack(settings)
     raise StackError(f"unknown LAB_BACKEND {settings.backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def controls_services(settings: Settings) -> bool:
+    """Whether the backend ``settings`` name controls its services (its stack's ``control``: the
+    native backend, whose services are processes of its own), known before a stack is built."""
+    return settings.backend == "native"
+
+
+__all__ = ["BACKENDS", "ServiceControl", "Stack", "StackError", "controls_services", "get_stack"]

@@ -1,8 +1,15 @@
-"""The contract every stack backend and every native service fulfils."""
+"""The contracts of the stack: what every backend answers (:class:`Stack`), what only a backend
+that runs its services as processes of its own can do to them (:class:`ServiceControl`), and one
+local service of the native backend (:class:`NativeService`).
+
+A capability a backend lacks is never probed for: :attr:`Stack.control` is None on a backend that
+cannot stop, kill or fail over its services (compose: containers), and a fault that needs it
+says so (``needs_control``, :mod:`lab.faults`) and is refused there before anything starts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -10,12 +17,13 @@ import psutil
 
 if TYPE_CHECKING:
     from lab.settings import Settings
-    from lab.stack.rabbitmq_broker import RabbitMQService
-    from lab.stack.rabbitmq_cluster import RabbitMQCluster
-    from lab.stack.standby import PostgresStandby
 
 Counter = Callable[[], tuple[float, float]]
 """Reader of a container's (cumulative CPU s, memory MB)."""
+ParticipantSource = list[psutil.Process] | Counter
+"""How a participant's CPU is read: the roots of its local process trees now, or a container's counter."""
+ErlCall = tuple[list[str], dict[str, str]]
+"""``(argv, env)`` of an ``erl_call`` that evaluates the Erlang expressions on its stdin on a RabbitMQ node."""
 
 
 class StackError(RuntimeError):
@@ -62,13 +70,86 @@ class NativeService(Protocol):
     def processes(self) -> list[psutil.Process]: ...
 
 
+@dataclass(frozen=True)
+class DebeziumStart:
+    """What starting one Debezium instance gave: its sink, the pids of its processes (none for a
+    container) and the seconds from its start until its slot streamed (None: it ran already)."""
+
+    sink: str
+    pids: tuple[int, ...] = ()
+    start_to_streaming_s: float | None = None
+
+
+class Standby(Protocol):
+    """The ``ha`` topology's PostgreSQL standby, as the runner and the failover read it."""
+
+    port: int
+
+    def slots(self) -> list[dict[str, object]]:
+        """Every replication slot on the standby: ``slot``, ``synced``, ``temporary``, ..."""
+        ...
+
+
+class ServiceControl(Protocol):
+    """What only a backend whose services are processes of its own can do to them: the faults'
+    stops, kills and failover, and what its services answer only locally. Implemented by
+    :class:`lab.stack.native.NativeStack` (:attr:`Stack.control`)."""
+
+    @property
+    def standby(self) -> Standby | None:
+        """The ``ha`` topology's PostgreSQL standby; None without one."""
+        ...
+
+    def processes(self, participant: str) -> list[psutil.Process]:
+        """The roots of one participant's process trees now (a service, a node, ``debezium``,
+        ``debezium-<sink>``); empty when it does not run."""
+        ...
+
+    def kill_debezium(self, sink: str) -> int | None:
+        """SIGKILL the Debezium instance of ``sink``; its pid, None when none ran."""
+        ...
+
+    def move_debezium(self, sink: str, port: int | None) -> None:
+        """Point Debezium of ``sink`` at another PostgreSQL port (None: the primary) for its next start."""
+        ...
+
+    def stop_service(self, name: str) -> None:
+        """Stop one always-on service or broker node, keeping its data."""
+        ...
+
+    def start_service(self, name: str) -> None:
+        """Start a stopped service or broker node again; returns once it serves."""
+        ...
+
+    def kill_node(self, name: str) -> list[int]:
+        """SIGKILL one broker node (``ha``); the pids killed."""
+        ...
+
+    def fail_over(self, *, immediate: bool = False) -> dict[str, float]:
+        """Stop the primary and promote the standby (``ha``); seconds of stop and promotion."""
+        ...
+
+    def fail_back(self) -> None:
+        """Undo :meth:`fail_over`: the primary serves again and the standby is rebuilt from it."""
+        ...
+
+    def queue_replicas(self, queue: str) -> dict[str, object] | None:
+        """The RabbitMQ cluster's members of quorum queue ``queue`` and its leader; None on one node."""
+        ...
+
+    def erl_call(self) -> ErlCall | None:
+        """How to evaluate Erlang on the RabbitMQ node (its queue's backlog without a VM to boot);
+        None where that is not available (no ``erl_call``, a cluster)."""
+        ...
+
+
 class Stack(Protocol):
-    """What the runner, the pipelines and the measurements ask of a stack backend.
+    """What the runner, the pipelines and the measurements ask of every stack backend.
 
     Implemented by :class:`lab.stack.native.NativeStack` (topologies ``single`` and ``ha``) and
-    :class:`lab.stack.compose.ComposeStack` (``single`` only). A capability a backend lacks is a
-    method that raises :class:`StackError` with one line naming what is needed (the faults on
-    compose), or an attribute that is None (``standby``, ``rabbitmq``, :meth:`counters`).
+    :class:`lab.stack.compose.ComposeStack` (``single`` only): who it is, its lifecycle, where its
+    clients connect, its status, the one Debezium instance a run needs, its participants and what a
+    run records of it. What only some backends can do is :attr:`control`.
     """
 
     @property
@@ -87,18 +168,8 @@ class Stack(Protocol):
         ...
 
     @property
-    def standby(self) -> PostgresStandby | None:
-        """The ``ha`` topology's PostgreSQL standby; None without one."""
-        ...
-
-    @property
-    def rabbitmq(self) -> RabbitMQService | RabbitMQCluster | None:
-        """The local RabbitMQ service or cluster (queue replicas, backlog); None when it is a container."""
-        ...
-
-    @property
-    def service_names(self) -> tuple[str, ...]:
-        """The always-on participants, one name per node (``kafka-1``..3 under ``ha``)."""
+    def control(self) -> ServiceControl | None:
+        """Its services' control (:class:`ServiceControl`); None where it cannot stop, kill or fail over one."""
         ...
 
     def endpoints(self) -> Endpoints:
@@ -121,7 +192,7 @@ class Stack(Protocol):
         """One line per service or node, for ``lab stack status``."""
         ...
 
-    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> object:
+    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumStart:
         """Start the Debezium instance of ``sink``; returns once its slot streams. ``resume``
         (restart from the kept slot and offsets) raises :class:`StackError` on compose."""
         ...
@@ -130,49 +201,24 @@ class Stack(Protocol):
         """Stop the Debezium instance of ``sink`` (no-op when it is not running)."""
         ...
 
-    def kill_debezium(self, sink: str) -> int | None:
-        """SIGKILL the Debezium instance of ``sink`` (a fault); its pid, None when none ran."""
-        ...
-
-    def stop_service(self, name: str) -> None:
-        """Stop one always-on service or broker node, keeping its data (a fault)."""
-        ...
-
-    def start_service(self, name: str) -> None:
-        """Start a stopped service or broker node again; returns once it serves."""
-        ...
-
-    def kill_node(self, name: str) -> list[int]:
-        """SIGKILL one broker node (``ha``); the pids killed."""
-        ...
-
-    def fail_over(self, *, immediate: bool = False) -> dict[str, float]:
-        """Stop the primary and promote the standby (``ha``); seconds of stop and promotion."""
-        ...
-
-    def move_debezium(self, sink: str, port: int | None) -> None:
-        """Point Debezium of ``sink`` at another PostgreSQL port (None: the primary) for its next start."""
-        ...
-
-    def fail_back(self) -> None:
-        """Undo :meth:`fail_over`: the primary serves again and the standby is rebuilt from it."""
-        ...
-
-    def participants(self) -> dict[str, list[psutil.Process]]:
-        """Participant name -> roots of its process trees (local processes only)."""
-        ...
-
-    def debezium_processes(self, sink: str) -> list[psutil.Process]:
-        """Roots of the process trees of the Debezium instance of ``sink`` (local processes only)."""
-        ...
-
-    def counters(self) -> dict[str, Counter] | None:
-        """Participant -> container CPU/memory reader; None when CPU is read from local process trees."""
+    def participants(self) -> Mapping[str, ParticipantSource]:
+        """Participant name -> how its CPU is read: the always-on services, one name per node
+        (``kafka-1``..3 under ``ha``), ``debezium`` (both instances) and ``debezium-<sink>`` (one)."""
         ...
 
     def record(self) -> dict[str, Any]:
         """What a run stores about the stack beyond backend and topology (``images`` at least)."""
         ...
+
+
+def debezium_participant(sink: str) -> str:
+    """The participant of one Debezium instance (``debezium`` counts both)."""
+    return f"debezium-{sink}"
+
+
+def services(participants: Mapping[str, ParticipantSource]) -> tuple[str, ...]:
+    """The always-on services among a stack's participants (every name but Debezium's)."""
+    return tuple(n for n in participants if n != "debezium" and not n.startswith("debezium-"))
 
 
 DEBEZIUM_SINKS = ("kafka", "rabbitmq")

@@ -21,14 +21,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack.base import DEBEZIUM_SINKS, Endpoints, ServiceStatus, StackError, check_sink
+from lab.stack.base import (
+    DEBEZIUM_SINKS,
+    DebeziumStart,
+    Endpoints,
+    ServiceStatus,
+    StackError,
+    check_sink,
+    debezium_participant,
+)
 from lab.stack.containers import ContainerCounter, StatsBoard
 from lab.stack.debezium import SLOT, render_properties
 from lab.stack.engine import compose_command, compose_env, docker_client, engine_routed
@@ -37,14 +44,10 @@ from lab.stack.images import missing_images
 log = logging.getLogger(__name__)
 
 SERVICES = ("postgres", "kafka", "rabbitmq")
-DEBEZIUM = {sink: f"debezium-{sink}" for sink in DEBEZIUM_SINKS}
+DEBEZIUM = {sink: debezium_participant(sink) for sink in DEBEZIUM_SINKS}  # service names as participant names
 HEALTH_TIMEOUT = 240.0
 DEBEZIUM_TIMEOUT = 180.0
 Counter = Callable[[], tuple[float, float]]
-
-
-def _native_only(what: str) -> StackError:
-    return StackError(f"{what} needs LAB_BACKEND=native (the compose backend runs containers)")
 
 
 #: where the containers' secrets are copied: PostgreSQL's password file (POSTGRES_PASSWORD_FILE in
@@ -91,10 +94,12 @@ def put_files(container: Any, folder: str, files: dict[str, tuple[bytes, int]]) 
 
 
 class ComposeStack:
+    """The services as containers (a :class:`~lab.stack.base.Stack`); it controls no service on its
+    own (:attr:`control` None): the faults that stop, kill or fail over one are native only."""
+
     backend = "compose"
     topology = "single"  # the ha topology is native only: up refuses it
-    standby: None = None
-    rabbitmq: None = None  # a container: no local service object
+    control: None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -214,7 +219,7 @@ class ComposeStack:
             return
         self._compose("down", "-t", "30", *(["-v"] if purge else []))
 
-    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> None:
+    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumStart:
         """Create the instance, copy its rendered application.properties in, start it, and wait
         until its replication slot streams (as the native DebeziumService.start). ``durable``
         as there; ``resume`` (a restart after ``debezium-kill``) is native only."""
@@ -226,7 +231,8 @@ class ComposeStack:
         if c is None:
             raise StackError(f"compose created no {service} container")
         if c.status == "running":
-            return
+            return DebeziumStart(sink)
+        t0 = time.monotonic()
         text = render_properties(self.settings, sink, compose=True, durable=durable).encode()
         put_files(c, "/debezium/config", {"application.properties": (text, 0o644)})
         c.start()
@@ -242,37 +248,7 @@ class ComposeStack:
         except TimeoutError as exc:
             c.stop(timeout=30)
             raise StackError(f"{service}: {exc}") from None
-
-    @property
-    def service_names(self) -> tuple[str, ...]:
-        return SERVICES
-
-    def kill_debezium(self, sink: str) -> int | None:
-        raise _native_only("debezium-kill")
-
-    def stop_service(self, name: str) -> None:
-        raise _native_only("stopping one service")
-
-    def start_service(self, name: str) -> None:
-        raise _native_only("starting one service")
-
-    def kill_node(self, name: str) -> list[int]:
-        raise _native_only("broker-node-kill")
-
-    def fail_over(self, *, immediate: bool = False) -> dict[str, float]:
-        raise _native_only("postgres-failover")
-
-    def move_debezium(self, sink: str, port: int | None) -> None:
-        raise _native_only("moving Debezium")
-
-    def fail_back(self) -> None:
-        raise _native_only("failing back")
-
-    def participants(self) -> dict[str, list[psutil.Process]]:
-        raise StackError("the compose backend's services are containers: read them with counters()")
-
-    def debezium_processes(self, sink: str) -> list[psutil.Process]:
-        raise StackError("the compose backend's Debezium is a container: read it with counters()")
+        return DebeziumStart(sink, start_to_streaming_s=round(time.monotonic() - t0, 2))
 
     def stop_debezium(self, sink: str) -> None:
         c = self.container(DEBEZIUM[check_sink(sink)])
@@ -321,9 +297,9 @@ class ComposeStack:
                 out[service] = c.image.id
         return out
 
-    def counters(self) -> dict[str, Counter]:
-        """Participant -> reader of (cumulative CPU s, memory MB): the services, both Debezium
-        instances together (``debezium``, a run uses one) and each one (idle baseline)."""
+    def participants(self) -> dict[str, Counter]:
+        """Participant -> reader of its container's (cumulative CPU s, memory MB): the services, both
+        Debezium instances together (``debezium``, a run uses one) and each one (idle baseline)."""
         board = self._board = StatsBoard(self.client, self.container, (*SERVICES, *DEBEZIUM.values()))
         out: dict[str, Counter] = {s: ContainerCounter(board, (s,)) for s in SERVICES}
         out["debezium"] = ContainerCounter(board, tuple(DEBEZIUM.values()))

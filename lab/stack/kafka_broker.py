@@ -26,9 +26,7 @@ import functools
 import hashlib
 import logging
 import shutil
-import socket
 import string
-import struct
 import subprocess
 import time
 import uuid
@@ -42,6 +40,7 @@ from lab.settings import Settings, child_env, node_host
 from lab.stack import proc
 from lab.stack.base import ServiceStatus, StackError
 from lab.stack.hosts import namespace
+from lab.stack.kafka_wire import metadata_brokers
 from lab.stack.provision import java_home, java_version, mvn
 
 log = logging.getLogger(__name__)
@@ -93,62 +92,6 @@ def server_properties(settings: Settings, node_id: int, data_dir: Path) -> str:
         replication_factor=rep["replication_factor"],
         min_isr=rep["min_insync_replicas"],
     )
-
-
-# A readiness probe in the Kafka protocol (kafka.apache.org/protocol), two requests over one socket:
-# ApiVersions v0 (which every broker answers), then Metadata at a version both sides know, asking
-# for no topic (an empty list, never null: no topic is listed or auto-created).
-API_VERSIONS, METADATA = 18, 3
-UNSUPPORTED_VERSION = 35
-METADATA_VERSIONS = (4, 8)  # non-flexible versions with allow_auto_topic_creation (Kafka 4 keeps 4+)
-_CLIENT_ID = b"fanout-lab-probe"
-
-
-def metadata_brokers(host: str, port: int, timeout: float = 2.0) -> int:
-    """How many brokers the node at ``host:port`` lists in its cluster metadata.
-
-    Raises ``OSError`` (no answer, connection closed) or ``ValueError`` (an answer that is not
-    what the protocol says, or no Metadata version in :data:`METADATA_VERSIONS`); never more than
-    a socket's worth of trouble for the calling process."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
-        body = _request(sock, API_VERSIONS, 0, 1, b"")
-        error, count = struct.unpack_from(">hi", body)
-        if error not in (0, UNSUPPORTED_VERSION):  # the latter still lists what the broker supports
-            raise ValueError(f"ApiVersions error {error}")
-        keys = {k: (lo, hi) for k, lo, hi in struct.iter_unpack(">hhh", body[6:6 + 6 * count])}
-        lo, hi = keys.get(METADATA, (0, -1))
-        version = min(hi, METADATA_VERSIONS[1])
-        if version < max(lo, METADATA_VERSIONS[0]):
-            raise ValueError(f"no common Metadata version: broker {lo}..{hi}, probe {METADATA_VERSIONS}")
-        # topics: empty array; allow_auto_topic_creation false; v8: no authorized operations
-        request = struct.pack(">i?", 0, False) + (struct.pack(">??", False, False) if version >= 8 else b"")
-        body = _request(sock, METADATA, version, 2, request)
-        _throttle_ms, brokers = struct.unpack_from(">ii", body)
-        return brokers
-
-
-def _request(sock: socket.socket, api_key: int, version: int, correlation: int, body: bytes) -> bytes:
-    """One request (header v1) and its response body (header v0: the correlation id)."""
-    header = struct.pack(">hhih", api_key, version, correlation, len(_CLIENT_ID)) + _CLIENT_ID
-    sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
-    size = struct.unpack(">i", _recv(sock, 4))[0]
-    if not 4 <= size <= 1 << 20:
-        raise ValueError(f"Kafka response of {size} bytes")
-    response = _recv(sock, size)
-    if struct.unpack_from(">i", response)[0] != correlation:
-        raise ValueError("Kafka answered another request")
-    return response[4:]
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("Kafka closed the connection")
-        buf += chunk
-    return bytes(buf)
 
 
 class KafkaService:
@@ -306,7 +249,7 @@ class KafkaService:
     def wait_ready(self, p: psutil.Process, *, brokers: int = 1, timeout: float = START_TIMEOUT) -> None:
         """Until this node answers a metadata request listing ``brokers`` brokers.
 
-        Asked with :func:`metadata_brokers` over a plain socket, not librdkafka: an AdminClient
+        Asked with :func:`lab.stack.kafka_wire.metadata_brokers` over a plain socket, not librdkafka: an AdminClient
         polled while a broker (re)starts once aborted the whole process (SIGABRT inside
         ``list_topics``), and this wait runs in the runner's process during faults."""
         host = self.host

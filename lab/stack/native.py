@@ -17,16 +17,24 @@ import contextlib
 import logging
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg
 
 from lab.pg import slots
 from lab.settings import Settings
-from lab.stack import children, hosts, proc, remote_engine, stackdir
-from lab.stack.base import DEBEZIUM_SINKS, Endpoints, NativeService, ServiceStatus, StackError, check_sink
+from lab.stack import children, hosts, leftover_slots, proc, remote_engine, stackdir
+from lab.stack.base import (
+    DEBEZIUM_SINKS,
+    DebeziumStart,
+    Endpoints,
+    ErlCall,
+    NativeService,
+    ServiceStatus,
+    StackError,
+    check_sink,
+    debezium_participant,
+)
 from lab.stack.debezium import DebeziumService
 from lab.stack.kafka_broker import KafkaCluster, KafkaService
 from lab.stack.postgres import PostgresService, reset_altered
@@ -39,7 +47,9 @@ log = logging.getLogger(__name__)
 
 
 class NativeStack:
-    """``up``/``down``/``status`` of the always-on services plus on-demand Debezium."""
+    """``up``/``down``/``status`` of the always-on services plus on-demand Debezium (a
+    :class:`~lab.stack.base.Stack`), and the control of those services, which are processes of its
+    own (its :class:`~lab.stack.base.ServiceControl`: :attr:`control` is itself)."""
 
     backend = "native"
 
@@ -76,10 +86,9 @@ class NativeStack:
         return [KafkaService(s), RabbitMQService(s)]
 
     @property
-    def service_names(self) -> tuple[str, ...]:
-        """The always-on participants, a name per node (``kafka-1``..3, ``rabbitmq-1``..3 and
-        ``postgres-standby`` under ``ha``)."""
-        return tuple(self.participants())[:-1]  # all but debezium
+    def control(self) -> NativeStack:
+        """Its services are processes of its own: it controls them itself."""
+        return self
 
     def endpoints(self) -> Endpoints:
         s = self.settings
@@ -115,7 +124,7 @@ class NativeStack:
                     started.append(service)
                     service.start()
                 if service is self.postgres:  # the topology's slot and setting on the primary
-                    self._drop_pending_slots()
+                    leftover_slots.drop_pending(self.settings)
                     configure_primary(self.settings)
                     reset_altered(self.settings.pg_primary_dsn)  # what a killed fault run left changed
         except BaseException:
@@ -179,8 +188,8 @@ class NativeStack:
             errors.append(str(exc))
         # the other topology's nodes too: `down` stops whatever this stack dir runs
         for service in [*self.debezium.values(), *self._other_topology(), *reversed(self.services)]:
-            if service is self.postgres and not purge:  # a purge deletes the cluster, its slots with it
-                self._drop_slots(errors)
+            if service is self.postgres and not purge and service.processes():  # a purge deletes the slots too
+                leftover_slots.drop_all(self.settings, errors)
             try:
                 service.stop(purge=purge)
             except Exception as exc:  # keep stopping the others
@@ -201,42 +210,6 @@ class NativeStack:
             kept = f"; state kept in {self.settings.stack_dir} (not purged)" if purge else ""
             raise StackError("could not stop cleanly: " + "; ".join(errors) + kept)
 
-    def _drop_slots(self, errors: list[str]) -> None:
-        """Drop every replication slot of the stack's private cluster (a killed run's readers'
-        or Debezium's): a slot left while the stack is down would pin WAL at the next start."""
-        if not self.postgres.processes():
-            return
-        if self.settings.netns and not hosts.routed(self.settings):  # its address leads off the machine now
-            # recorded: the next `up` drops them once PostgreSQL is reached again (they pin its WAL)
-            self.pending_slots.write_text(f"{hosts.NOT_UP}\n")
-            log.warning("replication slots not dropped (%s): the next `lab stack up` drops them", hosts.NOT_UP)
-            return
-        try:
-            dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
-        except psycopg.OperationalError as exc:
-            if not missing_database(str(exc), self.settings.pg_database):
-                errors.append(f"replication slots: {exc}")
-            else:  # an `up` killed before it created the database, and before any slot
-                log.info("no replication slots to drop: database %s does not exist yet", self.settings.pg_database)
-        except Exception as exc:
-            errors.append(f"replication slots: {exc}")
-        else:
-            if dropped:
-                log.info("dropped replication slots %s", ", ".join(dropped))
-
-    @property
-    def pending_slots(self) -> Path:
-        """The record of slots a ``down`` could not drop (the host layout was not routed then)."""
-        return self.settings.stack_dir / "slots.pending"
-
-    def _drop_pending_slots(self) -> None:
-        """Drop the slots a ``down`` left (:attr:`pending_slots`), now that PostgreSQL is reached."""
-        if not self.pending_slots.exists():
-            return
-        dropped = slots.drop_slots(self.settings.pg_primary_dsn, "")
-        log.info("dropped the replication slots an earlier `down` could not: %s", ", ".join(dropped) or "none")
-        self.pending_slots.unlink(missing_ok=True)
-
     def status(self) -> list[ServiceStatus]:
         """One line per node: the cluster's Kafka nodes each on their own, and the other
         topology's nodes too while they run (a status asked without ``--topology``)."""
@@ -249,12 +222,12 @@ class NativeStack:
             out += service.statuses() if isinstance(service, KafkaCluster | RabbitMQCluster) else [service.status()]
         return out
 
-    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumService:
+    def start_debezium(self, sink: str, *, durable: bool = False, resume: bool = False) -> DebeziumStart:
         """Start one Debezium instance (:meth:`DebeziumService.start`: ``durable`` in fault runs,
         ``resume`` to restart it from its kept slot and offsets)."""
         service = self.debezium[check_sink(sink)]
         service.start(durable=durable, resume=resume)
-        return service
+        return DebeziumStart(sink, tuple(p.pid for p in service.processes()), service.last_start_s)
 
     def kill_debezium(self, sink: str) -> int | None:
         """SIGKILL one Debezium instance (a fault); its pid, or None when none ran."""
@@ -305,8 +278,8 @@ class NativeStack:
         # the node's own recorded tree only (proc.terminate with SIGKILL, which counts a zombie
         # as gone): node 1's epmd, in a directory of its own, serves the other two nodes here,
         # where on three hosts each would have its own
-        node = self.service(name)
-        state_dir = node.state_dir if isinstance(node, KafkaService) else node.dir  # type: ignore[attr-defined]
+        node = next(n for n in self._nodes() if n.name == name)
+        state_dir = node.state_dir if isinstance(node, KafkaService) else node.dir
         root = proc.running(state_dir)
         pids = [] if root is None else [root.pid, *(c.pid for c in _children(root))]
         proc.terminate(state_dir, timeout=0, sig=signal.SIGKILL)
@@ -353,20 +326,13 @@ class NativeStack:
     def stop_debezium(self, sink: str) -> None:
         self.debezium[check_sink(sink)].stop()
 
-    def debezium_processes(self, sink: str) -> list[psutil.Process]:
-        return self.debezium[check_sink(sink)].processes()
-
-    def counters(self) -> None:
-        """None: CPU is read from the services' process trees (:meth:`participants`)."""
-        return None
-
     def record(self) -> dict[str, Any]:
         """Local processes run no images."""
         return {"images": None}
 
     def participants(self) -> dict[str, list[psutil.Process]]:
-        """Participant name -> roots of its process trees (empty when not running)."""
-        debezium = [p for d in self.debezium.values() for p in d.processes()]
+        """Participant name -> roots of its process trees now (empty when not running)."""
+        each = {debezium_participant(sink): d.processes() for sink, d in self.debezium.items()}
         out = {"postgres": self.postgres.processes()}
         if self.standby is not None:
             out["postgres-standby"] = self.standby.processes()
@@ -378,16 +344,22 @@ class NativeStack:
             out |= {node.name: node.processes() for node in self.rabbitmq.nodes}
         else:
             out["rabbitmq"] = self.rabbitmq.processes()
-        return out | {"debezium": debezium}
+        return out | {"debezium": [p for roots in each.values() for p in roots]} | each
+
+    def processes(self, participant: str) -> list[psutil.Process]:
+        return self.participants().get(participant, [])
+
+    def queue_replicas(self, queue: str) -> dict[str, object] | None:
+        """The cluster's members of ``queue`` and its leader (``ha``); None on one node."""
+        return self.rabbitmq.queue_replicas(queue) if isinstance(self.rabbitmq, RabbitMQCluster) else None
+
+    def erl_call(self) -> ErlCall | None:
+        """``erl_call`` on the one RabbitMQ node; None for a cluster (its queue's backlog is then
+        read with a passive declare)."""
+        return self.rabbitmq.erl_call() if isinstance(self.rabbitmq, RabbitMQService) else None
 
 
 def _children(root: psutil.Process) -> list[psutil.Process]:
     with contextlib.suppress(psutil.Error):
         return root.children(recursive=True)
     return []
-
-
-def missing_database(error: str, database: str) -> bool:
-    """Whether a connection ``error`` says that ``database`` does not exist (the server's FATAL at
-    login; psycopg gives a connection's failure no SQLSTATE)."""
-    return f'database "{database}" does not exist' in error

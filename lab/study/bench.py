@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
 
 from lab.measure.idle import sample_idle
-from lab.measure.services import Source, service_names, service_sources
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack import get_stack
-from lab.stack.base import DEBEZIUM_SINKS
+from lab.stack.base import DEBEZIUM_SINKS, ParticipantSource, debezium_participant, services
 from lab.stack.proc import run_interruptible
 
 Say = Callable[[str], None]
@@ -35,23 +34,23 @@ def bench_stack(settings: Settings, *, idle_s: float = 30.0, say: Say = lambda _
     stack.up()
     out: dict[str, Any] = {"warm_up_s": round(time.monotonic() - t0, 1)}
     say(f"warm up: {out['warm_up_s']} s; measuring idle services for {idle_s:.0f} s")
-    services = service_names(stack)  # a participant per node (the ha topology)
+    sources = stack.participants()  # a participant per node (the ha topology)
     out["topology"] = stack.topology
-    out["idle"] = _idle(settings, service_sources(stack, services), services, idle_s)
+    out["idle"] = _idle(settings, sources, services(sources), idle_s)
     out["debezium_start_s"] = {}
     for sink in DEBEZIUM_SINKS:
         say(f"starting debezium-{sink}, then measuring it idle for {idle_s:.0f} s")
         t0 = time.monotonic()
         stack.start_debezium(sink)
         out["debezium_start_s"][sink] = round(time.monotonic() - t0, 1)
-        name = f"debezium-{sink}"
-        out["idle"].update(_idle(settings, service_sources(stack, (name,)), (name,), idle_s))
+        name = debezium_participant(sink)
+        out["idle"].update(_idle(settings, stack.participants(), (name,), idle_s))
         stack.stop_debezium(sink)
     return out
 
 
 def _idle(
-    settings: Settings, roots: dict[str, Source], names: tuple[str, ...], idle_s: float
+    settings: Settings, roots: Mapping[str, ParticipantSource], names: tuple[str, ...], idle_s: float
 ) -> dict[str, dict[str, float]]:
     """CPU % of one core and mean RSS of each named participant over ``idle_s`` of idling."""
     window = sample_idle(settings, {n: roots[n] for n in names}, idle_s)

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lab.scenario import PIPELINE_NAMES, Scenario, parse_rate_steps
+from lab.pipelines import NAMES
+from lab.scenario import Scenario, parse_rate_steps
 from lab.study.plots import finding, outside_legend, pipeline_color
 from lab.study.series import matrix, profile
 
@@ -51,7 +52,7 @@ def _num(x: Any) -> float:
 
 
 def _order(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    rank = {p: i for i, p in enumerate(NAMES)}
     return df.sort_values(by, key=lambda s: s.map(rank) if s.name == "pipeline" else s).reset_index(drop=True)
 
 
@@ -112,7 +113,7 @@ def capacity_figure(results: Iterable[Mapping[str, Any]]) -> Figure:
     (middle, log) and ms CPU per message of all participants (bottom), one line per N; a hollow
     marker is an unsustainable step."""
     steps = steps_table(results)
-    pipes = [p for p in PIPELINE_NAMES if p in set(steps["pipeline"])] or ["(no runs)"]
+    pipes = [p for p in NAMES if p in set(steps["pipeline"])] or ["(no runs)"]
     fig = Figure(figsize=(3.2 * len(pipes) + 0.6, 8.4), layout="constrained")
     axes = fig.subplots(3, len(pipes), sharex=True, squeeze=False)
     for k, pipeline in enumerate(pipes):

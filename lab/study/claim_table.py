@@ -46,7 +46,7 @@ import psycopg
 from psycopg import sql
 
 from lab.measure.vacuum import cpu_s, read_sizes
-from lab.pg.pgoutput import format_lsn
+from lab.pg.walstream import format_lsn
 from lab.settings import Settings
 from lab.stack import get_stack
 from lab.stack.base import StackError

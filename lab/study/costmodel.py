@@ -4,20 +4,7 @@ Input is runs as :func:`lab.results.load_runs` returns them (one row per run), o
 tables shaped the same way (:func:`published_runs`). Only successful, non-warm-up runs count, one
 point per run, so repeats weigh in.
 
-95 % intervals, and which one a report shows (``FanoutFit.ci_method``):
-
-* ``"bootstrap"`` when every N has at least 3 runs (2 when OLS-t is not available): runs are
-  resampled with replacement within each N (stratified, so every N stays represented), the fit is
-  redone, and the 2.5/97.5 percentiles are taken, with a small-sample correction
-  (:func:`_boot_draws`). This is what a report shows when there are repeats. (With 2 runs per N,
-  each N's resamples take only 3 distinct values and the interval covers ~87 % in simulation, so
-  OLS-t is shown instead; the bootstrap is still kept.)
-* ``"ols-t"`` otherwise, when there are at least 3 distinct N: OLS standard errors with Student's t
-  on n - 2 degrees of freedom. The published table (one run per cell) gets this one, because its
-  bootstrap degenerates to a single point.
-* ``"none"``: NaN intervals, when neither can be computed.
-
-Both are kept whenever they can be computed (``a_ci_boot``, ``a_ci_ols``, ...).
+95 % intervals of a fit, and which one a report shows (``FanoutFit.ci_method``): :mod:`lab.study.linefit`.
 
 Medians of a cell or of a broker's runs get a distribution-free order-statistic interval labelled
 with its exact coverage (:mod:`lab.study.intervals`; 75 % for 3 runs), not a nominal 95 %.
@@ -27,26 +14,22 @@ Only comparable runs are ever pooled (:mod:`lab.study.groups`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from lab.pipelines import NAMES
 from lab.results import load_reference
-from lab.scenario import PIPELINE_NAMES
 from lab.study import groups
 from lab.study.ha_nodes import rollup_nodes
 from lab.study.intervals import median_interval
+from lab.study.linefit import NAN_CI, Anchor, Interval, boot_draws, fit_line, percentile_ci, t975
 
 METRIC = "cpu_ms_per_msg"
-Z975 = 1.959963984540054  # standard normal 97.5 % quantile
-MIN_BOOT_RUNS = 3  # runs at every N before the bootstrap is the interval shown
 NOISE_REL = 0.10  # the article's rule: under 10 % is stand drift
-Interval = tuple[float, float]
-NAN_CI: Interval = (math.nan, math.nan)
-Anchor = Literal["ols", "first"]
 
 
 def measured(df: pd.DataFrame, pipeline: str | None = None, *, producer: str | None = "web") -> pd.DataFrame:
@@ -79,91 +62,6 @@ def participant_ms(df: pd.DataFrame, participant: str) -> np.ndarray:
     return (
         df[f"cpu_s.{participant}"].fillna(0).to_numpy(float) * 1000 / df["messages"].to_numpy(float)
     )
-
-
-def _t975(dof: int) -> float:
-    """Student's t 97.5 % quantile: closed forms for 1-2 dof, else the numerically inverted CDF."""
-    if dof == 1:
-        return math.tan(math.pi * 0.475)
-    if dof == 2:
-        return 0.95 * math.sqrt(2 / (4 * 0.975 * 0.025))
-    t = np.linspace(0.0, 12.0, 120_001)
-    logc = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
-    pdf = np.exp(logc - (dof + 1) / 2 * np.log1p(t * t / dof))
-    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(t))])
-    return float(np.interp(0.975, cdf, t))
-
-
-def _ci(draws: np.ndarray) -> Interval:
-    lo, hi = np.quantile(np.asarray(draws, float), [0.025, 0.975], method="inverted_cdf")
-    return float(lo), float(hi)
-
-
-def _resample(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """(n_boot, n) row indices, resampled with replacement within each N (x sorted)."""
-    starts, counts = np.unique(x, return_index=True, return_counts=True)[1:]
-    return np.hstack(
-        [s + rng.integers(0, c, (n_boot, c)) for s, c in zip(starts, counts, strict=True)]
-    )
-
-
-def _rescaled(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """y with each N's deviations from its mean scaled by sqrt(k / (k - 1)) (k runs at that N), so
-    that resampling k runs does not shrink their variance by the bootstrap's (k - 1) / k; single
-    runs stay as they are."""
-    out = y.astype(float)
-    for v in np.unique(x):
-        m = x == v
-        if (k := m.sum()) >= 2:
-            out[m] = y[m].mean() + (y[m] - y[m].mean()) * math.sqrt(k / (k - 1))
-    return out
-
-
-def _estimator(
-    x: np.ndarray, anchor: Anchor
-) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """(Y, YS) of shape (R, n) -> (a, b) arrays of length R, for the fixed design x = N - 1."""
-    if anchor == "ols":
-        xc = x - x.mean()
-        sxx = xc @ xc
-
-        def ols(y: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            b = ys @ xc / sxx
-            return y.mean(axis=1) - b * x.mean(), b
-
-        return ols
-    if anchor != "first":
-        raise ValueError(f"unknown anchor {anchor!r}: choose 'ols' or 'first'")
-    lo, hi, span = x == x.min(), x == x.max(), x.max() - x.min()
-
-    def first(y: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        base = np.median(ys[:, lo], axis=1)
-        return np.median(y[:, lo], axis=1), (np.median(ys[:, hi], axis=1) - base) / span
-
-    return first
-
-
-def _boot_draws(
-    x: np.ndarray,
-    y: np.ndarray,
-    ys: np.ndarray,
-    anchor: Anchor,
-    n_boot: int,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """(n_boot, 2) bootstrap (a, b): runs resampled within each N, small-sample corrected.
-
-    Two corrections keep the 95 % coverage near nominal with 3-5 runs per N (checked by simulation
-    in the unit tests): deviations are rescaled before resampling (:func:`_rescaled`), and the draws
-    are spread about the estimate by t(n - k) / z (k = number of distinct N), the t-interval's
-    allowance for a variance estimated from n - k degrees of freedom.
-    """
-    est = _estimator(x, anchor)
-    centre = np.column_stack(est(y[None], ys[None]))
-    idx = _resample(x, n_boot, rng)
-    draws = np.column_stack(est(_rescaled(x, y)[idx], _rescaled(x, ys)[idx]))
-    dof = x.size - np.unique(x).size
-    return centre + (draws - centre) * (_t975(dof) / Z975 if dof else 1.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,7 +109,7 @@ class FanoutFit:
         if self.ci_method == "ols-t" and self.cov is not None:
             se = np.sqrt(self.cov[0, 0] + 2 * x * self.cov[0, 1] + x * x * self.cov[1, 1])
             mid = self.predict(n)
-            return mid - _t975(self.dof) * se, mid + _t975(self.dof) * se
+            return mid - t975(self.dof) * se, mid + t975(self.dof) * se
         return None
 
 
@@ -241,30 +139,7 @@ def fit_fanout(
         )
     x, y = n - 1.0, runs[METRIC].to_numpy(float)
     ys = y if slope_from is None else participant_ms(runs, slope_from)
-    est = _estimator(x, anchor)
-    a, b = (float(v[0]) for v in est(y[None], ys[None]))
-    out: dict[str, Any] = {}
-    counts = np.unique(n, return_counts=True)[1]
-    if counts.max() >= 2:
-        draws = _boot_draws(x, y, ys, anchor, n_boot, np.random.default_rng(seed))
-        out |= dict(draws=draws, a_ci_boot=_ci(draws[:, 0]), b_ci_boot=_ci(draws[:, 1]))
-    if anchor == "ols" and slope_from is None and counts.size >= 3:
-        design = np.column_stack([np.ones_like(x), x])
-        dof = len(y) - 2
-        resid = y - design @ np.array([a, b])
-        cov = (resid @ resid / dof) * np.linalg.inv(design.T @ design)
-        half = _t975(dof) * np.sqrt(np.diag(cov))
-        a_ols, b_ols = (
-            (float(a - half[0]), float(a + half[0])),
-            (float(b - half[1]), float(b + half[1])),
-        )
-        out |= dict(cov=cov, dof=dof, a_ci_ols=a_ols, b_ci_ols=b_ols)
-    if counts.min() >= 2 and (counts.min() >= MIN_BOOT_RUNS or "cov" not in out):
-        method, shown = "bootstrap", (out["a_ci_boot"], out["b_ci_boot"])
-    elif "cov" in out:
-        method, shown = "ols-t", (out["a_ci_ols"], out["b_ci_ols"])
-    else:
-        method, shown = "none", (NAN_CI, NAN_CI)
+    a, b, method, shown, out = fit_line(x, y, ys, anchor, n_boot, seed, ols=slope_from is None)
     return FanoutFit(pipeline, a, b, *shown, method, anchor, slope_from, n, y, ys, **out)
 
 
@@ -338,7 +213,7 @@ class Crossover:
 def _draw_line(fit: FanoutFit, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
     """(a, b) draws the way the fit's interval was made, or None without one."""
     if fit.ci_method == "bootstrap":
-        a, b = _boot_draws(fit.n - 1.0, fit.y, fit.ys, fit.anchor, n_boot, rng).T
+        a, b = boot_draws(fit.n - 1.0, fit.y, fit.ys, fit.anchor, n_boot, rng).T
         return a, b
     if fit.ci_method == "ols-t" and fit.cov is not None:
         z = rng.multivariate_normal(np.zeros(2), fit.cov, n_boot, method="eigh")
@@ -379,7 +254,7 @@ def crossover(fit: FanoutFit, level: Level, *, n_boot: int = 2000, seed: int = 0
         rise = b - lslope
         with np.errstate(divide="ignore", invalid="ignore"):
             draws = np.where(rise > 0, 1 + (lvl - a) / rise, np.inf)
-        ci, p_never = _ci(draws), float(np.mean(rise <= 0))
+        ci, p_never = percentile_ci(draws), float(np.mean(rise <= 0))
     lo, hi = fit.n_range
     inside = n_star is not None and lo <= n_star <= hi
     method = fit.ci_method if fit.ci_method != "ols-t" else "parametric-t"
@@ -405,7 +280,7 @@ def headline(df: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0, metric: str
         rows.append(dict(pipeline=pipeline, consumers=int(n), median=float(np.median(v)), n=v.size,
                          lo=lo, hi=hi, coverage=coverage))
     out = pd.DataFrame(rows, columns=["pipeline", "consumers", "median", "n", "lo", "hi", "coverage"])
-    order = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    order = {p: i for i, p in enumerate(NAMES)}
     out = out.assign(_o=out["pipeline"].map(order).fillna(len(order)))
     return (
         out.sort_values(["_o", "pipeline", "consumers"]).drop(columns="_o").reset_index(drop=True)

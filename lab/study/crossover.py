@@ -32,6 +32,7 @@ import pandas as pd
 
 from lab.study import costmodel
 from lab.study.costmodel import METRIC, Interval
+from lab.study.linefit import percentile_ci
 
 VOLUMES: tuple[float, ...] = (5_000, 100_000, 1_000_000, math.inf)
 # N* at a fixed rate is read at 200 msg/s only: the quick staircases sustain up to 800 msg/s, so a
@@ -119,12 +120,9 @@ def _curved(df: pd.DataFrame, direct: str, broker: str, *, n_boot: int, seed: in
             lvl = float(np.median(rng.choice(levels, levels.size)))
             n = _quadratic_crossing(sample, lvl)
             draws.append(math.inf if n is None else n)
-    # order statistics, not interpolation: a draw that never crosses is inf, and the quantile between two
-    # of them is inf (interpolating inf − inf gave NaN and a RuntimeWarning per call on the page)
-    ci: Interval = NAN_CI
-    if draws:
-        lo_q, hi_q = np.quantile(np.asarray(draws, float), [0.025, 0.975], method="inverted_cdf")
-        ci = (float(lo_q), float(hi_q))
+    # order statistics, not interpolation (percentile_ci): a draw that never crosses is inf, and the quantile
+    # between two of them is inf (interpolating inf − inf gave NaN and a RuntimeWarning per call on the page)
+    ci = percentile_ci(np.asarray(draws, float)) if draws else NAN_CI
     lo, hi = int(d["consumers"].min()), int(d["consumers"].max())
     return ModelCrossing(MODELS[2], point, ci, point is not None and lo <= point <= hi)
 
@@ -214,8 +212,8 @@ def sides(pipelines: Iterable[str]) -> tuple[list[str], list[str]]:
 
     present = set(pipelines)
     named = [name for name in REGISTRY if name in present]
-    return ([n for n in named if REGISTRY[n].pipeline.cdc_sink is None],
-            [n for n in named if REGISTRY[n].pipeline.cdc_sink is not None])
+    return ([n for n in named if REGISTRY[n].pipeline.capabilities.cdc_sink is None],
+            [n for n in named if REGISTRY[n].pipeline.capabilities.cdc_sink is not None])
 
 
 def answers_by_volume(measured: pd.DataFrame, arm: pd.DataFrame | None = None, *, n_boot: int = 500,

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from lab.scenario import PIPELINE_NAMES
+from lab.pipelines import NAMES
 from lab.study import crossover, plots
 
 
@@ -37,7 +37,7 @@ def index_table(cells: pd.DataFrame) -> pd.DataFrame:
     for sitting, g in cells.groupby("sitting", sort=False):
         first = g.iloc[0]
         rows.append({"sitting": sitting, "day": first["day"], "machine": first["machine"], "profile": first["profile"],
-                     "pipelines": ", ".join(p for p in PIPELINE_NAMES if p in set(g["pipeline"])),
+                     "pipelines": ", ".join(p for p in NAMES if p in set(g["pipeline"])),
                      "consumers": _ns(g["consumers"]),
                      "messages": ", ".join(f"{int(m):,}" for m in sorted(set(g["messages"]))),
                      "conditions": ", ".join(dict.fromkeys(str(c) for c in g["condition"])),
@@ -54,7 +54,7 @@ def over_sittings(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     out = (cells.groupby(keys, sort=False)["median_ms"]
            .agg(median_ms="median", low_ms="min", high_ms="max", sittings="count").reset_index())
-    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    rank = {p: i for i, p in enumerate(NAMES)}
     out = out.assign(_o=out["pipeline"].map(rank).fillna(len(rank)))
     return out.sort_values(["_o", "messages", "condition", "consumers"], kind="stable").drop(columns="_o")[cols]
 

@@ -3,10 +3,10 @@
 A sitting (:mod:`lab.study.sitting`) is one sample of one machine at one time. A team acts on what
 holds across sittings, so every figure here is given as the median and the range over sittings,
 with each sitting's own value and the number of sittings a claim held in. Noise has levels: runs
-within a sitting, sittings within a machine, machines; :func:`hierarchical_interval` resamples
-sittings and then runs within them (the random-effects bootstrap of Kalibera and Jones, "Rigorous
-Benchmarking in Reasonable Time", ISMM 2013), so its interval widens with the spread between
-sittings, not only with the runs' own.
+within a sitting, sittings within a machine, machines;
+:func:`lab.study.intervals.hierarchical_interval` resamples sittings and then runs within them (the
+random-effects bootstrap of Kalibera and Jones, "Rigorous Benchmarking in Reasonable Time", ISMM
+2013), so its interval widens with the spread between sittings, not only with the runs' own.
 
 What is *measured* comes from runs at the stated conditions: a crossing read from paired runs at
 the volume it names, a cost at the N and volume it names. What is *modelled* says so and names the
@@ -21,7 +21,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from lab.study import sitting as sitting_mod
@@ -30,6 +29,7 @@ REFERENCE_VOLUME = 100_000
 QUICK_VOLUME = 5_000
 MAIN_BROKERS = ("kafka", "rabbitmq")
 MAIN_DIRECT = "wal"
+HEADLINE_PAIR = (MAIN_DIRECT, "kafka")  # the pair the never-restarted and steady-rate questions compare
 BROKER_NAMES = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "kafka-share": "Kafka share groups"}
 
 
@@ -107,24 +107,6 @@ def span(values: Sequence[float], digits: int = 1) -> str:
     """``5.1`` or ``4.6–5.5``."""
     lo, hi = min(values), max(values)
     return f"{lo:.{digits}f}" if round(lo, digits) == round(hi, digits) else f"{lo:.{digits}f}–{hi:.{digits}f}"
-
-
-def hierarchical_interval(groups: Sequence[Sequence[float]], *, level: float = 0.95, n_boot: int = 2000,
-                          seed: int = 0) -> tuple[float, float, float]:
-    """The median over sittings of each sitting's median, and its bootstrap interval resampling
-    sittings with replacement and then the runs within each drawn sitting (two levels). With one
-    sitting only the runs are resampled: the interval then says nothing of other sittings."""
-    data = [np.asarray(g, float) for g in groups if len(g)]
-    if not data:
-        return (math.nan, math.nan, math.nan)
-    point = float(np.median([np.median(g) for g in data]))
-    rng = np.random.default_rng(seed)
-    draws = np.empty(n_boot)
-    for i in range(n_boot):
-        picked = [data[j] for j in rng.integers(0, len(data), len(data))]
-        draws[i] = np.median([np.median(rng.choice(g, g.size)) for g in picked])
-    a = (1 - level) / 2
-    return (point, float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a)))
 
 
 # -- the measured crossing across sittings ------------------------------------------------------
@@ -363,7 +345,7 @@ def _steady_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:
     n = 0
     for r in sittings_with(records, REFERENCE_VOLUME):
         for a in (r.get("model") or {}).get("steady_in_runs") or []:
-            if (a["direct"], a["broker"]) == (MAIN_DIRECT, "kafka"):
+            if (a["direct"], a["broker"]) == HEADLINE_PAIR:
                 n += 1
                 if a["range"][0] is not None:
                     vals += [x for x in a["range"] if x is not None]
@@ -385,10 +367,10 @@ def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float) -> Finding 
     beyond = 0
     for r in records:
         lines = pd.DataFrame(r.get("rates") or [])
-        if lines.empty or not {"wal", "kafka"} <= set(lines["pipeline"]):
+        if lines.empty or not set(HEADLINE_PAIR) <= set(lines["pipeline"]):
             continue
         try:
-            (a,) = crossover.by_rate(lines.assign(steps=0, rates=None), MAIN_DIRECT, "kafka", rates=(rate,))
+            (a,) = crossover.by_rate(lines.assign(steps=0, rates=None), *HEADLINE_PAIR, rates=(rate,))
         except ValueError:
             continue
         n += 1
@@ -404,22 +386,6 @@ def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float) -> Finding 
             + (f"`wal` meets Kafka at N* {span(vals)}" if vals else "`wal` and Kafka do not meet")
             + (" (beyond the measured N in " + held(beyond, n) + ")" if beyond else "") + ".")
     return Finding(f"And for a slow steady stream ({rate:,.0f} msg/s)?", text, "modelled", held(n, n) if n > 1 else "")
-
-
-def sittings_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per sitting: id, day, profile, machine, commit, wall minutes, runs measured/failed,
-    steal (max %), unattributed (ms/msg), the speed probe's unit (median ms, max ÷ min), drift (%)."""
-    rows = []
-    for r in records:
-        q = r.get("quiet") or {}
-        unit = q.get("speed_unit_ms") or {}
-        rows.append({"sitting": r["id"], "day": r.get("day"), "profile": r.get("profile"),
-                     "machine": (r.get("machine") or {}).get("id"), "commit": r.get("commit"),
-                     "wall_min": r.get("wall_min"), "measured": (r.get("counts") or {}).get("measured"),
-                     "failed": (r.get("counts") or {}).get("failed"), "steal_max_pct": q.get("steal_pct_max"),
-                     "unattributed_ms": q.get("unattributed_ms_median"), "probe_ms": unit.get("median"),
-                     "probe_max_over_min": unit.get("max_over_min"), "drift_pct": q.get("drift_pct")})
-    return pd.DataFrame(rows)
 
 
 def by_sitting(values: Iterable[tuple[Mapping[str, Any], float]]) -> str:

@@ -22,8 +22,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator, ScalarFormatter
 
 from lab.measure import latency
-from lab.pipelines import REGISTRY
-from lab.scenario import PIPELINE_NAMES
+from lab.pipelines import NAMES, REGISTRY
 from lab.study.costmodel import METRIC, Crossover, FanoutFit, Level, drift, headline, measured
 from lab.study.ha_nodes import is_node
 from lab.study.intervals import coverage_label
@@ -55,7 +54,7 @@ def pipeline_color(pipeline: str) -> str:
 
 
 def _order(df: pd.DataFrame) -> pd.DataFrame:
-    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    rank = {p: i for i, p in enumerate(NAMES)}
     key = df["pipeline"].map(rank).fillna(len(rank))
     return (
         df.assign(_o=key)

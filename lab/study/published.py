@@ -88,8 +88,24 @@ def _fmt(x: Any, digits: int = 2) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def sittings_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per sitting: id, day, profile, machine, commit, wall minutes, runs measured/failed,
+    steal (max %), unattributed (ms/msg), the speed probe's unit (median ms, max ÷ min), drift (%)."""
+    rows = []
+    for r in records:
+        q = r.get("quiet") or {}
+        unit = q.get("speed_unit_ms") or {}
+        rows.append({"sitting": r["id"], "day": r.get("day"), "profile": r.get("profile"),
+                     "machine": (r.get("machine") or {}).get("id"), "commit": r.get("commit"),
+                     "wall_min": r.get("wall_min"), "measured": (r.get("counts") or {}).get("measured"),
+                     "failed": (r.get("counts") or {}).get("failed"), "steal_max_pct": q.get("steal_pct_max"),
+                     "unattributed_ms": q.get("unattributed_ms_median"), "probe_ms": unit.get("median"),
+                     "probe_max_over_min": unit.get("max_over_min"), "drift_pct": q.get("drift_pct")})
+    return pd.DataFrame(rows)
+
+
 def _sittings_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    rep = ledger.sittings_table(records)
+    rep = sittings_table(records)
     r = replication(records)
     enough = ("enough for the README's figures" if r["enough"] else
               f"not yet enough for the README's figures to stand (missing: {', '.join(r['missing'])})")

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from lab.measure.staircase import RATE_TOLERANCE
-from lab.scenario import PIPELINE_NAMES
+from lab.pipelines import NAMES
 from lab.study import crossover
 from lab.study.costmodel import METRIC
 from lab.study.fault_matrix import DEAD_CONSUMER
@@ -227,7 +227,7 @@ def _row(pipeline: str, runs: pd.DataFrame, point: Point, arm: pd.DataFrame | No
 
 
 def _order(pipelines: Sequence[str]) -> list[str]:
-    rank = {p: i for i, p in enumerate(PIPELINE_NAMES)}
+    rank = {p: i for i, p in enumerate(NAMES)}
     return sorted(dict.fromkeys(pipelines), key=lambda p: rank.get(p, len(rank)))
 
 
@@ -259,7 +259,8 @@ def reads_a_table(pipeline: str) -> bool:
     from lab.pipelines import REGISTRY
 
     reg = REGISTRY.get(pipeline)
-    return reg is not None and reg.pipeline.cdc_sink is None and not reg.pipeline.consumer_slots
+    caps = reg.pipeline.capabilities if reg is not None else None
+    return caps is not None and caps.cdc_sink is None and not caps.consumer_slots
 
 
 def dead_consumer(table: pd.DataFrame) -> pd.DataFrame:

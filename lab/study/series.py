@@ -38,7 +38,7 @@ import pandas as pd
 
 from lab.measure.idle import measure_idle
 from lab.results import iter_runs, read_idle, write_idle
-from lab.scenario import PIPELINE_NAMES, Scenario
+from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.proc import exclusive
 
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 ORDER = ("kafka", "rabbitmq", "wal", "wal-sharded")  # the reference sweep's order; the others follow it
 REFERENCE_PIPELINES = ORDER  # the four the reference study ran
+REFERENCE_WARMUP = ORDER[0]  # the reference warmed up on its sweep's first; a series without it, on its own first
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile answers the article's question for its four pipelines within half an hour on 2
@@ -163,11 +164,13 @@ def pipelines_of(name: str) -> list[str]:
 
 def parse_pipelines(text: str | Sequence[str] | None) -> list[str] | None:
     """``"wal,kafka"`` → ``["wal", "kafka"]``; empty → None (every registered pipeline)."""
+    from lab.pipelines import NAMES
+
     names = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text or [])
     names = [p for p in names if p]
     for name in names:
-        if name not in PIPELINE_NAMES:
-            raise ValueError(f"unknown pipeline {name!r}: choose from {', '.join(PIPELINE_NAMES)}")
+        if name not in NAMES:
+            raise ValueError(f"unknown pipeline {name!r}: choose from {', '.join(NAMES)}")
     return names or None
 
 
@@ -257,7 +260,7 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
                                     label="volume", cooldown_s=rest) for p in pipes for n in a.consumers if n in ns]
     cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
                                    repeats=reps, seed=seed, extra=arm, paired=prof.paired) for c in block]
-    first = "kafka" if "kafka" in pipes else pipes[0]
+    first = REFERENCE_WARMUP if REFERENCE_WARMUP in pipes else pipes[0]
     warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
                           messages=prof.warmup_messages)
     drift = next(c for c in cells if not c.warmup).replace(warmup=True, label="drift")

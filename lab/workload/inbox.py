@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from lab.pg.pgoutput import format_lsn
+from lab.pg.walstream import format_lsn
 
 CLAIM_IDS = sql.SQL(
     "with claimed as ("

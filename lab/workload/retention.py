@@ -60,7 +60,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from lab.pg.pgoutput import format_lsn
+from lab.pg.walstream import format_lsn
 
 log = logging.getLogger(__name__)
 RETENTIONS = ("never", "behind-slots")  # lab.scenario.CLAIM_RETENTIONS

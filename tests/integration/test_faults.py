@@ -26,7 +26,7 @@ from lab.runner.accounting import ids_of
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.debezium import DURABLE
-from lab.stack.kafka_broker import metadata_brokers
+from lab.stack.kafka_wire import metadata_brokers
 from lab.study.fault_matrix import profile as fault_profile
 from lab.study.presentation import fault_line
 
@@ -102,7 +102,7 @@ def run(settings: Settings, **kw: object) -> dict:
 @pytest.mark.parametrize(("pipeline", "kind"), [_cell(p, k) for p, k in CASES])
 def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind: str) -> None:
     t0 = time.monotonic()
-    shared = source_slot(PIPELINES_BY_NAME[pipeline])  # Debezium's or the relay's slot
+    shared = source_slot(PIPELINES_BY_NAME[pipeline].capabilities)  # Debezium's or the relay's slot
     spec = FAULTS[kind] if not (kind == "walsender-kill" and shared) else "walsender-kill@3s"
     r = run(settings, pipeline=pipeline, fault=spec, claim=CLAIM,  # its walsender has no target
             **({"drain_timeout_s": 900} if kind == "big-transaction" else {}))
@@ -190,6 +190,24 @@ def test_fault_accounting(stack: object, settings: Settings, pipeline: str, kind
         assert big["rows"] == big["worked"] == extra and big["lost"] == 0 and big["all_worked_after_s"] > 0
         # decoded by every slot: the direct readers' and Debezium's (spill reported, not asserted)
         assert all(st["total_txns"] >= 1 for st in r["slots"].values()), r["slots"]
+
+
+def test_a_share_groups_backlog_is_its_lag_on_the_broker(stack: object, settings: Settings) -> None:
+    """kafka-share, consumer 1 stopped for 3 s: the fault cell carries the broker's backlog, the share
+    group's lag as the group's coordinator reports it (a share group commits no offsets: the lag of a
+    consumer group would count every record ever written), and nothing is lost."""
+    r = run(settings, pipeline="kafka-share", fault=FAULTS["consumer-dead"], claim=CLAIM)
+    f = r["fault"]
+    acc = f["accounting"]
+    samples = f["backlog"]
+    print(f"\nSHARE BACKLOG {f['spec']}: peak {f['backlog_peak']}, gaps {len(f['backlog_gaps'])}, "
+          + json.dumps([(s["t_s"], s["messages"], s["start_offset"]) for s in samples]) + f" error={r['error']}")
+    assert r["success"] and acc["lost"] == 0 and acc["adds_up"], r["error"]
+    assert samples and {s["where"] for s in samples} == {"kafka"}, f["backlog_gaps"]
+    assert all(s["messages"] >= 0 for s in samples) and f["backlog_peak"] == max(s["messages"] for s in samples)
+    assert f["backlog_peak"] < M / 2  # what waits, not what was ever written
+    offsets = [s["start_offset"] for s in samples]
+    assert offsets == sorted(offsets) and offsets[-1] > offsets[0]  # the group moves along the log
 
 
 def _check_measures(f: dict, pipeline: str, kind: str) -> None:
@@ -398,7 +416,7 @@ def test_slot_invalidation_of_a_sharded_reader_loses_rows_of_its_shards(stack: o
 def test_a_failed_restart_starts_the_stopped_broker(stack: object, settings: Settings) -> None:
     """The run fails (drain deadline) while Kafka is stopped for 10 min: the cleanup starts it
     again, and the next run uses it. (The wait for the restarted broker once ran librdkafka in the
-    test process and aborted it; it is a plain Kafka-protocol probe now, lab.stack.kafka_broker.)"""
+    test process and aborted it; it is a plain Kafka-protocol probe now, lab.stack.kafka_wire.)"""
     r = run(settings, pipeline="kafka", fault="broker-restart@1s+600s", drain_timeout_s=15)
     assert not r["success"] and "not drained" in r["error"]
     what = [e["what"] for e in r["fault"]["events"]]

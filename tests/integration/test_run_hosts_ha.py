@@ -80,7 +80,7 @@ def test_ha_on_hosts_runs_and_counts_the_replication(ha_hosts: NativeStack, pipe
     hops = {k: v["bytes_per_msg"] for k, v in r["network"]["hops"].items()}
     # whatever the pipeline, the standby streams every row (and every claim) from the primary
     assert pairs["postgres>postgres-standby"]["bytes_per_msg"] > 50
-    sink = PIPELINES[pipeline].cdc_sink
+    sink = PIPELINES[pipeline].capabilities.cdc_sink
     if sink is None:  # the rows reach the consumers from PostgreSQL itself
         assert hops["postgres → consumers"] > 50
         assert hops["debezium → broker"] == hops["broker → consumers"] == 0

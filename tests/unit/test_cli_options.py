@@ -214,7 +214,7 @@ def test_verbose_shows_the_traceback_of_an_unexpected_error(
     def boom(args: object, settings: object) -> int:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "_stack_status", boom)
+    monkeypatch.setattr(cli.stack, "_stack_status", boom)  # the handler `lab stack status` is built with
     caplog.set_level(logging.DEBUG, logger="lab.cli")
     assert cli.main(["-v", "stack", "status"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == ["lab: error: RuntimeError: boom"]

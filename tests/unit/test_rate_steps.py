@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -129,14 +130,20 @@ def test_lab_run_prints_every_step_and_the_verdict() -> None:
 
 def test_the_runner_tests_each_step_but_the_last_a_second_before_its_end() -> None:
     from lab.measure.staircase import STOP_LEAD_S
-    from lab.runner.phases import _StopWatch
+    from lab.runner.drain import Staircase
 
-    w = _StopWatch(Scenario(rate_steps="100,200,400", step_s=10), gate=100.0)
+    def staircase(rate_steps: str, step_s: float, gate: float) -> Staircase:
+        env = SimpleNamespace(scenario=Scenario(rate_steps=rate_steps, step_s=step_s))
+        stair = Staircase(env)  # type: ignore[arg-type]
+        stair.start(gate)
+        return stair
+
+    w = staircase("100,200,400", 10, 100.0)
     assert STOP_LEAD_S == 1.0
     assert not w.due(108.9) and w.due(109.0)
     w.step = 1
     assert not w.due(118.9) and w.due(119.0)
     w.step = 2  # the last step: nothing would follow it
     assert not w.due(1e9)
-    short = _StopWatch(Scenario(rate_steps="100,200", step_s=2), gate=0.0)
+    short = staircase("100,200", 2, 0.0)
     assert not short.due(1.49) and short.due(1.5)  # at most a quarter step early

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lab.scenario import MAX_CONSUMERS, PIPELINE_NAMES, Scenario
+from lab.scenario import MAX_CONSUMERS, Scenario
 from lab.settings import Settings, parse_size, settings_env
 
 
@@ -19,7 +19,6 @@ def test_defaults_are_the_reference_bench() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"pipeline": "nats"}, "unknown pipeline 'nats'"),
         ({"consumers": 0}, "consumers must be between 1 and"),
         ({"consumers": MAX_CONSUMERS + 1}, "max_wal_senders"),
         ({"messages": 0}, "messages must be at least 1"),
@@ -38,8 +37,6 @@ def test_parameters_round_trip() -> None:
     assert Scenario(**s.as_parameters()) == s
     assert set(s.as_parameters()) == set(Scenario.field_names())
     assert all(isinstance(v, str | int | float | bool) for v in s.as_parameters().values())
-    assert set(PIPELINE_NAMES) == {"wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay",
-                                   "kafka-share"}
 
 
 def test_settings_pass_to_children_through_the_environment() -> None:

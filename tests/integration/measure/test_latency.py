@@ -11,7 +11,10 @@ import sys
 import pytest
 
 from lab.results import read_run
-from lab.runner import Run, run_scenario
+from lab.runner import run_scenario
+from lab.runner.environment import RunEnv
+from lab.runner.phases import measure_latency
+from lab.runner.processes import RunProcesses
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.stack.native import NativeStack
@@ -67,8 +70,9 @@ def test_a_closed_loop_run_reports_latency_and_its_throughput(
 def test_latency_that_cannot_be_measured_is_null_with_a_warning(
     stack: NativeStack, settings: Settings, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    run = Run(Scenario(pipeline="wal", messages=10), settings, stack, lambda phase, info: None)
+    env = RunEnv.create(Scenario(pipeline="wal", messages=10), settings, stack, lambda phase, info: None)
     with caplog.at_level(logging.WARNING, logger="lab.runner"):  # no web service is listening
-        asyncio.run(run.phases.measure_latency({"rate": 100.0, "sent": 10, "gate_opened_at": 1.0}))
-    assert run.latency_ms is None and run.latency_from_due_ms is None
+        latency = asyncio.run(measure_latency(env, RunProcesses(env), {"rate": 100.0, "sent": 10,
+                                                                         "gate_opened_at": 1.0}))
+    assert latency.latency_ms is None and latency.latency_from_due_ms is None
     assert "latency not measured" in caplog.text

@@ -16,8 +16,10 @@ import psycopg
 import pytest
 import uvloop
 
-from lab.pg.pgoutput import Begin, Commit, Decoder, Insert, parse_lsn
+from lab.pg.messages import Begin, Commit, Insert
+from lab.pg.pgoutput import Decoder
 from lab.pg.replication import ReplicationStream
+from lab.pg.walstream import parse_lsn
 from lab.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from lab.pipelines.kafka import TOPIC, KafkaPipeline, KafkaSource, partition_count
+from lab.pipelines.kafka import TOPIC, KafkaPipeline, KafkaSource
+from lab.pipelines.kafka_admin import partition_count
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -79,7 +80,7 @@ def topic_gone(settings: Settings, timeout: float = 30) -> bool:
     """Absent from cluster-wide metadata (never asked by name: the broker auto-creates)."""
     a = admin(settings)
     deadline = time.monotonic() + timeout
-    while partition_count(a) is not None:
+    while partition_count(a, TOPIC) is not None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)

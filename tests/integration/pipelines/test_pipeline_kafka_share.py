@@ -21,7 +21,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from lab.pipelines.kafka import TOPIC, partition_count
+from lab.pipelines.kafka import TOPIC
+from lab.pipelines.kafka_admin import partition_count
 from lab.pipelines.kafka_share import KafkaSharePipeline, KafkaShareSource
 from lab.runner import run_scenario
 from lab.scenario import Scenario
@@ -60,7 +61,7 @@ def claims_by_consumer(settings: Settings) -> dict[str, int]:
 
 def topic_gone(settings: Settings, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
-    while partition_count(admin(settings)) is not None:
+    while partition_count(admin(settings), TOPIC) is not None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)

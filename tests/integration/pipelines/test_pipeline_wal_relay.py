@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from lab.pipelines.wal_relay import RELAY_SLOT, Relay, RelayPipeline, RelaySource
+from lab.pipelines.relay_stream import Relay
+from lab.pipelines.wal_relay import RELAY_SLOT, RelayPipeline, RelaySource
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings

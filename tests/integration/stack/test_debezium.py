@@ -110,7 +110,9 @@ def _started(service: DebeziumService) -> None:
 def test_kafka_sink_delivers_the_envelope(
     stack: object, dbz_settings: Settings, kafka_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    service = stack.start_debezium("kafka")  # type: ignore[attr-defined]
+    started = stack.start_debezium("kafka")  # type: ignore[attr-defined]
+    service = stack.debezium["kafka"]  # type: ignore[attr-defined]
+    assert started.sink == "kafka" and list(started.pids) == [p.pid for p in service.processes()]
     assert service.settings == dbz_settings
     try:
         _started(service)
@@ -193,7 +195,8 @@ def test_rabbitmq_sink_delivers_the_envelope(
     had_exchange = asyncio.run(_exchange_exists(url))
     try:
         asyncio.run(_declare_topology(url))  # before Debezium: no `mandatory`
-        service = stack.start_debezium("rabbitmq")  # type: ignore[attr-defined]
+        stack.start_debezium("rabbitmq")  # type: ignore[attr-defined]
+        service = stack.debezium["rabbitmq"]  # type: ignore[attr-defined]
         assert service.settings == dbz_settings
         try:
             _started(service)

@@ -30,8 +30,9 @@ from psycopg.conninfo import make_conninfo
 
 from lab.pg.replication import ReplicationStream
 from lab.pg.slots import drop_slots
+from lab.pipelines.relay_stream import Relay
 from lab.pipelines.wal import SLOT_PREFIX, WalSource
-from lab.pipelines.wal_relay import QUEUE, RELAY_SLOT, Relay, RelayPipeline
+from lab.pipelines.wal_relay import QUEUE, RELAY_SLOT, RelayPipeline
 from lab.runner import run_scenario
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -189,9 +190,9 @@ def test_a_readers_failover_slot_is_synchronised_to_the_standby(ha: NativeStack)
 
 def test_debeziums_slot_is_a_failover_slot_synchronised_to_the_standby(ha: NativeStack) -> None:
     with tied():
-        debezium = ha.start_debezium("kafka")
+        ha.start_debezium("kafka")
     try:
-        assert wait_synced(ha, debezium.slot, write=True)["failover"] is True
+        assert wait_synced(ha, ha.debezium["kafka"].slot, write=True)["failover"] is True
     finally:
         ha.stop_debezium("kafka")
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from lab.pipelines.kafka import DIRECT_TOPIC, _admin, partition_count
+from lab.pipelines.kafka import DIRECT_TOPIC
+from lab.pipelines.kafka_admin import admin_client, partition_count
 from lab.pipelines.rabbitmq import DIRECT_QUEUE
 from lab.runner import run_scenario
 from lab.scenario import Scenario
@@ -59,6 +60,6 @@ def test_direct_producers_feed_the_usual_consumers(
     assert all(not svc.processes() for svc in stack.debezium.values())
     assert scalar(settings, "SELECT count(*) FROM pg_replication_slots") == 0
     # and the transport is gone
-    assert partition_count(_admin(settings), DIRECT_TOPIC) is None
+    assert partition_count(admin_client(settings), DIRECT_TOPIC) is None
     assert not asyncio.run(queue_exists(settings, DIRECT_QUEUE))
     assert r["cpu_s"]["senders"] > 0 and r["cpu_s"]["consumers"] > 0 and r["cpu_ms_per_msg"] > 0

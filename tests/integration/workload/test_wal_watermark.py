@@ -21,8 +21,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lab.pg.pgoutput import parse_lsn
 from lab.pg.slots import drop_slots, wait_streaming
+from lab.pg.walstream import parse_lsn
 from lab.pipelines.wal import SLOT_PREFIX, slot_name
 from lab.scenario import Scenario
 from lab.settings import Settings, child_env

@@ -9,7 +9,9 @@ import time
 from lab.faults.base import FaultState
 
 
-class Stack:
+class Control:
+    """The two members of the stack's service control that the cleanup calls."""
+
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
@@ -35,7 +37,7 @@ def test_the_cleanup_waits_for_the_thread_of_a_cancelled_injection() -> None:
         task.cancel()  # the run ends early: the task is cancelled, its thread is not
         await asyncio.gather(task, return_exceptions=True)
         assert log == []  # still stopping
-        state.start_down(Stack(log))  # blocks until the thread is over
+        state.start_down(Control(log))  # blocks until the thread is over
 
     asyncio.run(run())
     assert log == ["injection stopped kafka", "cleanup stop kafka", "cleanup start kafka"]

@@ -13,7 +13,8 @@ import pytest
 from lab.faults import FAULTS, KINDS, FaultState, check, fault_for, parse
 from lab.faults import refusal as faults_refusal
 from lab.faults.base import LASTING, PARAMS, TARGETS
-from lab.pipelines import PIPELINES
+from lab.faults.big_transaction import BigTransaction
+from lab.pipelines import PIPELINES, Capabilities
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.study.fault_matrix import HA_KINDS, KIND_ORDER
@@ -31,33 +32,27 @@ SPEC = {  # a valid spec of every kind, with its target where it takes one
 
 
 class Poll:
-    """A pipeline none of the faults knows by name: no slot of its consumers', no Debezium."""
+    """A pipeline none of the faults knows by name: no slot of its consumers', no Debezium (the defaults)."""
 
     name: ClassVar[str] = "poll"
-    fan_out: ClassVar[bool] = False
-    cdc_sink: ClassVar[str | None] = None
-    consumer_slots: ClassVar[bool] = False
-    fault_refusal: ClassVar[str | None] = None
-    helpers: ClassVar[dict[str, str]] = {}
-    helper_slot: ClassVar[str | None] = None
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
 
 class Relay(Poll):
     name: ClassVar[str] = "relay"
-    consumer_slots: ClassVar[bool] = True
+    capabilities: ClassVar[Capabilities] = Capabilities(consumer_slots=True)
 
 
 class Queue(Poll):
     name: ClassVar[str] = "queue"
-    cdc_sink: ClassVar[str | None] = "rabbitmq"
+    capabilities: ClassVar[Capabilities] = Capabilities(cdc_sink="rabbitmq", broker="rabbitmq")
 
 
 class Handed(Poll):
     """A pipeline whose one slot a helper of its own streams and hands over to the consumers."""
 
     name: ClassVar[str] = "handed"
-    helpers: ClassVar[dict[str, str]] = {"relay": "lab.relay"}
-    helper_slot: ClassVar[str | None] = "handed_slot"
+    capabilities: ClassVar[Capabilities] = Capabilities(helpers={"relay": "lab.relay"}, helper_slot="handed_slot")
 
 
 def refusal(spec: str, pipeline: Any, settings: Settings | None = SINGLE, consumers: int = 2) -> str | None:
@@ -129,7 +124,7 @@ def test_targets_topology_and_backend() -> None:
     assert refusal("postgres-failover@1s", Poll, None) is None  # the scenario alone: no topology known
     for kind, cls in FAULTS.items():
         why = refusal(SPEC[kind], Queue if kind != "slot-invalidation" else Relay, COMPOSE)
-        if cls.native_only:
+        if cls.needs_control:
             assert why is not None and "needs the native backend" in why, kind
         elif kind != "walsender-kill":
             assert why is None, kind
@@ -188,6 +183,20 @@ def test_each_fault_says_when_delivery_resumed(spec: str, events: dict[str, floa
     assert f.resume_s(FaultState(), ARRIVALS) is None  # not injected: nothing resumed
 
 
+def test_a_big_transaction_accounts_for_its_own_rows() -> None:
+    """Its figures are its own: from its rows and its commit, never from an event found by its name."""
+    f = parse("big-transaction=3@1s")
+    assert isinstance(f, BigTransaction)
+    arrivals = {"ids": [1, 10, 11, 10, 12], "t": [99.0, 100.5, 101.0, 101.5, 102.25]}
+    assert f.accounting(arrivals) == {}  # nothing committed: nothing of its own
+    f.ids, f.committed_at = [10, 11, 12], 100.0
+    assert f.accounting(arrivals) == {"big_transaction": {"rows": 3, "worked": 3, "all_worked_after_s": 2.25,
+                                                          "lost": 0}}
+    assert f.accounting({"ids": [10, 11], "t": [100.5, 101.0]}) == {
+        "big_transaction": {"rows": 3, "worked": 2, "all_worked_after_s": None, "lost": 1}}
+    assert parse("consumer-kill:1@1s").accounting(arrivals) == {}
+
+
 def test_a_slot_invalidation_records_its_loss_and_a_slow_consumer_its_extra_work() -> None:
     f = parse("slot-invalidation:1@1s")
     assert f.lost_slot() is None and f.record(PIPELINES["wal"], {"lost": 3})["invalidation"] is None
@@ -203,7 +212,8 @@ def test_a_slot_invalidation_records_its_loss_and_a_slow_consumer_its_extra_work
 def test_a_pipeline_can_refuse_every_fault() -> None:
     class Shared(Poll):
         name: ClassVar[str] = "shared"
-        fault_refusal: ClassVar[str | None] = "its records come back only when their locks expire"
+        capabilities: ClassVar[Capabilities] = Capabilities(
+            fault_refusal="its records come back only when their locks expire")
 
     for spec in SPEC.values():
         assert "shared has no fault runs (its records come back" in str(refusal(spec, Shared, HA))

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import lab.measure.procstat
 import lab.measure.sampler
 from lab.measure.cgroups import PREFIX, CpuGroup, cgroup2_mount
 from lab.measure.sampler import TIMELINE_COLUMNS, Participant, Sampler
@@ -115,7 +116,7 @@ def _start(script: Path, report: Path, role: str, seconds: float, **kw) -> subpr
 def test_tree_with_short_lived_children_and_grandchildren_is_measured_within_2_percent(
         burner, source, monkeypatch):
     """``psutil``: the readings a host without /proc (macOS, compose backend) takes, forced here."""
-    monkeypatch.setattr(lab.measure.sampler, "_PROC", source == "proc")
+    monkeypatch.setattr(lab.measure.procstat, "PROC", source == "proc")
     script, report = burner
     root = _start(script, report, "root", 0.5, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     outside_report = report.with_name("outside.txt")
@@ -351,7 +352,7 @@ def test_readings_with_only_cgroup_participants_never_list_proc_and_keep_rss(
             parts.append(Participant(f"idle-{i}", [psutil.Process(p.pid)], cgroup=g))
         sampler = Sampler(parts, period=0.05, rss_every=4)
         rss_reads = []
-        group_rss = lab.measure.sampler._group_rss_mb
+        group_rss = lab.measure.procstat.group_rss_mb
 
         def counted(pids):
             rss_reads.append(sorted(pids))
@@ -360,7 +361,7 @@ def test_readings_with_only_cgroup_participants_never_list_proc_and_keep_rss(
         def no_listing(*args, **kwargs):
             raise AssertionError("a reading listed a directory")
 
-        monkeypatch.setattr(lab.measure.sampler, "_group_rss_mb", counted)
+        monkeypatch.setattr(lab.measure.procstat, "group_rss_mb", counted)
         with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="lab.measure.sampler"):
             m.setattr(os, "listdir", no_listing)
             m.setattr(os, "scandir", no_listing)

@@ -19,17 +19,14 @@ from typing import Any
 
 import pytest
 
-from lab.pg.pgoutput import (
+from lab.pg.messages import (
     UNCHANGED,
     Begin,
     BeginPrepare,
     Commit,
     CommitPrepared,
-    DecodeError,
-    Decoder,
     Delete,
     Insert,
-    Keepalive,
     LogicalMessage,
     Message,
     Origin,
@@ -43,13 +40,16 @@ from lab.pg.pgoutput import (
     Truncate,
     Type,
     Update,
+)
+from lab.pg.pgoutput import Decoder, commit_end_lsn, protocol_version
+from lab.pg.walstream import (
+    DecodeError,
+    Keepalive,
     XLogData,
-    commit_end_lsn,
     format_lsn,
     parse_copy_data,
     parse_lsn,
     pg_timestamp,
-    protocol_version,
     standby_status_update,
 )
 

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab.pg.pgoutput import DecodeError, Decoder, XLogData, parse_copy_data
+from lab.pg.pgoutput import Decoder
+from lab.pg.walstream import DecodeError, XLogData, parse_copy_data
 
 CAPTURE = json.loads((Path(__file__).parent / "data" / "pgoutput_capture.json").read_text())
 VARIANTS = list(CAPTURE["variants"])

@@ -7,7 +7,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from lab.pipelines import kafka
+from lab.pipelines import kafka_admin as kafka
 
 
 def _unknown() -> KafkaException:
@@ -62,5 +62,5 @@ def test_a_poll_check_that_meets_an_unknown_topic_keeps_polling() -> None:
             raise a
         return bool(a)
 
-    kafka._poll(check, time.monotonic() + 5, "in sync")
+    kafka.poll_until(check, time.monotonic() + 5, "in sync")
     assert answers == []

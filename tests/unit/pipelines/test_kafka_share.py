@@ -9,7 +9,7 @@ import orjson
 import pytest
 from confluent_kafka import AcknowledgeType, Message
 
-from lab.pipelines import PIPELINES
+from lab.pipelines import PIPELINES, check
 from lab.pipelines.kafka_share import (
     GROUP_CONFIG,
     PARTITIONS,
@@ -57,14 +57,18 @@ def test_the_group_sets_kafkas_lock_and_session_and_the_drain_waits_out_the_lock
     drain waits one lock longer than elsewhere before it counts a missing record lost."""
     assert GROUP_CONFIG == {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": "30000",
                             "share.session.timeout.ms": "45000"}
-    assert KafkaSharePipeline.redelivery_s == 30.0 and KafkaSharePipeline.fault_refusal is None
-    assert {name: p.redelivery_s for name, p in PIPELINES.items() if p.redelivery_s} == {"kafka-share": 30.0}
+    caps = KafkaSharePipeline.capabilities
+    assert caps.redelivery_s == 30.0 and caps.fault_refusal is None
+    assert {name: p.capabilities.redelivery_s for name, p in PIPELINES.items()
+            if p.capabilities.redelivery_s} == {"kafka-share": 30.0}
 
 
 def test_no_broker_native_stand() -> None:
+    """The pipelines' check refuses it (the scenario itself knows no pipeline's rules)."""
     with pytest.raises(ValueError, match="kafka-share has no broker-native stand"):
-        Scenario(pipeline="kafka-share", producer="direct")
-    Scenario(pipeline="kafka-share")
+        check(Scenario(pipeline="kafka-share", producer="direct"))
+    check(Scenario(pipeline="kafka-share"))
+    check(Scenario(pipeline="kafka", producer="direct"))
 
 
 class Recorder:

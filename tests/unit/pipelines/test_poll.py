@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from psycopg import sql
 
@@ -44,6 +46,9 @@ def test_finishing_deletes_the_rows_and_moves_them_in_one_statement() -> None:
 def test_the_runner_half_consumes_the_outbox_and_claims_in_the_id_inbox() -> None:
     settings = Settings()
     p = PollPipeline(Scenario(pipeline="poll", consumers=4), settings, NativeStack(settings))
-    assert (p.name, p.fan_out, p.inbox_table, p.cdc_sink, p.consumes_outbox) == ("poll", False, "inbox", None, True)
+    caps = p.capabilities
+    assert (p.name, caps.fan_out, caps.inbox_table, caps.cdc_sink, caps.consumes_outbox) == (
+        "poll", False, "inbox", None, True)
+    assert p.backlog(Path("/nonexistent")) is None  # no broker: the backlog waits in the outbox
     assert p.describe()["consumers"] == [consumer_name(i) for i in range(4)] == ["poll-0", "poll-1", "poll-2",
                                                                                    "poll-3"]

@@ -1,4 +1,5 @@
-"""Every registered pipeline builds from the one constructor shape and has the protocol's members."""
+"""Every registered pipeline builds from the one constructor shape, has the protocol's members and
+declares what it is; the pipelines' check refuses what a scenario asks of a pipeline that does not take it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.pipelines import PIPELINES, REGISTRY, SOURCES, source_for
+from lab.pipelines import NAMES, PIPELINES, REGISTRY, SOURCES, Capabilities, check, source_for
 from lab.pipelines.base import Pipeline, SharedResources, Source
 from lab.scenario import Scenario
 from lab.settings import Settings
@@ -21,9 +22,9 @@ def members(proto: type) -> set[str]:
 
 
 def test_the_registry_is_the_cli_names() -> None:
-    assert list(REGISTRY) == ["wal", "kafka", "wal-sharded", "rabbitmq", "poll", "wal-filtered", "wal-relay",
-                            "kafka-share"]
-    assert set(PIPELINES) == set(SOURCES) == set(REGISTRY)
+    assert list(REGISTRY) == ["wal", "wal-sharded", "kafka", "rabbitmq", "poll", "wal-filtered", "wal-relay",
+                              "kafka-share"]
+    assert set(PIPELINES) == set(SOURCES) == set(REGISTRY) and tuple(REGISTRY) == NAMES
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -46,10 +47,30 @@ def test_source_builds_from_the_one_shape(name: str, tmp_path: Path) -> None:
         assert hasattr(source, member), f"{name} source lacks {member}"
 
 
-def test_names_and_colours_cover_the_registry() -> None:
-    from lab.scenario import PIPELINE_NAMES
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_a_pipeline_gives_its_brokers_backlog_reader(name: str, tmp_path: Path) -> None:
+    """Each pipeline declares its capabilities on its class, and gives the reader of the backlog in
+    its broker (one that says where it reads), or none without a broker."""
+    settings = Settings()
+    factory = PIPELINES[name]
+    assert isinstance(factory.capabilities, Capabilities)
+    reader = factory(Scenario(pipeline=name), settings, NativeStack(settings)).backlog(tmp_path)
+    broker = factory.capabilities.broker
+    assert (reader is None) == (broker is None) and (reader is None or reader.where == broker)
+    assert factory.capabilities.stand_target == (broker or "pg")
+
+
+def test_the_check_refuses_an_unregistered_pipeline_and_what_one_does_not_take() -> None:
+    with pytest.raises(ValueError, match="unknown pipeline 'nats': choose one of wal, wal-sharded, kafka"):
+        check(Scenario(pipeline="nats"))
+    with pytest.raises(ValueError, match="kafka-share has no broker-native stand"):
+        check(Scenario(pipeline="kafka-share", producer="direct"))
+    for name in REGISTRY:
+        check(Scenario(pipeline=name))
+
+
+def test_colours_cover_the_registry() -> None:
     from lab.study.plots import pipeline_color
 
-    assert set(PIPELINE_NAMES) == set(REGISTRY)
     colours = [pipeline_color(name) for name in REGISTRY]
     assert len(set(colours)) == len(colours) and "C7" not in colours  # each its own, none the unknown grey

@@ -61,4 +61,4 @@ def test_describe_names_the_runs_publications_not_wals() -> None:
     d = pipeline.describe()
     assert d["publications"] == ["filtered_pub_n2_k0", "filtered_pub_n2_k1"]
     assert "publication" not in d and d["inbox"] == "inbox_wal" and d["row_filter"] == "id % 2 = k"
-    assert not pipeline.fan_out
+    assert not pipeline.capabilities.fan_out

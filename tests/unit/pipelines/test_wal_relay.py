@@ -11,21 +11,16 @@ import pytest
 
 from lab.pg.replication import ReplicationStream
 from lab.pipelines import PIPELINES
-from lab.pipelines.wal import WalSource
-from lab.pipelines.wal_relay import (
+from lab.pipelines.relay_stream import (
     HAND_OVER,
-    HELPER,
-    RELAY_SLOT,
     STANDBY_FLUSH,
-    TAKE,
-    RelayPipeline,
     RelayReader,
     confirmable_behind,
     hand_over_params,
-    queue_stats,
     standby_flushed,
-    taken_items,
 )
+from lab.pipelines.wal import WalSource
+from lab.pipelines.wal_relay import HELPER, RELAY_SLOT, TAKE, RelayPipeline, queue_stats, taken_items
 from lab.scenario import Scenario
 from lab.settings import Settings
 
@@ -70,10 +65,11 @@ def test_the_relay_is_wal_reader_on_its_own_slot() -> None:
 
 
 def test_the_runner_starts_the_relay_as_its_own_participant() -> None:
-    assert RelayPipeline.helpers == {HELPER: "lab.relay"} and HELPER == "relay"
-    assert callable(importlib.import_module(RelayPipeline.helpers[HELPER]).main)
-    assert all(p.helpers == {} for name, p in PIPELINES.items() if name != "wal-relay")
-    assert (RelayPipeline.fan_out, RelayPipeline.inbox_table, RelayPipeline.cdc_sink) == (False, "inbox", None)
+    caps = RelayPipeline.capabilities
+    assert caps.helpers == {HELPER: "lab.relay"} and HELPER == "relay" and caps.participants == (HELPER,)
+    assert callable(importlib.import_module(caps.helpers[HELPER]).main)
+    assert all(p.capabilities.helpers == {} for name, p in PIPELINES.items() if name != "wal-relay")
+    assert (caps.fan_out, caps.inbox_table, caps.cdc_sink) == (False, "inbox", None)
 
 
 @pytest.mark.parametrize("spec", ["walsender-kill:1@3s", "slot-invalidation:1@3s", "debezium-kill@3s"])
@@ -92,7 +88,7 @@ def test_the_relay_takes_its_walsenders_kill_and_a_postgres_restart(spec: str) -
     check(s, Settings())
     f = fault_for(s)
     assert f is not None and f.target is None and f.hit_consumers(s) == []
-    assert RelayPipeline.helper_slot == RELAY_SLOT
+    assert RelayPipeline.capabilities.helper_slot == RELAY_SLOT
     if f.kind == "walsender-kill":
         assert f.record(RelayPipeline, None)["slot"] == RELAY_SLOT  # type: ignore[arg-type]
 

@@ -16,6 +16,7 @@ import pytest
 
 from lab.pipelines.backlog import KafkaBacklog, parse_erl_call, queue_expression
 from lab.runner.fault_driver import FaultInjector, wal_summary
+from lab.runner.values import Accounted
 from lab.scenario import Scenario
 from lab.settings import Settings
 from lab.study.presentation import fault_line, phases_line
@@ -44,10 +45,14 @@ class Reader:
         self.closed += 1
 
 
+def _fault_run(scenario: Scenario) -> FaultInjector:
+    """The fault injector of a run of ``scenario`` that has not started anything (no stack, no processes)."""
+    env = SimpleNamespace(scenario=scenario, settings=Settings(), stack=None, pipeline=None)
+    return FaultInjector(env, None)  # type: ignore[arg-type]
+
+
 def _injector(reader: Reader) -> FaultInjector:
-    run = SimpleNamespace(scenario=Scenario(consumers=2, fault="consumer-dead:1@3s+3s"), settings=Settings(),
-                          stack=None, pipeline=None)
-    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj = _fault_run(Scenario(consumers=2, fault="consumer-dead:1@3s+3s"))
     inj.state.start(time.monotonic())
     inj.samplers._backlog_reader = reader
     return inj
@@ -151,9 +156,8 @@ def test_analysis_block() -> None:
     t = {k: c + 0.02 if k % 2 == 0 or not 3 <= c - 1000 + 0.02 < 6 else 1006.0 + k / 1000
          for k, c in created.items()}
     ids = sorted(t, key=t.get)
-    inj.arrivals = {"ids": ids, "t": [t[i] for i in ids], "by": [i % 2 for i in ids]}
-    inj.created_at = created
-    out = inj.analysis()
+    arrivals = {"ids": ids, "t": [t[i] for i in ids], "by": [i % 2 for i in ids]}
+    out = inj.analysis(Accounted({}, arrivals, created))
     assert set(out) == {"consumer_lag", "phases", "recovery_s", "recovery_bands", "excess_cpu"}
     assert out["excess_cpu"] is None  # no timeline given
     assert set(out["phases"]) == {"before", "during", "after"}
@@ -161,8 +165,7 @@ def test_analysis_block() -> None:
     assert isinstance(out["recovery_s"], float) and out["recovery_s"] < 2
     lag6 = [r for r in out["consumer_lag"] if r["t_s"] == 5.0 and r["consumer"] == 1]
     assert lag6 and lag6[0]["lag_messages"] == 10  # the odd ids created in [3, 5]
-    inj.arrivals = None
-    assert inj.analysis() == dict.fromkeys(out)
+    assert inj.analysis(None) == dict.fromkeys(out)  # not accounted (the run failed before): nothing
 
 
 def test_fault_line_shows_recovery_backlog_and_phases() -> None:
@@ -192,13 +195,13 @@ def test_rabbitmq_reader_through_a_real_subprocess(tmp_path: Path) -> None:
     from lab.pipelines.backlog import RabbitBacklog
 
     seen = tmp_path / "stdin"
-    answer = SimpleNamespace(erl_call=lambda: (["sh", "-c", f"cat > {seen}; echo '{{ok, {{4, 7}}}}'"], None))
+    answer = (["sh", "-c", f"cat > {seen}; echo '{{ok, {{4, 7}}}}'"], None)
     settings = SimpleNamespace(amqp_url="amqp://u:p@127.0.0.1:9/")
-    reader = RabbitBacklog(settings, answer, "load-dbz-quorum")
+    reader = RabbitBacklog(settings, answer, "load-dbz-quorum")  # type: ignore[arg-type]
     [sample] = asyncio.run(reader.read())
     assert (sample["messages"], sample["ready"], sample["unacked"], sample["source"]) == (11, 4, 7, "erl_call")
     assert seen.read_bytes() == queue_expression("load-dbz-quorum")
-    down = RabbitBacklog(settings, SimpleNamespace(erl_call=lambda: (["sh", "-c", "echo nodedown; exit 1"], None)), "q")
+    down = RabbitBacklog(settings, (["sh", "-c", "echo nodedown; exit 1"], None), "q")  # type: ignore[arg-type]
     for _ in range(4):
         [gap] = asyncio.run(down.read())
         assert "messages" not in gap and gap["error"]
@@ -207,9 +210,7 @@ def test_rabbitmq_reader_through_a_real_subprocess(tmp_path: Path) -> None:
 
 def test_the_fault_block_keeps_its_fields_and_adds_what_the_fault_is() -> None:
     """run.json's ``fault`` block: every field it had, plus what the fault recorded of itself (schema 3)."""
-    run = SimpleNamespace(scenario=Scenario(pipeline="kafka", consumers=2, fault="postgres-restart@3s+1s"),
-                          settings=Settings(), stack=None, pipeline=None)
-    inj = FaultInjector(run)  # type: ignore[arg-type]
+    inj = _fault_run(Scenario(pipeline="kafka", consumers=2, fault="postgres-restart@3s+1s"))
     block = inj.record(None)
     assert {"spec", "kind", "target", "start_s", "duration_s", "extra_s", "keep_mb", "rows", "mode", "slot",
             "debezium_properties", "extra_rows", "events", "accounting", "wal", "wal_summary", "max_retained_wal",

@@ -7,6 +7,8 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
@@ -14,7 +16,9 @@ import pytest
 
 from lab.faults.supervision import supervise
 from lab.measure.disk import Limits, Reading, SlotReading, trip
+from lab.pipelines import Capabilities
 from lab.runner.fault_driver import FaultInjector
+from lab.runner.processes import RunProcesses
 from lab.scenario import Scenario
 
 
@@ -40,12 +44,23 @@ def procs() -> list[psutil.Popen]:
         p.wait()
 
 
-def _injector(procs: list[psutil.Popen], fault: str) -> FaultInjector:
-    run = SimpleNamespace(scenario=Scenario(consumers=len(procs), fault=fault), consumers=procs, procs={},
-                          settings=SimpleNamespace(max_retained_wal=1000), stack=None, pipeline=None)
-    inj = FaultInjector(run)  # type: ignore[arg-type]
+def _run(consumers: list[psutil.Popen], scenario: Scenario, scratch: Path | None = None,
+         spawn: Callable[[list[int]], psutil.Popen] | None = None) -> tuple[FaultInjector, RunProcesses]:
+    """A fault injector over the run's processes, with ``consumers`` as its consumers (no stack)."""
+    settings = SimpleNamespace(max_retained_wal=1000, stack_dir=(scratch or Path("/nonexistent")) / "stack")
+    env = SimpleNamespace(scenario=scenario, settings=settings, stack=None, scratch=scratch,
+                          pipeline=SimpleNamespace(capabilities=Capabilities()))
+    procs = RunProcesses(env)  # type: ignore[arg-type]
+    procs._consumers = list(consumers)
+    if spawn is not None:
+        procs.spawn_consumer = spawn  # type: ignore[method-assign]
+    inj = FaultInjector(env, procs)  # type: ignore[arg-type]
     inj.state.start(time.monotonic())
-    return inj
+    return inj, procs
+
+
+def _injector(procs: list[psutil.Popen], fault: str) -> FaultInjector:
+    return _run(procs, Scenario(consumers=len(procs), fault=fault))[0]
 
 
 def test_stop_then_continue(procs: list[psutil.Popen]) -> None:
@@ -103,8 +118,8 @@ def test_the_disk_guard_ends_the_fault_and_continues_the_stopped(procs: list[psu
         await asyncio.sleep(0.05)
         assert procs[1].status() == psutil.STATUS_STOPPED
         inj.check()  # nothing tripped yet
-        inj.disk_guard_tripped(hit)
-        inj.disk_guard_tripped({**hit, "error": "a second trip is ignored"})
+        inj.guard_tripped(hit, 4242)  # the runner killed the senders, pid 4242
+        inj.guard_tripped({**hit, "error": "a second trip is ignored"}, None)
         assert inj._guard_task is not None
         await inj._guard_task
         with pytest.raises(asyncio.CancelledError):
@@ -117,14 +132,14 @@ def test_the_disk_guard_ends_the_fault_and_continues_the_stopped(procs: list[psu
         inj.check()
     events = [e["what"] for e in inj.events]
     assert events[0] == "stop" and "disk guard" in events and "continued by the disk guard" in events
+    assert events.index("disk guard") < events.index("senders killed by the disk guard")
+    assert next(e for e in inj.events if e["what"] == "senders killed by the disk guard")["pid"] == 4242
     assert next(e for e in inj.events if e["what"] == "disk guard")["slot"] == "s1"
 
 
 def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object) -> None:
     """After a PostgreSQL restart every consumer exits; a wal-sharded replacement is only ready once
     all N have joined again, so the supervision must not wait for one before starting the next."""
-    from pathlib import Path
-
     scratch = Path(str(tmp_path))
     n = 3
     exited = [psutil.Popen(["true"]) for _ in range(n)]
@@ -140,13 +155,8 @@ def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object)
                 (scratch / f"consumer-{i}.ready").write_text("{}")
         return p
 
-    run = SimpleNamespace(
-        scenario=Scenario(consumers=n, fault="postgres-restart@0s", ready_timeout_s=5), consumers=list(exited),
-        pipeline=SimpleNamespace(cdc_sink=None), respawning=set(), scratch=scratch,
-        settings=SimpleNamespace(stack_dir=scratch / "stack"), spawn_consumer=spawn_consumer,
-        attach_consumer=lambda i, p: None, stack=None)
-    inj = FaultInjector(run)  # type: ignore[arg-type]
-    inj.state.start(time.monotonic())
+    inj, procs = _run(exited, Scenario(consumers=n, fault="postgres-restart@0s", ready_timeout_s=5), scratch,
+                      spawn_consumer)
 
     async def go() -> None:
         supervise(inj.ctx)
@@ -164,7 +174,7 @@ def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object)
         asyncio.run(go())
         whats = [e["what"] for e in inj.events]
         assert whats.count("consumer exited") == whats.count("replacement started") == n
-        assert run.consumers == spawned and not run.respawning
+        assert [procs.consumer(i) for i in range(n)] == spawned and not any(procs.replacing(i) for i in range(n))
     finally:
         for p in spawned:
             p.kill()
@@ -174,8 +184,6 @@ def test_a_restart_replaces_every_exited_consumer_side_by_side(tmp_path: object)
 def test_consumers_a_supervised_stop_ended_after_the_drain_are_ended_not_failed(tmp_path: object) -> None:
     """A broker's stop that outlasts the messages: the drain is complete before the supervision saw
     the consumers whose connection broke. They are recorded and ended by the fault, once."""
-    from pathlib import Path
-
     from lab.runner.verdict import consumer_errors
 
     scratch = Path(str(tmp_path))
@@ -184,22 +192,20 @@ def test_consumers_a_supervised_stop_ended_after_the_drain_are_ended_not_failed(
     dead.wait()
     error = "ConnectionError: AMQP channel to load-dbz-quorum closed"
     (scratch / "consumer-1.json").write_text(f'{{"error": "{error}"}}')
-    run = SimpleNamespace(scenario=Scenario(consumers=2, pipeline="rabbitmq", fault="broker-restart@3s+2s"),
-                          consumers=[alive, dead], procs={}, settings=SimpleNamespace(max_retained_wal=1000),
-                          stack=None, pipeline=None, respawning=set(), ended=set(), scratch=scratch)
     try:
-        inj = FaultInjector(run)  # type: ignore[arg-type]
-        inj.state.start(time.monotonic())
+        inj, procs = _run([alive, dead], Scenario(consumers=2, pipeline="rabbitmq", fault="broker-restart@3s+2s"),
+                          scratch)
         assert inj.exited_unreplaced() == []  # no supervision: an exit stays the run's failure
         inj.state.supervising = True
         assert inj.exited_unreplaced() == [1]
-        assert run.ended == {1}
+        assert procs.exited() == []  # ended by the fault: no failure of the run's
         exits = [e for e in inj.state.events if e["what"] == "consumer exited"]
         assert len(exits) == 1 and exits[0]["consumer"] == 1 and exits[0]["error"] == error
         assert exits[0]["replaced"] is False
         assert inj.exited_unreplaced() == []  # recorded once
         results = [{"index": 0, "error": None}, {"index": 1, "error": error}]
-        assert consumer_errors(results, sorted(run.ended)) == []
+        procs.check_alive()  # the ended one is no failure
+        assert consumer_errors(results, [1]) == []
         assert consumer_errors(results) == [f"consumer 1: {error}"]
     finally:
         alive.kill()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lab.settings import NotAStackDir, Settings
-from lab.stack import children, proc, stackdir
+from lab.stack import children, leftover_slots, proc, stackdir
 from lab.stack.base import StackError
 from lab.stack.native import NativeStack
 
@@ -19,7 +19,7 @@ def _stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str | None)
     (settings.stack_dir / "marker").write_text("pid files live here")
     stack = NativeStack(settings)
     monkeypatch.setattr(children, "stop_all", lambda settings: None)
-    monkeypatch.setattr(NativeStack, "_drop_slots", lambda self, errors: None)
+    monkeypatch.setattr(leftover_slots, "drop_all", lambda settings, errors: None)
     for service in [*stack.debezium.values(), *stack._other_topology(), *stack.services]:
         def stop(*, purge: bool = False, name: str = service.name) -> None:
             if name == failing:
@@ -217,7 +217,8 @@ def test_a_refused_purge_leaves_no_lock_file_behind(tmp_path: Path) -> None:
 
 def test_a_database_never_created_is_recognised_in_the_login_error() -> None:
     """`lab stack down` after an `up` killed before it created the lab's database: no slot can exist."""
-    from lab.stack.native import missing_database
+    from lab.stack.leftover_slots import missing_database
+
     error = ('connection failed: connection to server at "10.231.7.2", port 5432 failed: '
              'FATAL:  database "lab" does not exist')
     assert missing_database(error, "lab")
@@ -234,15 +235,13 @@ def test_slots_a_down_could_not_drop_are_recorded_and_dropped_by_the_next_up(
 
     settings = Settings().replace(stack_dir=tmp_path / "stack", data_dir=tmp_path / "data", hosts="netns")
     stackdir.claim(settings.stack_dir)
-    stack = NativeStack(settings)
-    monkeypatch.setattr(stack.postgres, "processes", lambda: [object()])
     monkeypatch.setattr(hosts, "routed", lambda settings: False)
     dropped: list[str] = []
     monkeypatch.setattr(slots, "drop_slots", lambda dsn, prefix: dropped.append(prefix) or ["load_test_slot_0"])
     errors: list[str] = []
-    stack._drop_slots(errors)
-    assert errors == [] and dropped == [] and stack.pending_slots.exists()
-    stack._drop_pending_slots()  # what `up` does once PostgreSQL runs, before the topology's own slot
-    assert dropped == [""] and not stack.pending_slots.exists()
-    stack._drop_pending_slots()  # nothing recorded: nothing dropped
+    leftover_slots.drop_all(settings, errors)  # what `down` does while PostgreSQL runs
+    assert errors == [] and dropped == [] and leftover_slots.pending(settings).exists()
+    leftover_slots.drop_pending(settings)  # what `up` does once PostgreSQL runs, before the topology's own slot
+    assert dropped == [""] and not leftover_slots.pending(settings).exists()
+    leftover_slots.drop_pending(settings)  # nothing recorded: nothing dropped
     assert dropped == [""]

@@ -1,4 +1,4 @@
-"""The Kafka readiness probe (lab.stack.kafka_broker.metadata_brokers): its requests, read by a small
+"""The Kafka readiness probe (lab.stack.kafka_wire.metadata_brokers): its requests, read by a small
 socket server that answers as the Kafka protocol says (kafka.apache.org/protocol); the real
 broker answers it on every stack start (tests/integration)."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lab.stack.kafka_broker import metadata_brokers
+from lab.stack.kafka_wire import metadata_brokers
 
 Handler = Callable[[int, int, bytes], bytes | None]  # (api_key, version, body) -> response body
 

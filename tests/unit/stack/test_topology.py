@@ -11,7 +11,7 @@ from lab.measure.services import stack_record
 from lab.pipelines.rabbitmq import queue_arguments
 from lab.settings import Settings, settings_env
 from lab.stack import kafka_broker as kafka
-from lab.stack.base import StackError
+from lab.stack.base import StackError, services
 from lab.stack.compose import ComposeStack
 from lab.stack.debezium import render_properties
 from lab.stack.native import NativeStack
@@ -82,9 +82,9 @@ def test_standby_streams_from_its_slot_with_feedback_and_slot_sync(tmp_path: Pat
 
 def test_every_node_is_a_participant_of_its_own() -> None:
     ha = NativeStack(Settings(topology="ha"))
-    assert ha.service_names == ("postgres", "postgres-standby", "kafka-1", "kafka-2", "kafka-3",
-                                "rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
-    assert NativeStack(Settings()).service_names == ("postgres", "kafka", "rabbitmq")
+    assert services(ha.participants()) == ("postgres", "postgres-standby", "kafka-1", "kafka-2", "kafka-3",
+                                           "rabbitmq-1", "rabbitmq-2", "rabbitmq-3")
+    assert services(NativeStack(Settings()).participants()) == ("postgres", "kafka", "rabbitmq")
     assert stack_record(ha)["topology"] == "ha"
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from lab.results import load_reference
 from lab.study import costmodel as cm
+from lab.study import linefit
 
 
 def synth(
@@ -67,7 +68,7 @@ def test_reference_tables_are_complete_and_consistent() -> None:
 
 def test_student_t_quantiles_match_the_tables() -> None:
     for dof, t in {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042}.items():
-        assert cm._t975(dof) == pytest.approx(t, abs=1e-3)
+        assert linefit.t975(dof) == pytest.approx(t, abs=1e-3)
 
 
 def test_the_articles_model_anchored_at_n1_with_the_postgres_slope(published: pd.DataFrame) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab.study import answer, ledger, published
+from lab.study import answer, intervals, ledger, published
 from tests.unit.study.test_sitting import M, record
 
 
@@ -63,11 +63,11 @@ def test_hierarchical_interval_widens_with_the_spread_between_sittings() -> None
     rng = np.random.default_rng(1)
     same = [list(1.0 + 0.01 * rng.standard_normal(3)) for _ in range(4)]
     apart = [[v + 0.3 * k for v in x] for k, x in enumerate(same)]
-    p1, lo1, hi1 = ledger.hierarchical_interval(same, n_boot=500)
-    _, lo2, hi2 = ledger.hierarchical_interval(apart, n_boot=500)
+    p1, lo1, hi1 = intervals.hierarchical_interval(same, n_boot=500)
+    _, lo2, hi2 = intervals.hierarchical_interval(apart, n_boot=500)
     assert lo1 <= p1 <= hi1 and hi1 - lo1 < 0.05
     assert hi2 - lo2 > 10 * (hi1 - lo1)
-    assert np.isnan(ledger.hierarchical_interval([])[0])
+    assert np.isnan(intervals.hierarchical_interval([])[0])
 
 
 def test_the_pages_carry_the_findings_and_the_readme_block_is_replaced() -> None:

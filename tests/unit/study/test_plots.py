@@ -117,7 +117,7 @@ def test_breakdown_stacks_participants_per_cell(
     assert all(len(s) == 16 for s in ref.containers) and len(ref.get_xticklabels()) == 16
     wal8 = sum(
         s[3].get_height() for s in ref.containers
-    )  # wal c8: pipelines in PIPELINE_NAMES order
+    )  # wal c8: pipelines in the registry's order
     assert wal8 == pytest.approx(1.876)
     with pytest.raises(ValueError, match="per must be"):
         plots.breakdown_figure(runs, per="pipeline")

@@ -75,7 +75,7 @@ def test_the_scenario_knows_the_retentions_the_pruner_implements() -> None:
 def test_the_retention_applies_where_claims_go_to_inbox_wal_only(name: str) -> None:
     check(Scenario(pipeline=name))  # never: every pipeline
     pruned = Scenario(pipeline=name, claim_retention="behind-slots")
-    if PIPELINES[name].inbox_table == "inbox_wal":
+    if PIPELINES[name].capabilities.inbox_table == "inbox_wal":
         check(pruned)
     else:
         with pytest.raises(ValueError, match=f"{name} claims in inbox: use never"):
