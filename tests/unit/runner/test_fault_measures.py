@@ -81,7 +81,12 @@ def test_backlog_sampling_is_cancelled_and_closes_its_reader(monkeypatch: pytest
 
     async def go() -> None:
         task = asyncio.create_task(inj.samplers.watch_backlog())
-        await asyncio.sleep(0.1)
+        # cancelled once it has sampled a few times (not after a fixed 0.1 s: a loaded machine that
+        # deschedules the loop for that long left one sample in it)
+        deadline = time.monotonic() + 30
+        while len(inj.samplers.backlog) < 3:
+            assert time.monotonic() < deadline, "the backlog was not sampled"
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
