@@ -69,10 +69,12 @@ status:
 
 PROFILE ?= quick
 WITH ?=
+# a series id of its own makes a new sitting; the same one again resumes it (an interrupted report)
+SERIES_ID ?=
 
 report: setup  ## the study: runs (or resumes) the series, writes data/reports/<id>/report.html (WITH=faults,control adds those parts)
 	$(BIN)/lab stack up
-	$(BIN)/lab report --profile $(PROFILE) $(if $(WITH),--with $(WITH))
+	$(BIN)/lab report --profile $(PROFILE) $(if $(WITH),--with $(WITH)) $(if $(SERIES_ID),--series-id $(SERIES_ID))
 
 # The results without a run: the committed sittings (data/sittings) as a static site, no stack started
 # and nothing provisioned (the venv and the kernel only). `lab site --base-url URL` for link previews.

@@ -118,11 +118,21 @@ def sittings_dir(settings: Settings | None = None) -> Path:
 
 
 def write_sitting(record: Mapping[str, Any], *, settings: Settings | None = None) -> Path:
-    """``data/sittings/<id>.json`` (sorted keys, two-space indent, so that a diff reads), written
-    whole under a temporary name and renamed into place."""
+    """``data/sittings/<id>.json`` (:func:`sitting_json`), written whole under a temporary name and
+    renamed into place. A record of the same series, machine and first run as one already stored (a
+    report that resumed a finished series and ran nothing new) replaces it under its id: the ledger
+    never counts one sitting twice."""
     out = sittings_dir(settings)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{record['id']}.json"
+    for old in sorted(out.glob("*.json")) if not path.exists() else []:
+        known = read_json(old)
+        if (known.get("series_id"), known.get("started_at"), (known.get("machine") or {}).get("id")) == (
+                record.get("series_id"), record.get("started_at"), (record.get("machine") or {}).get("id")):
+            # the same runs again (a report that resumed a finished series): one sitting, one record
+            path = old
+            record = {**record, "id": known["id"]}
+            break
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(sitting_json(record), encoding="utf-8")
     tmp.replace(path)

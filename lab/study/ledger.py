@@ -327,6 +327,9 @@ def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | 
         c = _cheapest(recs, 4, volume)
         if c is not None:
             out.append(Finding(f"Which option costs least at N = 4, {volume:,} messages per start?", *c))
+    check = _model_check_finding(recs)
+    if check is not None:
+        out.append(check)
     steady = _steady_finding(recs)
     if steady is not None:
         out.append(steady)
@@ -334,6 +337,23 @@ def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | 
     if rate is not None:
         out.append(rate)
     return out
+
+
+def _model_check_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:
+    """How far the quick model (5,000 and 20,000 messages) missed the measured 100,000-message cells."""
+    err = prediction_errors(sittings_with(records, REFERENCE_VOLUME))
+    err = err[err["messages"] == REFERENCE_VOLUME]
+    if err.empty:
+        return None
+    parts = []
+    for p, g in err.groupby("pipeline", sort=False):
+        e = g["error_pct"].astype(float)
+        parts.append(f"`{p}` {e.min():+.0f} % to {e.max():+.0f} %")
+    n = err["sitting"].nunique()
+    text = ("The quick model (F fitted across 5,000 and 20,000 messages) predicted the measured 100,000-message "
+            f"cells of the same sitting{'s' if n > 1 else ''} with errors of " + ", ".join(parts)
+            + " (every N): a model figure at that volume is good only to that error.")
+    return Finding("How far off is the model at 100,000 messages?", text, "measured", "")
 
 
 def _steady_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:

@@ -174,36 +174,75 @@ def _prediction_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, "", _table(show.drop(columns=["day"])), ""]
 
 
+# our parts against the reference study's participants (docs/reference.md): its `test` process ran
+# the senders and the consumers together
+PARTS_VS_REFERENCE = (("PostgreSQL", ("postgres",), "postgres"), ("Debezium", ("debezium",), "debezium"),
+                      ("Kafka", ("kafka",), "kafka"), ("RabbitMQ", ("rabbitmq",), "rabbitmq"),
+                      ("web service", ("web",), "web"), ("senders + consumers", ("senders", "consumers"), "test"))
+OURS_ONLY = (("PostgreSQL: one walsender, per reader", "pg.walsenders"), ("PostgreSQL: the claims", "pg.claims"))
+
+
+def _reference_parts() -> dict[tuple[str, int], dict[str, float]]:
+    """The reference study's ms CPU per message by participant at 100,000 messages, per cell."""
+    from lab.results import load_reference
+
+    ref = load_reference("participants")
+    ref = ref[(ref["messages"] == ledger.REFERENCE_VOLUME) & (~ref["warmup"].astype(bool))]
+    return {(r.pipeline, int(r.consumers)): {k: float(getattr(r, k)) * 1000 / ledger.REFERENCE_VOLUME
+                                             for _, _, k in PARTS_VS_REFERENCE if pd.notna(getattr(r, k))}
+            for r in ref.itertuples()}
+
+
 def _parts_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
     recs = ledger.sittings_with(records, ledger.REFERENCE_VOLUME)
     if not recs:
         return []
+    theirs = _reference_parts()
     rows = []
     for pipeline, n in sorted(REFERENCE_STUDY, key=lambda k: (k[0], k[1])):
-        vals: dict[str, list[float]] = {}
-        total = []
+        per: dict[str, list[float]] = {}
         for rec in recs:
             runs = [r for r in rec.get("runs") or [] if r["pipeline"] == pipeline and r["consumers"] == n
                     and r["messages"] == ledger.REFERENCE_VOLUME and not r.get("arm")]
             if not runs:
                 continue
-            total.append(statistics.median(r["ms"] for r in runs))
-            for part in ("pg.walsenders", "pg.claims", "consumers", "debezium", "kafka", "rabbitmq", "web"):
-                got = [r["parts"][part] for r in runs if r.get("parts", {}).get(part) is not None]
+            per.setdefault("total", []).append(statistics.median(r["ms"] for r in runs))
+            for name, ours, _ in PARTS_VS_REFERENCE:
+                per.setdefault(name, []).append(statistics.median(
+                    sum(r.get("parts", {}).get(k, 0.0) for k in ours) for r in runs))
+            for name, key in OURS_ONLY:
+                got = [r["parts"][key] / (n if key == "pg.walsenders" else 1) for r in runs
+                       if r.get("parts", {}).get(key) is not None]
                 if got:
-                    key = "walsender" if part == "pg.walsenders" else part
-                    vals.setdefault(key, []).append(statistics.median(got) / (n if key == "walsender" else 1))
-        if not total:
+                    per.setdefault(name, []).append(statistics.median(got))
+        if not per:
             continue
-        row = {"cell": f"`{pipeline}` N = {n}", "total (ours)": _span(total),
-               "total (reference study)": f"{REFERENCE_STUDY[(pipeline, n)]:.2f}"}
-        row |= {PART_NAMES[k]: _span(v) for k, v in vals.items() if max(v) >= 0.005}
-        rows.append(row)
+        ref = theirs.get((pipeline, n), {})
+        ref_total = REFERENCE_STUDY[(pipeline, n)]
+        rows.append({"cell": f"`{pipeline}` N = {n}", "part": "**total**", "ours": _span(per["total"]),
+                     "reference study": f"{ref_total:.3f}",
+                     "ours ÷ theirs": f"{statistics.median(per['total']) / ref_total:.2f}"})
+        for name, _, key in PARTS_VS_REFERENCE:
+            v = per.get(name) or [0.0]
+            if max(v) < 0.005 and ref.get(key, 0.0) < 0.005:
+                continue
+            r = ref.get(key)
+            rows.append({"cell": "", "part": name, "ours": _span(v),
+                         "reference study": f"{r:.3f}" if r is not None else "—",
+                         "ours ÷ theirs": f"{statistics.median(v) / r:.2f}" if r else ""})
+        for name, _ in OURS_ONLY:
+            if per.get(name):
+                rows.append({"cell": "", "part": name, "ours": _span(per[name]), "reference study": "—",
+                             "ours ÷ theirs": ""})
     return ["## Per-component rates at the reference volume", "",
-            f"ms CPU per message at 100,000 messages per start, median over sittings [range when more than one], "
-            f"a team can carry them to its own stack; the reference study's totals beside (it measured on 16 "
-            f"threads with .NET clients; its PostgreSQL grew {REFERENCE_PG_SLOPE} ms/msg per extra reader).", "",
-            _table(pd.DataFrame(rows).fillna("")), ""]
+            "ms CPU per message at 100,000 messages per start, ours the median over sittings [range when more "
+            "than one], part by part beside the reference study's (one run per cell, 16 threads, .NET senders, web "
+            f"service and consumers; its PostgreSQL grew {REFERENCE_PG_SLOPE} ms/msg per extra `wal` reader). "
+            "These are the rates a team can carry to its own stack. Read the parts, not the totals: the web "
+            "service, the senders and the consumers are the clients (Python here, .NET there) and cost the same "
+            "for every pipeline at one N but for the consumers; PostgreSQL, Debezium and the broker are the same "
+            "servers on a machine of another speed; the claims are the claim table's (see below).", "",
+            _table(pd.DataFrame(rows)), ""]
 
 
 def _span(v: Sequence[float]) -> str:

@@ -78,6 +78,7 @@ class Arm:
     messages: int
     consumers: tuple[int, ...]
     blocks: tuple[int, ...] = (0,)
+    cooldown_s: float | None = None  # None: the profile's
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ PROFILES: dict[str, Profile] = {
                 "8, 12, 16, in 2 blocks of paired cells (the pipelines at one N back to back); in the "
                 "first block 5,000 messages at every N and in the second 20,000 at N = 1 and 16, from "
                 "which the quick model predicts every 100,000-message cell", seed=1,
-                arms=(Arm(5_000, REFERENCE_VOLUME_CONSUMERS, (0,)), Arm(20_000, (1, 16), (1,))),
+                # the arm's runs are the quick model's: they rest as long as the quick profile's (5 s)
+                arms=(Arm(5_000, REFERENCE_VOLUME_CONSUMERS, (0,), 5.0), Arm(20_000, (1, 16), (1,), 5.0)),
                 pipelines=REFERENCE_VOLUME_PIPELINES, paired=True),
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
@@ -249,9 +251,10 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     base = Scenario(messages=prof.messages, senders=prof.senders, cooldown_s=prof.cooldown_s)
     arm: list[list[Scenario]] = [[] for _ in range(reps)]
     for a in prof.arms if not rate else ():
+        rest = base.cooldown_s if a.cooldown_s is None else a.cooldown_s
         for b in (b for b in a.blocks if b < reps):
             arm[b] += [base.replace(pipeline=p, consumers=n, messages=a.messages, seed=seed or 0, warmup=True,
-                                    label="volume") for p in pipes for n in a.consumers if n in ns]
+                                    label="volume", cooldown_s=rest) for p in pipes for n in a.consumers if n in ns]
     cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
                                    repeats=reps, seed=seed, extra=arm, paired=prof.paired) for c in block]
     first = "kafka" if "kafka" in pipes else pipes[0]

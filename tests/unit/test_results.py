@@ -59,3 +59,20 @@ def test_the_layout_that_ran_wins_over_the_scenarios_auto(tmp_path: Path) -> Non
     rows = load_runs(settings=settings).set_index("run_id")
     assert rows.loc["a", "consumer_layout"] == "tasks"  # resolved, as the analysis must group it
     assert rows.loc["b", "consumer_layout"] == "auto"  # nothing recorded: the scenario's value stays
+
+
+def test_a_resumed_finished_series_keeps_one_sitting_record(tmp_path: Path) -> None:
+    from lab.results import load_sittings, sittings_dir, write_sitting
+
+    settings = Settings(data_dir=tmp_path)
+    first = {"id": "20261206T2128Z-quick-aaaa", "series_id": "quick", "started_at": "2026-12-06T21:29:16",
+             "machine": {"id": "m1"}, "runs": [{"ms": 1.0}]}
+    write_sitting(first, settings=settings)
+    again = {**first, "id": "20261206T2330Z-quick-bbbb", "wall_min": 1.2}  # nothing new ran
+    path = write_sitting(again, settings=settings)
+    assert path.name == "20261206T2128Z-quick-aaaa.json"
+    assert [r["id"] for r in load_sittings(settings=settings)] == [first["id"]]
+    assert load_sittings(settings=settings)[0]["wall_min"] == 1.2
+    other = {**first, "id": "20261207T0100Z-quick-cccc", "series_id": "quick-2", "started_at": "2026-12-07T01:00:00"}
+    write_sitting(other, settings=settings)
+    assert len(list(sittings_dir(settings).glob("*.json"))) == 2

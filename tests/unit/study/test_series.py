@@ -109,6 +109,7 @@ def test_reference_profile_pairs_the_pipelines_at_each_n() -> None:
     assert Counter((s.messages, s.consumers) for s in arm) == Counter(
         {**{(5_000, n): 3 for n in (1, 4, 8, 12, 16)}, (20_000, 1): 3, (20_000, 16): 3})
     assert len(plan) == 1 + 30 + 21 + 1
+    assert {s.cooldown_s for s in main} == {20.0} and {s.cooldown_s for s in arm} == {5.0}  # the arm rests as quick
     body = plan[1:-1]
     groups = [body[i:i + 3] for i in range(0, len(body), 3)]
     for g in groups:  # every group of three: one N, one volume, every pipeline once
