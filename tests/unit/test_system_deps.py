@@ -78,8 +78,8 @@ def run_script(tmp_path: Path, *, version: str | None, uid: int = 0, present: bo
         assert real is not None
         (bin_dir / name).symlink_to(real)
     _tool(bin_dir, "id", f"#!{BASH}\necho {uid}\n")
-    _tool(bin_dir, "apt-get", APT_GET + ('[ "$1" = install ] && { echo "E: Unable to locate package" >&2; exit 100; }\n'
-                                         if apt_fails else ""))
+    fails = 'if [ "$1" = install ]; then echo "E: Unable to locate package" >&2; exit 100; fi\n'  # update works
+    _tool(bin_dir, "apt-get", APT_GET + (fails if apt_fails else ""))
     _tool(bin_dir, "systemctl", RECORD)
     _tool(bin_dir, "update-rc.d", RECORD)
     _tool(bin_dir, "python3", f"#!{BASH}\nexit {0 if present else 1}\n")
