@@ -83,3 +83,25 @@ def test_the_pages_carry_the_findings_and_the_readme_block_is_replaced() -> None
     assert "old" not in out and out.endswith("\n\nrest\n") and block in out
     with pytest.raises(ValueError, match="no results markers"):
         published.with_readme_block("# no markers\n", block)
+
+
+def test_the_parts_reading_names_each_servers_and_the_clients_ratio_and_the_claims_growth() -> None:
+    from lab.study.published import parts_reading
+
+    ours = {("wal", 1): {"PostgreSQL": 0.5, "web service": 0.6, "senders + consumers": 0.3,
+                         "PostgreSQL: the claims": 0.05},
+            ("wal", 8): {"PostgreSQL": 1.2, "web service": 0.6, "senders + consumers": 0.6,
+                         "PostgreSQL: the claims": 0.3},
+            ("kafka", 1): {"PostgreSQL": 0.4, "Debezium": 0.3, "Kafka": 0.1, "RabbitMQ": 0.02,
+                           "web service": 0.5, "senders + consumers": 0.4}}
+    theirs = {("wal", 1): {"postgres": 1.0, "web": 0.4, "test": 0.15},
+              ("wal", 8): {"postgres": 1.6, "web": 0.4, "test": 0.2},
+              ("kafka", 1): {"postgres": 0.8, "debezium": 0.6, "kafka": 0.2, "rabbitmq": 0.01, "web": 0.5,
+                             "test": 0.2}}
+    text = "".join(parts_reading(ours, theirs))
+    assert "PostgreSQL 0.50–0.75×" in text and "Debezium 0.50×" in text and "Kafka 0.50×" in text
+    assert "RabbitMQ" not in text  # an idle broker beside another option is not its cost
+    assert "web service 1.00–1.50×" in text and "senders + consumers 2.00–3.00×" in text
+    assert "0.050 ms/msg at N = 1 and 0.300 at N = 8" in text
+    assert "grows 0.100 ms/msg per extra `wal` reader" in text
+    assert parts_reading({}, theirs) == [] and parts_reading(ours, {}) == []
