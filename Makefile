@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.lock
-	$(BIN)/pip install -q --no-deps --config-settings editable_mode=compat -e .  # a .pth entry: setuptools warns of nothing
+	$(BIN)/pip install -q --no-deps -e .  # a .pth entry (pyproject's package-dir): setuptools warns of nothing
 	touch $(STAMP)
 
 lock: $(STAMP)  ## re-pin requirements.lock from the current venv (after changing pyproject.toml)
