@@ -226,6 +226,9 @@ def test_default_node_is_debian_13s_4_0_from_the_lab_root(rabbitmq: RabbitMQServ
     assert str(rabbitmq.root) not in Path("/proc/self/mounts").read_text()
 
 
+# a further cell: RabbitMQ 4 is every other test's broker; 3.10's choice and provisioning path are
+# unit-tested (tests/unit/stack/test_without_root.py)
+@pytest.mark.matrix
 def test_debian_12s_3_10_stays_selectable(stack: object, settings: Settings) -> None:
     service = RabbitMQService(settings.replace(
         stack_dir=settings.stack_dir / "rabbitmq-3.10",
