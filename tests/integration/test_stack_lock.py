@@ -46,7 +46,8 @@ def _wait_for_drain(settings: Settings, runner: subprocess.Popen[str], before: s
 def test_commands_at_a_running_run_are_refused(stack: object, settings: Settings) -> None:
     runs = settings.stack_dir / "runs"
     before = set(runs.glob("*")) if runs.exists() else set()
-    runner = _start_run(settings, "--messages", "6000", "--rate", "300")  # about 20 s of sending
+    # about 45 s of sending: seven refusals of ~2-5 s each (a `lab` start loads pandas) fit inside it
+    runner = _start_run(settings, "--messages", "4500", "--rate", "100")
     _wait_for_drain(settings, runner, before)
     commands = [("stack", "up"), ("stack", "provision"), ("stack", "debezium", "start", "kafka"),
                 ("stack", "down"), ("stack", "down", "--purge"),
