@@ -97,8 +97,13 @@ class RabbitMQCluster:
         alone = [n for n in self.nodes[1:] if n.node_name not in running]
         if alone:
             with ThreadPoolExecutor(len(alone)) as pool:
-                for f in [pool.submit(self._join_one, n) for n in alone]:
-                    f.result()
+                futures = [(n, pool.submit(self._join_one, n)) for n in alone]
+            # two joins at once can meet in node 1's schema transaction, and the loser's mnesia start
+            # is killed (`start_app` exits 69, seen on a loaded machine): that node joins again, alone
+            for n, f in futures:
+                if (exc := f.exception()) is not None:
+                    log.warning("joining %s again, alone: %s", n.node_name, exc)
+                    self._join_one(n)
         if not self.clustered():
             raise StackError(f"RabbitMQ nodes did not form one cluster: node 1 runs with "
                              f"{self.running_nodes()}, expected {sorted(self.node_names)}")

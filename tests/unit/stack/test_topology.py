@@ -172,3 +172,32 @@ def test_either_topology_stops_the_others_rabbitmq_too() -> None:
     assert isinstance(ha.rabbitmq, RabbitMQCluster) and isinstance(single.rabbitmq, RabbitMQService)
     assert any(isinstance(s, RabbitMQCluster) for s in single._other_topology())
     assert any(isinstance(s, RabbitMQService) for s in ha._other_topology())
+
+
+def test_a_node_whose_concurrent_join_failed_joins_again_alone(monkeypatch) -> None:
+    """Two joins at once can kill the loser's mnesia start (rabbitmqctl start_app exits 69): that node
+    runs its join steps again after the other finished; a second failure is raised."""
+    from types import SimpleNamespace
+
+    nodes = [SimpleNamespace(node_name=f"n{i}@localhost") for i in (1, 2, 3)]
+    cluster = RabbitMQCluster.__new__(RabbitMQCluster)
+    cluster.nodes = nodes
+    monkeypatch.setattr(RabbitMQCluster, "running_nodes", lambda self: ["n1@localhost"])
+    monkeypatch.setattr(RabbitMQCluster, "clustered", lambda self: True)
+    calls: list[str] = []
+
+    def join_one(self, node) -> None:
+        calls.append(node.node_name)
+        if node.node_name == "n3@localhost" and calls.count("n3@localhost") == 1:
+            raise StackError("rabbitmqctl start_app failed (69): mnesia killed")
+
+    monkeypatch.setattr(RabbitMQCluster, "_join_one", join_one)
+    cluster._join()
+    assert sorted(calls) == ["n2@localhost", "n3@localhost", "n3@localhost"] and calls[-1] == "n3@localhost"
+
+    def always(self, node) -> None:
+        raise StackError("start_app failed (69)")
+
+    monkeypatch.setattr(RabbitMQCluster, "_join_one", always)
+    with pytest.raises(StackError):
+        cluster._join()
