@@ -10,6 +10,7 @@ too with the layout up but one of its addresses sent elsewhere by a policy rule 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,24 @@ OFFSET = 750
 COMMENT = f"fanout-lab-test-guard-{os.getpid()}"
 RULE = ["OUTPUT", "-d", f"{SUBNET_PREFIX}.0.0/16", "!", "-o", f"{hosts.PREFIX}+",
         "-m", "comment", "--comment", COMMENT, "-j", "DROP"]
+
+
+@contextlib.contextmanager
+def _dead_end_link() -> Iterator[str]:
+    """A veth link of this namespace whose other end lies in a namespace with no address: whatever is
+    routed onto it leaves nowhere (as a VPN's link would take it elsewhere). Removed at the end, its
+    routes with it."""
+    ns, link = f"guard-test-{os.getpid()}", f"gd{os.getpid() % 10**8}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", link + "p", "netns", ns],
+                       check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", link + "p", "up"], check=True)
+        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+        yield link
+    finally:
+        subprocess.run(["ip", "link", "del", link], capture_output=True)  # its routes go with it
+        subprocess.run(["ip", "netns", "del", ns], check=True)
 
 
 def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
@@ -102,13 +121,7 @@ def test_nothing_leaves_without_a_layout_and_the_rule_counts_what_would(
     # the control: the stack's /24 routed onto a link that is not the lab's (as a VPN would), whose
     # other end is in a namespace with no address (nothing can leave through it): the guard refuses,
     # and a connect around the guard is what the rule counts
-    ns, link = f"guard-test-{os.getpid()}", f"gd{os.getpid() % 10**8}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", link + "p", "netns", ns],
-                       check=True)
-        subprocess.run(["ip", "-n", ns, "link", "set", link + "p", "up"], check=True)
-        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+    with _dead_end_link() as link:
         subprocess.run(["ip", "route", "add", s.hosts_subnet, "dev", link], check=True)
         assert not hosts.routed(s) and not proc.port_open(s.pg_port, s.pg_host)
         assert _dropped() == 0
@@ -116,9 +129,6 @@ def test_nothing_leaves_without_a_layout_and_the_rule_counts_what_would(
             raw.settimeout(1)
             assert raw.connect_ex((s.pg_host, s.pg_port)) != 0
         assert _dropped() >= 1
-    finally:
-        subprocess.run(["ip", "link", "del", link], capture_output=True)  # its route goes with it
-        subprocess.run(["ip", "netns", "del", ns], check=True)
 
 
 def test_nothing_leaves_when_half_a_layout_is_left(counted: None, guard_settings: Settings) -> None:
@@ -141,39 +151,32 @@ def test_a_layout_address_sent_elsewhere_by_a_rule_or_a_host_route_is_refused(
     hosts.create(s)
     assert hosts.routed(s)
     target = s.pg_host
-    ns, link = f"guard-test-{os.getpid()}", f"gd{os.getpid() % 10**8}"
     table, priority = str(20000 + os.getpid() % 10000), str(900 + os.getpid() % 90)
     rule = ["ip", "rule", "add", "to", f"{target}/32", "lookup", table, "priority", priority]
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", link + "p", "netns", ns],
-                       check=True)
-        subprocess.run(["ip", "-n", ns, "link", "set", link + "p", "up"], check=True)
-        subprocess.run(["ip", "link", "set", link, "up"], check=True)
-        if how == "policy rule":
-            subprocess.run(["ip", "route", "add", f"{target}/32", "dev", link, "table", table], check=True)
-            subprocess.run(rule, check=True)
-        else:
-            subprocess.run(["ip", "route", "add", f"{target}/32", "dev", link], check=True)
-        assert json.loads(subprocess.run(["ip", "-j", "route", "get", target], capture_output=True, text=True,
-                                         check=True).stdout)[0]["dev"] == link  # where the kernel sends it
-        assert not hosts.routed(s)
-        assert not netns.reachable(target) and not proc.port_open(s.pg_port, target)
-        with pytest.raises(StackError, match="lab stack up"):
-            hosts.require_routed(s)
-        run = _lab(s, "run", "--pipeline", "wal", "--consumers", "1", "--messages", "10")
-        assert run.returncode == 2 and run.stderr.strip().splitlines() == [f"lab: error: {hosts.NOT_UP}"]
-        assert _dropped() == 0
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as raw:
-            raw.settimeout(1)
-            assert raw.connect_ex((target, s.pg_port)) != 0
-        assert _dropped() >= 1
-    finally:
-        if how == "policy rule":
-            subprocess.run(["ip", "rule", "del", *rule[3:]], capture_output=True)
-            subprocess.run(["ip", "route", "flush", "table", table], capture_output=True)
-        subprocess.run(["ip", "link", "del", link], capture_output=True)  # its routes go with it
-        subprocess.run(["ip", "netns", "del", ns], check=True)
+    with _dead_end_link() as link:
+        try:
+            if how == "policy rule":
+                subprocess.run(["ip", "route", "add", f"{target}/32", "dev", link, "table", table], check=True)
+                subprocess.run(rule, check=True)
+            else:
+                subprocess.run(["ip", "route", "add", f"{target}/32", "dev", link], check=True)
+            assert json.loads(subprocess.run(["ip", "-j", "route", "get", target], capture_output=True,
+                                             text=True, check=True).stdout)[0]["dev"] == link  # where it goes
+            assert not hosts.routed(s)
+            assert not netns.reachable(target) and not proc.port_open(s.pg_port, target)
+            with pytest.raises(StackError, match="lab stack up"):
+                hosts.require_routed(s)
+            run = _lab(s, "run", "--pipeline", "wal", "--consumers", "1", "--messages", "10")
+            assert run.returncode == 2 and run.stderr.strip().splitlines() == [f"lab: error: {hosts.NOT_UP}"]
+            assert _dropped() == 0
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as raw:
+                raw.settimeout(1)
+                assert raw.connect_ex((target, s.pg_port)) != 0
+            assert _dropped() >= 1
+        finally:
+            if how == "policy rule":
+                subprocess.run(["ip", "rule", "del", *rule[3:]], capture_output=True)
+                subprocess.run(["ip", "route", "flush", "table", table], capture_output=True)
     assert f"lookup {table}" not in subprocess.run(["ip", "rule"], capture_output=True, text=True).stdout
 
 
