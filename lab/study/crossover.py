@@ -93,10 +93,8 @@ def _n(x: float) -> str:
     return "never" if math.isinf(x) else f"{x:.1f}"
 
 
-def _quadratic_crossing(direct: pd.DataFrame, level: float) -> float | None:
+def _quadratic_xy(x: np.ndarray, y: np.ndarray, level: float) -> float | None:
     """Smallest N ≥ 1 where a + b·x + q·x² (x = N − 1) reaches ``level``; None when it never does."""
-    x = direct["consumers"].to_numpy(float) - 1
-    y = direct[METRIC].to_numpy(float)
     if np.unique(x).size < 3:
         raise ValueError("a curve needs runs at 3 or more consumer counts")
     q, b, a = np.polyfit(x, y, 2)
@@ -110,15 +108,15 @@ def _quadratic_crossing(direct: pd.DataFrame, level: float) -> float | None:
 def _curved(df: pd.DataFrame, direct: str, broker: str, *, n_boot: int, seed: int) -> ModelCrossing:
     d = costmodel.measured(df, direct)
     levels = costmodel.measured(df, broker)[METRIC].to_numpy(float)
-    point = _quadratic_crossing(d, float(np.median(levels)))
-    rng = np.random.default_rng(seed)
-    draws = []
-    groups = [g for _, g in d.groupby("consumers")]
+    x, y = d["consumers"].to_numpy(float) - 1, d[METRIC].to_numpy(float)
+    point = _quadratic_xy(x, y, float(np.median(levels)))
+    rng, draws = np.random.default_rng(seed), []
+    groups = [np.flatnonzero(x == n) for n in np.unique(x)]  # runs resampled within each N, on arrays
     if all(len(g) >= 2 for g in groups):
         for _ in range(n_boot):
-            sample = pd.concat([g.sample(len(g), replace=True, random_state=int(rng.integers(2**31))) for g in groups])
+            idx = np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups])
             lvl = float(np.median(rng.choice(levels, levels.size)))
-            n = _quadratic_crossing(sample, lvl)
+            n = _quadratic_xy(x[idx], y[idx], lvl)
             draws.append(math.inf if n is None else n)
     # order statistics, not interpolation (percentile_ci): a draw that never crosses is inf, and the quantile
     # between two of them is inf (interpolating inf − inf gave NaN and a RuntimeWarning per call on the page)
