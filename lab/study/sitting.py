@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.study import costmodel, crossover
+from lab.study import costmodel, crossover, refit
 from lab.study.costmodel import METRIC
 from lab.study.intervals import order_coverage
 
@@ -286,6 +286,22 @@ def _answers(answers: Iterable[crossover.Answer]) -> list[dict[str, Any]]:
                     "never": bool(r is not None and math.isinf(r[1])), "inside": a.measured,
                     "n_range": list(a.n_range), "models": len(a.models)})
     return out
+
+
+def refitted(record: Mapping[str, Any], direct: str, broker: str) -> dict[float, tuple[float, float]]:
+    """N*'s interval at each of :data:`lab.study.crossover.VOLUMES` with the quick model's F refitted
+    in every draw (:mod:`lab.study.refit`), from the record's own runs; empty where F cannot be
+    refitted (no arm, or an arm at every N: then the fit across volumes is used, not F's line)."""
+    frame = pd.DataFrame(record.get("runs") or [])
+    if frame.empty:
+        return {}
+    base, arm = model_base(frame)
+    both = [direct, broker]
+    b, a = base[base["pipeline"].isin(both)], arm[arm["pipeline"].isin(both)]
+    if a.empty or set(map(tuple, b[["pipeline", "consumers"]].drop_duplicates().to_numpy())) <= set(
+            map(tuple, a[["pipeline", "consumers"]].drop_duplicates().to_numpy())):
+        return {}
+    return refit.intervals(b, a, direct, broker, crossover.VOLUMES)
 
 
 def modelled(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str], *, n_boot: int,

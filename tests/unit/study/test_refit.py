@@ -1,0 +1,90 @@
+"""N*(M) with F refitted in every draw: exact on exact data, wider than F held fixed when the arm is noisy."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from lab.study import crossover, refit, sitting
+from lab.study.costmodel import METRIC
+
+NS = (1, 4, 16)
+
+
+def _runs(noise_arm: float = 0.0, noise_main: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """wal: 0.8 + 0.1·(N − 1) ms/msg at every volume (no start to spread); kafka: c = 1.0 ms/msg and
+    F = 2 CPU-s per start. Two runs per cell at 5,000 messages, and at 20,000 at N = 1 and 16 (the arm),
+    the two runs of a cell ``noise`` apart."""
+    main, arm = [], []
+    for n in NS:
+        for sign in (-1, 1):
+            main.append({"pipeline": "wal", "consumers": n, "messages": 5000,
+                         METRIC: 0.8 + 0.1 * (n - 1) + sign * noise_main})
+            main.append({"pipeline": "kafka", "consumers": n, "messages": 5000,
+                         METRIC: 1.0 + 2000 / 5000 + sign * noise_main})
+            if n in (1, 16):
+                arm.append({"pipeline": "wal", "consumers": n, "messages": 20_000,
+                            METRIC: 0.8 + 0.1 * (n - 1) + sign * noise_arm})
+                arm.append({"pipeline": "kafka", "consumers": n, "messages": 20_000,
+                            METRIC: 1.0 + 2000 / 20_000 + sign * noise_arm})
+    return pd.DataFrame(main), pd.DataFrame(arm)
+
+
+def test_exact_runs_give_the_exact_crossing_at_every_volume() -> None:
+    main, arm = _runs()
+    got = refit.intervals(main, arm, "wal", "kafka", [5000, 100_000, math.inf], n_boot=50)
+    # kafka at M: 1 + 2000/M; wal's line meets it at N = 1 + (1 + 2000/M − 0.8) / 0.1
+    for m, n_star in ((5000, 7.0), (100_000, 3.2), (math.inf, 3.0)):
+        assert got[m] == pytest.approx((n_star, n_star)), m
+
+
+def test_a_noisy_arm_widens_the_interval_that_f_held_fixed_leaves_narrow() -> None:
+    main, arm = _runs(noise_arm=0.05)
+    got = refit.intervals(main, arm, "wal", "kafka", [100_000], n_boot=400)[100_000]
+    lines = crossover.fixed_lines(main.assign(success=True, warmup=False), arm.assign(success=True, warmup=False))
+    held = crossover.crossings(crossover.at_volume_lines(main.assign(success=True, warmup=False), lines, 100_000),
+                               "wal", "kafka", n_boot=400)
+    flat = held.models[0]
+    assert flat.ci[1] - flat.ci[0] < 1e-6  # the main runs are exact: F held fixed, nothing moves
+    assert got[1] - got[0] > 0.5 and got[0] <= flat.n_star <= got[1]
+
+
+def test_nothing_to_refit_is_said_by_an_empty_answer() -> None:
+    main, arm = _runs()
+    assert refit.intervals(main, arm.iloc[0:0], "wal", "kafka", [100_000]) == {}
+    assert refit.intervals(main, arm[arm["pipeline"] == "wal"], "wal", "kafka", [100_000]) == {}
+    one = main.groupby(["pipeline", "consumers"]).head(1)  # one run per cell: nothing says how runs scatter
+    assert refit.intervals(one, arm.groupby(["pipeline", "consumers"]).head(1), "wal", "kafka", [100_000]) == {}
+
+
+def test_a_lone_arm_run_scatters_as_its_pipelines_other_runs() -> None:
+    """The quick profile's arm: one run per cell. Exact main runs leave it exact; scattered main runs
+    (kafka's ±2 %) scatter it too, and the interval widens."""
+    main, arm = _runs()
+    lone = arm.groupby(["pipeline", "consumers"]).head(1)
+    assert refit.intervals(main, lone, "wal", "kafka", [100_000], n_boot=50)[100_000] == pytest.approx((3.2, 3.2))
+    noisy, _ = _runs(noise_main=0.03)
+    lo, hi = refit.intervals(noisy, lone, "wal", "kafka", [100_000], n_boot=400)[100_000]
+    assert lo < 3.2 < hi and hi - lo > 0.3
+
+
+def test_a_record_gives_its_refit_from_its_own_runs() -> None:
+    main, arm = _runs(noise_arm=0.05, noise_main=0.02)
+    rows = [{**r, "ms": r[METRIC], "arm": False} for r in main.to_dict("records")]
+    rows += [{**r, "ms": r[METRIC], "arm": True} for r in arm.to_dict("records")]
+    record = {"runs": [{k: v for k, v in r.items() if k != METRIC} for r in rows]}
+    got = sitting.refitted(record, "wal", "kafka")
+    assert set(got) == set(crossover.VOLUMES) and got[100_000][0] < 3.2 < got[100_000][1]
+    everywhere = {"runs": record["runs"] + [{**r, "consumers": 4} for r in record["runs"] if r["arm"]]}
+    assert sitting.refitted(everywhere, "wal", "kafka") == {}  # an arm at every N: the fit across volumes
+
+
+def test_the_published_table_reads_the_volume_of_each_condition() -> None:
+    from lab.study.published import _volume
+
+    assert _volume("M = 100,000, F fitted across volumes at N = 1, 16") == 100_000
+    assert _volume("M = 5,000, F fitted across volumes at N = 1, 16") == 5_000
+    assert _volume("M = ∞ (steady), F fitted across volumes at N = 1, 16") == math.inf
+    assert _volume("M = ∞, each run's own timeline") == math.inf and _volume("at 200 msg/s") is None
