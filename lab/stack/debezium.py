@@ -56,6 +56,13 @@ from lab.stack.provision import java_home, maven_artifact, require_tool
 log = logging.getLogger(__name__)
 
 JAVA_OPTS = ("-Xms512m", "-Xmx1g")
+
+
+def debezium_version(settings: Settings) -> str:
+    """The version a run records: Debezium's, with the JVM options added to the reference's when
+    there are any (``3.6.1.Final (JVM -XX:TieredStopAtLevel=1)``): the stand table shows them."""
+    extra = settings.debezium_java_opts
+    return f"{settings.debezium_version} (JVM {extra})" if extra else settings.debezium_version
 MAIN_CLASS = "io.debezium.server.Main"
 PUBLICATION = "load_test_pub"
 SLOT_PREFIX = "dbz_"
@@ -213,7 +220,8 @@ class DebeziumService:
         jhome = java_home(self.settings)
         runner = next(home.glob("debezium-server-*runner.jar"))
         classpath = ":".join([str(runner), str(home / "config" / "lib"), str(home / "lib" / "*")])
-        argv = [str(jhome / "bin" / "java"), *JAVA_OPTS, "-cp", classpath, MAIN_CLASS]
+        argv = [str(jhome / "bin" / "java"), *JAVA_OPTS, *self.settings.debezium_java_opts.split(), "-cp",
+                classpath, MAIN_CLASS]
         self.log_path.unlink(missing_ok=True)
         t0 = time.monotonic()
         jvm = proc.spawn(argv, state_dir=self.state_dir, log_path=self.log_path,
@@ -316,7 +324,7 @@ class DebeziumService:
             state="running" if procs else "stopped",
             pids=[p.pid for p in procs],
             endpoint=f"http://{self.settings.debezium_host}:{self.http_port}",
-            version=self.settings.debezium_version,
+            version=debezium_version(self.settings),
             rss_mb=proc.tree_rss_mb(procs) if procs else None,
             detail=detail,
         )

@@ -144,6 +144,18 @@ def test_a_version_that_is_not_one_is_refused(version: str) -> None:
     assert (good.kafka_version, good.debezium_version) == ("4.3.1", "3.6.1.Final")
 
 
+def test_debezium_jvm_options_are_options_and_recorded_with_its_version() -> None:
+    from lab.stack.debezium import debezium_version
+
+    with pytest.raises(ValueError, match=r"LAB_DEBEZIUM_JAVA_OPTS=.*'TieredStopAtLevel=1' is not a JVM option"):
+        Settings.from_env({"LAB_DEBEZIUM_JAVA_OPTS": "-XX:+UseSerialGC TieredStopAtLevel=1"})
+    opts = Settings.from_env({"LAB_DEBEZIUM_JAVA_OPTS": "  -XX:TieredStopAtLevel=1   -XX:+UseSerialGC "})
+    assert opts.debezium_java_opts == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    assert debezium_version(opts) == "3.6.1.Final (JVM -XX:TieredStopAtLevel=1 -XX:+UseSerialGC)"
+    assert debezium_version(Settings.from_env({})) == "3.6.1.Final"  # the study's: the reference's options alone
+    assert Settings.from_env(settings_env(opts)).debezium_java_opts == opts.debezium_java_opts  # to children
+
+
 def test_docker_host_is_the_engine_when_lab_docker_host_is_empty() -> None:
     """An empty LAB_DOCKER_HOST does not let the user's DOCKER_HOST through unguarded: it is the engine,
     whose address the route guard checks (here a layout address routed nowhere: refused)."""
