@@ -46,18 +46,21 @@ def _wait_for_drain(settings: Settings, runner: subprocess.Popen[str], before: s
 def test_commands_at_a_running_run_are_refused(stack: object, settings: Settings) -> None:
     runs = settings.stack_dir / "runs"
     before = set(runs.glob("*")) if runs.exists() else set()
-    # about 45 s of sending: seven refusals of ~2-5 s each (a `lab` start loads pandas) fit inside it
-    runner = _start_run(settings, "--messages", "4500", "--rate", "100")
+    # about 25 s of sending; the seven commands start together (a `lab` start loads pandas: on 2 cores
+    # seven at once take about 10 s) and all end while the run still sends
+    runner = _start_run(settings, "--messages", "2500", "--rate", "100")
     _wait_for_drain(settings, runner, before)
     commands = [("stack", "up"), ("stack", "provision"), ("stack", "debezium", "start", "kafka"),
                 ("stack", "down"), ("stack", "down", "--purge"),
                 ("bench", "harness", "--messages", "100", "--repeats", "1"),
                 ("run", "--pipeline", "wal", "--messages", "100", "--cooldown-s", "0")]
-    for cmd in commands:
-        res = lab(settings, *cmd)
-        assert res.returncode == 2, (cmd, res.stderr)
-        lines = res.stderr.strip().splitlines()
-        assert len(lines) == 1, (cmd, res.stderr)
+    fired = [(cmd, subprocess.Popen([*LAB, *cmd], env=lab_env(settings), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)) for cmd in commands]
+    for cmd, proc in fired:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (cmd, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (cmd, err)
         assert f"pid {runner.pid}" in lines[0] and "lab run --pipeline wal" in lines[0], (cmd, lines[0])
     assert runner.poll() is None, "every refusal came while the run was still going"
     out, err = runner.communicate(timeout=600)
