@@ -95,7 +95,8 @@ def execute_notebook(name: str, out: Path, parameters: dict[str, Any], *, settin
 # broker-native stand and the control experiment. Sizes grow with the profile like
 # the main series; smoke measures latency and the staircases on one pipeline of each side (a
 # report's --pipelines overrides that); quick runs no fixed-rate series (an empty ``consumers``):
-# its load staircases give the latency of every step, at 50 to 800 msg/s, so a series at one rate
+# its load staircases (on the question's three pipelines) give the latency of every step, at 100 to
+# 800 msg/s, so a series at one rate
 # would add 9 runs (about 6 minutes on a slow day) for a figure the staircases already hold; quick's
 # control (6 runs of 1,500 messages with 15 ms of work) takes about 3-4 minutes on 2 cores, full's is
 # the reference's 20,000 messages at N = 2, 4, 8.
@@ -104,7 +105,7 @@ EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
               "broker_native": {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0},
               "control": {"messages": 100, "consumers": "2", "pipelines": "wal", "senders": 20,
                           "cooldown_s": 0.0}},
-    "quick": {"latency": {"rate": 500.0, "consumers": ""},
+    "quick": {"latency": {"rate": 500.0, "consumers": "", "pipelines": "wal,kafka,rabbitmq"},
               "broker_native": {"messages": 20_000, "consumers": 8, "producers": 200, "cooldown_s": 5.0},
               "control": {"messages": 1_500, "consumers": "2,8", "pipelines": "kafka,rabbitmq,wal",
                           "cooldown_s": 5.0}},
@@ -151,12 +152,14 @@ def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
 # notebook (lab.study.capacity). The floor per second (N* at a fixed rate) needs two sustainable
 # steps of every pipeline, so the staircases start low: on 2 cores on a slow day (2026-12-04) Kafka
 # and RabbitMQ could not carry 500 msg/s, and a staircase from 250 left them with one step or none.
-# quick: 8 runs of at most 40 s of sending each (a staircase stops at its first step it cannot
-# carry), about 7 minutes on 2 cores, at N = 1 and 16 so that N* by rate is read between measured N
-# (with N = 1 and 4 it was a straight line drawn beyond them); smoke: 2 runs of 2 x 2 s.
+# quick: 6 runs (wal, kafka, rabbitmq: the question's three) of at most 32 s of sending each, about
+# 5 minutes on 2 cores, at N = 1 and 16 so that N* by rate is read between measured N (with N = 1
+# and 4 it was a straight line drawn beyond them). With wal-sharded and a first step at 50 msg/s they
+# were 8 runs of 40 s, 8.4 minutes of a 36.6-minute quick report on 2026-12-07; every pipeline
+# carried 100 and 200 msg/s there, the two sustainable steps a floor needs. smoke: 2 runs of 2 x 2 s.
 CAPACITY: dict[str, dict[str, Any]] = {
     "smoke": {"rate_steps": "50,100", "step_s": 2.0, "steps_consumers": "1"},
-    "quick": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
+    "quick": {"rate_steps": "100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
     "full": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,16"},
     "article": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8"},
     "decision": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},

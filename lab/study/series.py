@@ -50,27 +50,29 @@ REFERENCE_WARMUP = ORDER[0]  # the reference warmed up on its sweep's first; a s
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile answers the article's question for its four pipelines within half an hour on 2
-# cores: 4 N x 4 pipelines x 2 blocks + a volume arm of 4 x 2 in the first block = 40 runs, and a
+# cores: 3 N x 4 pipelines x 2 blocks + a volume arm of 4 x 2 in the first block = 32 runs, and a
 # warm-up and a drift probe. Two runs per cell give the median's [min, max] at 50 % coverage
-# (labelled so). N = 1, 4, 8 are the article's (its N = 2 is in `full`, which also adds 12) and 16
-# measures beyond its extrapolated crossover. The volume arm (20,000 messages at N = 1 and 16) gives
-# the fixed cost per start F across volumes; in both blocks it cost 8 more runs of 20,000 messages
-# (about 8 minutes on a slow day) for a second estimate of F. The options the article never compared
-# are in `decision` (every registered pipeline, fewer N), which a default series of every pipeline
-# at these N would more than double.
-QUICK_CONSUMERS = (1, 4, 8, 16)
+# (labelled so). N = 1 and 4 are the article's, 16 measures beyond its extrapolated crossover; its N = 8
+# is the reference profile's (at the reference volume, where the crossings lie) and `full`'s. With
+# N = 8 the quick report took 36.6 minutes on a fresh clone on 2026-12-07 (42 runs, 22.5 minutes of
+# series), over its half hour; its 8 runs were the ones cut, not the blocks, the volume or the
+# staircases. The volume arm (20,000 messages at N = 1 and 16) gives the fixed cost per start F across
+# volumes; in both blocks it cost 8 more runs of 20,000 messages (about 8 minutes on a slow day) for a
+# second estimate of F. The options the article never compared are in `decision` (every registered
+# pipeline), which a default series of every pipeline would more than double.
+QUICK_CONSUMERS = (1, 4, 16)
 DECISION_CONSUMERS = (1, 4, 16)
 # The article's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
 ARTICLE_CONSUMERS = (1, 2, 4, 8)
 # The reference volume, measured: the question's three pipelines at 100,000 messages per Debezium
-# start (the reference study's volume), in two blocks of paired cells, at the quick profile's N. With
+# start (the reference study's volume), in two blocks of paired cells, at N = 1, 4, 8, 16. With
 # N = 12 as well the first sitting took 105.5 min on the 2-core machine, over the 90 a quiet sitting
 # has; its cells at 12 (9 runs, about 20 min) are the ones cut, not the volume: the crossings lie
-# between 1 and 4 (Kafka) and between 8 and 16 (RabbitMQ), and at these N the volume arm is the
-# quick profile's own design, so the quick model it checks is the one the quick sittings fit.
+# between 1 and 4 (Kafka) and between 8 and 16 (RabbitMQ); its 5,000-message arm at every N is the
+# quick profile's volume, so the quick model it checks is the one the quick sittings fit.
 REFERENCE_VOLUME_PIPELINES = ("wal", "kafka", "rabbitmq")
-REFERENCE_VOLUME_CONSUMERS = QUICK_CONSUMERS
+REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class Profile:
     consumers: tuple[int, ...]
     cooldown_s: float
     repeats: int
-    warmup_messages: int
+    warmup_messages: int  # the warm-up run's messages; 0: none (smoke, whose numbers are noise anyway)
     description: str
     idle_s: float = 30.0  # idle baseline before the series (lab.measure.idle); 0: none
     seed: int = 0  # shuffle seed when none is given; 0: reference order (1 with repeats > 1)
@@ -112,11 +114,12 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("smoke", 300, 20, (1, 2), 0.0, 1, 60,
-                "tests: the article's four pipelines in tiny runs, numbers are noise (minutes)", idle_s=3.0,
+        Profile("smoke", 300, 20, (1, 2), 0.0, 1, 0,
+                "tests: the article's four pipelines in tiny runs and no warm-up, numbers are noise (minutes)",
+                idle_s=3.0,
                 pipelines=REFERENCE_PIPELINES),
         Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 2, 5000,
-                "the article's four pipelines at N = 1, 4, 8, 16, 5,000 messages, in 2 shuffled "
+                "the article's four pipelines at N = 1, 4, 16, 5,000 messages, in 2 shuffled "
                 "blocks, so every cell has an interval; and at 20,000 messages at N = 1 and 16 in the "
                 "first block, so the fixed cost per start is fitted across volumes", seed=1,
                 arms=(Arm(20_000, (1, 16), (0,)),), pipelines=REFERENCE_PIPELINES),
@@ -228,7 +231,8 @@ def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
 def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = None,
          pipelines: Sequence[str] | None = None, rate: float = 0.0,
          consumers: Sequence[int] | None = None) -> list[Scenario]:
-    """The series for profile ``name``: warm-up, the matrix, drift probe.
+    """The series for profile ``name``: warm-up (none when the profile has no warm-up messages), the
+    matrix, drift probe.
 
     ``rate > 0`` makes every measured cell (and the drift probe) open-loop at ``rate`` msg/s
     (latency mode, :mod:`lab.measure.latency`); the warm-up stays closed-loop, and there is no
@@ -265,10 +269,10 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
                                    repeats=reps, seed=seed, extra=arm, paired=prof.paired) for c in block]
     first = REFERENCE_WARMUP if REFERENCE_WARMUP in pipes else pipes[0]
-    warmup = base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
-                          messages=prof.warmup_messages)
+    warmup = [base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
+                           messages=prof.warmup_messages)] if prof.warmup_messages else []
     drift = next(c for c in cells if not c.warmup).replace(warmup=True, label="drift")
-    return [warmup, *cells, drift]
+    return [*warmup, *cells, drift]
 
 
 def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,

@@ -80,7 +80,8 @@ def test_report_hands_the_staircase_to_the_latency_notebook(tmp_path: Path, monk
     monkeypatch.setattr(report, "export_html", lambda nb, html, **kw: html)
     report.build_report("quick", Settings().replace(data_dir=tmp_path), series_id="s1")
     lat = calls["latency"]
-    assert (lat["rate_steps"], lat["step_s"], lat["steps_consumers"]) == ("50,100,200,400,800", 8.0, "1,16")
+    assert (lat["rate_steps"], lat["step_s"], lat["steps_consumers"]) == ("100,200,400,800", 8.0, "1,16")
+    assert lat["pipelines"] == "wal,kafka,rabbitmq"  # the question's three: no wal-sharded staircase in quick
     assert lat["steps_series_id"] == report.report_series("s1", "quick")["capacity"] == "s1-capacity"
     assert lat["series_id"] == "s1-rate500"
     for profile, size in report.CAPACITY.items():  # every profile's staircase is a valid one

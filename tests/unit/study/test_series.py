@@ -20,21 +20,26 @@ from lab.study import series
 
 
 def test_plan_is_warmup_then_every_cell_then_drift_probe() -> None:
-    plan = series.plan("smoke", pipelines=["kafka", "rabbitmq", "wal", "wal-sharded"])
+    plan = series.plan("article", pipelines=["kafka", "rabbitmq", "wal", "wal-sharded"])
     warm, cells, drift = plan[0], plan[1:-1], plan[-1]
-    assert (warm.pipeline, warm.consumers, warm.messages, warm.warmup, warm.label) == ("kafka", 1, 60, True, "warmup")
+    assert (warm.pipeline, warm.consumers, warm.messages, warm.label) == ("kafka", 1, 20_000, "warmup") and warm.warmup
     assert [(s.pipeline, s.consumers) for s in cells] == [
-        (p, n) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for n in (1, 2)]
-    assert not any(s.warmup for s in cells) and {s.messages for s in cells} == {300}
+        (p, n) for p in ("kafka", "rabbitmq", "wal", "wal-sharded") for n in (1, 2, 4, 8)]
+    assert not any(s.warmup for s in cells) and {s.messages for s in cells} == {100_000}
     assert drift == cells[0].replace(warmup=True, label="drift")
-    assert {s.cooldown_s for s in plan} == {0.0}
+    smoke = series.plan("smoke", pipelines=["kafka", "rabbitmq", "wal", "wal-sharded"])
+    assert smoke[:-1] == [c.replace(messages=300, senders=20, cooldown_s=0.0) for c in cells if c.consumers < 4]
+    assert smoke[-1] == smoke[0].replace(warmup=True, label="drift")  # no warm-up: its numbers are noise
+    assert {s.cooldown_s for s in smoke} == {0.0}
     assert series.plan("full")[0].messages == 20_000  # 20 % of M, as the reference
     assert series.plan("quick")[0].messages == 5000  # never a cold JVM for the first cell
 
 
 def test_profiles() -> None:
     quick, full = series.profile("quick"), series.profile("full")
-    assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 4, 8, 16))
+    assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 4, 16))
+    assert series.profile("reference").consumers == (1, 4, 8, 16)  # N = 8 at the reference volume, not in quick
+    assert len(series.plan("quick")) == 1 + 4 * 3 * 2 + 4 * 2 + 1  # 34 runs: its half hour on 2 cores
     assert quick.repeats == 2 and series.plan("quick")[1].seed == 1  # an interval per cell, shuffled
     assert quick.arms == (series.Arm(20_000, (1, 16), (0,)),)
     assert (full.messages, full.senders, full.cooldown_s, full.repeats) == (100_000, 200, 20.0, 3)
@@ -130,15 +135,17 @@ def test_seed_shuffles_reproducibly_and_is_recorded() -> None:
     assert a == b and {s.seed for s in a} == {7} and {s.seed for s in plain} == {1}  # quick's own seed
     cells = lambda p: [(s.pipeline, s.consumers) for s in p[1:-1]]  # noqa: E731
     assert cells(a) != cells(plain) and Counter(cells(a)) == Counter(cells(plain))
-    assert a[-1] == a[1].replace(warmup=True, label="drift")  # the first cell as run
+    first = next(s for s in a[1:] if not s.warmup)  # the volume arm's runs are shuffled in with the cells
+    assert a[-1] == first.replace(warmup=True, label="drift")  # the first cell as run
 
 
 def test_repeats_pipelines_and_series_ids() -> None:
     plan = series.plan("smoke", repeats=2, pipelines=["wal"])
-    assert Counter((s.pipeline, s.consumers) for s in plan[1:-1]) == {("wal", 1): 2, ("wal", 2): 2}
+    assert Counter((s.pipeline, s.consumers) for s in plan[:-1]) == {("wal", 1): 2, ("wal", 2): 2}
     assert {s.seed for s in plan} == {1}  # more than one repeat and no seed given: shuffled with seed 1
     assert {s.seed for s in series.plan("smoke", pipelines=["wal"])} == {0}  # one repeat: reference order
-    assert plan[0].pipeline == "wal"  # no kafka: the warm-up runs on the first pipeline
+    assert series.plan("quick", pipelines=["wal"])[0].label == "warmup"
+    assert series.plan("quick", pipelines=["wal"])[0].pipeline == "wal"  # no kafka: the warm-up runs on the first
     assert series.default_series_id("quick") == "quick"
     assert series.default_series_id("quick", repeats=3, seed=5, pipelines=["wal"]) == "quick-r3-s5-wal"
     assert series.default_series_id("quick", repeats=2) == "quick"  # the profile's own repeats
