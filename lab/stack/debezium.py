@@ -56,13 +56,6 @@ from lab.stack.provision import java_home, maven_artifact, require_tool
 log = logging.getLogger(__name__)
 
 JAVA_OPTS = ("-Xms512m", "-Xmx1g")
-
-
-def debezium_version(settings: Settings) -> str:
-    """The version a run records: Debezium's, with the JVM options added to the reference's when
-    there are any (``3.6.1.Final (JVM -XX:TieredStopAtLevel=1)``): the stand table shows them."""
-    extra = settings.debezium_java_opts
-    return f"{settings.debezium_version} (JVM {extra})" if extra else settings.debezium_version
 MAIN_CLASS = "io.debezium.server.Main"
 PUBLICATION = "load_test_pub"
 SLOT_PREFIX = "dbz_"
@@ -81,6 +74,13 @@ DURABLE = {
     "debezium.source.offset.storage.file.filename": OFFSETS_FILE,
 }
 RELEASE_WAIT_S = 30.0  # a killed JVM's walsender lets go of the slot well within this
+
+
+def debezium_version(settings: Settings) -> str:
+    """The version a run records: Debezium's, with the JVM options added to the reference's when
+    there are any (``3.6.1.Final (JVM -XX:TieredStopAtLevel=1)``): the stand table shows them."""
+    extra = settings.debezium_java_opts
+    return f"{settings.debezium_version} (JVM {extra})" if extra else settings.debezium_version
 
 
 def dist_dir(settings: Settings) -> Path:

@@ -96,10 +96,9 @@ def execute_notebook(name: str, out: Path, parameters: dict[str, Any], *, settin
 # the main series; smoke measures latency and the staircases on one pipeline of each side (a
 # report's --pipelines overrides that); quick runs no fixed-rate series (an empty ``consumers``):
 # its load staircases (on the question's three pipelines) give the latency of every step, at 100 to
-# 800 msg/s, so a series at one rate
-# would add 9 runs (about 6 minutes on a slow day) for a figure the staircases already hold; quick's
-# control (6 runs of 1,500 messages with 15 ms of work) takes about 3-4 minutes on 2 cores, full's is
-# the reference's 20,000 messages at N = 2, 4, 8.
+# 800 msg/s, so a series at one rate would add 9 runs (about 6 minutes on a slow day) for a figure
+# the staircases already hold; quick's control (6 runs of 1,500 messages with 15 ms of work) takes
+# about 3-4 minutes on 2 cores, full's is the reference's 20,000 messages at N = 2, 4, 8.
 EXTRAS: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": {"latency": {"rate": 100.0, "consumers": "1", "pipelines": "wal,kafka"},
               "broker_native": {"messages": 300, "consumers": 2, "producers": 20, "cooldown_s": 0.0},

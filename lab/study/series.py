@@ -69,7 +69,8 @@ ARTICLE_CONSUMERS = (1, 2, 4, 8)
 # start (the reference study's volume), in two blocks of paired cells, at N = 1, 4, 8, 16. With
 # N = 12 as well the first sitting took 105.5 min on the 2-core machine, over the 90 a quiet sitting
 # has; its cells at 12 (9 runs, about 20 min) are the ones cut, not the volume: the crossings lie
-# between 1 and 4 (Kafka) and between 8 and 16 (RabbitMQ); its 5,000-message arm at every N is the
+# between 1 and 8 (Kafka) and between 8 and 16 (RabbitMQ) in the sittings of 2026-12-06 and -07; its
+# 5,000-message arm at every N is the
 # quick profile's volume, so the quick model it checks is the one the quick sittings fit.
 REFERENCE_VOLUME_PIPELINES = ("wal", "kafka", "rabbitmq")
 REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 16)
