@@ -36,7 +36,8 @@ def _groups(runs: pd.DataFrame) -> tuple[dict[tuple[str, int, int], np.ndarray],
     mean scaled by sqrt(k / (k − 1)) as the line fits' bootstrap does (:func:`lab.study.linefit.rescaled`),
     so that resampling k runs does not shrink their spread; and per pipeline the pool of those
     deviations relative to their cell's mean."""
-    out, pool = {}, {}
+    out: dict[tuple[str, int, int], np.ndarray] = {}
+    pool: dict[str, list[np.ndarray]] = {}
     for (p, n, m), g in runs.groupby(["pipeline", "consumers", "messages"]):
         v = g[METRIC].to_numpy(float)
         k = v.size
