@@ -106,7 +106,8 @@ def host_info() -> dict[str, Any]:
 def machine_facts() -> dict[str, Any]:
     """What a sitting record says of the machine: a hash of its machine id (``/etc/machine-id``; the
     hostname's when there is none), CPU model, logical and physical cores, memory (GiB), kernel,
-    Python. Two sittings on the same ``id`` ran on the same machine."""
+    Python. Virtual machines cloned from one image share the machine id while their hosts differ,
+    so a machine is told apart by ``id`` and ``cpu_model`` together (:func:`lab.study.ledger.machine`)."""
     import hashlib
 
     ident = ""

@@ -37,7 +37,7 @@ def replication(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """How much the ledger holds: sittings per profile, machines, days, and whether that is
     :data:`ENOUGH` for the README (with what is missing)."""
     by = {p: [r for r in records if r.get("profile") == p] for p in ("quick", "reference")}
-    machines = {str((r.get("machine") or {}).get("id")) for r in records}
+    machines = {ledger.machine(r) for r in records}
     days = {str(r.get("day")) for r in records}
     missing = [f"{ENOUGH[p] - len(v)} more {p} sitting{'s' if ENOUGH[p] - len(v) > 1 else ''}"
                for p, v in by.items() if len(v) < ENOUGH[p]]
@@ -97,7 +97,7 @@ def sittings_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         q = r.get("quiet") or {}
         unit = q.get("speed_unit_ms") or {}
         rows.append({"sitting": r["id"], "day": r.get("day"), "profile": r.get("profile"),
-                     "machine": (r.get("machine") or {}).get("id"), "commit": r.get("commit"),
+                     "machine": ledger.machine(r), "commit": r.get("commit"),
                      "wall_min": r.get("wall_min"), "measured": (r.get("counts") or {}).get("measured"),
                      "failed": (r.get("counts") or {}).get("failed"), "steal_max_pct": q.get("steal_pct_max"),
                      "unattributed_ms": q.get("unattributed_ms_median"), "probe_ms": unit.get("median"),

@@ -29,6 +29,19 @@ def test_findings_say_measured_and_how_many_sittings_held() -> None:
     assert one["From which N does Kafka pay off at 100,000 messages per start?"].held == ""
 
 
+def test_one_machine_id_on_two_cpu_models_counts_as_two_machines() -> None:
+    a, b = two()
+    b = {**b, "day": a["day"]}
+    assert published.replication([a, b])["machines"] == 1
+    a["machine"] = {"id": "0035969ec53f", "cpu_model": "AMD EPYC"}
+    b["machine"] = {"id": "0035969ec53f", "cpu_model": "Intel(R) Xeon(R) Processor"}
+    rep = published.replication([a, b])
+    assert rep["machines"] == 2 and rep["enough"] is False  # two machines, no quick sitting yet
+    assert ledger.label(b).endswith("on 003596 Intel(R) Xeon(R) Processor")
+    assert set(ledger.cells([a, b])["machine"]) == {"0035969ec53f AMD EPYC",
+                                                     "0035969ec53f Intel(R) Xeon(R) Processor"}
+
+
 def test_smoke_and_ha_sittings_are_not_read() -> None:
     smoke = {**record(), "id": "x", "profile": "smoke"}
     ha = {**record(), "id": "y", "conditions": {"topology": "ha", "volumes": [M]}}
@@ -105,3 +118,26 @@ def test_the_parts_reading_names_each_servers_and_the_clients_ratio_and_the_clai
     assert "0.050 ms/msg at N = 1 and 0.300 at N = 8" in text
     assert "grows 0.100 ms/msg per extra `wal` reader" in text
     assert parts_reading({}, theirs) == [] and parts_reading(ours, {}) == []
+
+
+def test_same_sitting_ratios_survive_a_machine_three_times_faster() -> None:
+    slow = {"wal": 1.5, "kafka": 1.2, "rabbitmq": 2.4}
+    fast = {p: v / 3 for p, v in slow.items()}
+    ratios = ledger.same_sitting_ratios([slow, fast, {"wal": 1.0}], "kafka")
+    assert ratios["wal"] == pytest.approx([1.25, 1.25]) and ratios["rabbitmq"] == pytest.approx([2.0, 2.0])
+    assert "kafka" not in ratios
+
+
+def test_the_option_cheapest_in_most_sittings_leads_though_pooled_medians_favour_another() -> None:
+    def rec(i: int, wal: float, kafka: float) -> dict[str, object]:
+        cells = [{"pipeline": p, "consumers": 4, "messages": M, "arm": False, "runs": 2, "median": v, "lo": v, "hi": v}
+                 for p, v in (("wal", wal), ("kafka", kafka))]
+        return {"id": f"s{i}", "day": "2026-12-07", "profile": "reference", "cells": cells,
+                "conditions": {"volumes": [M]}}
+
+    # two fast sittings where wal wins narrowly, one slow one where kafka wins: kafka's pooled median is lower
+    recs = [rec(0, 0.55, 0.57), rec(1, 2.05, 2.13), rec(2, 1.98, 1.95)]
+    sentence, kind, held = ledger._cheapest(recs, 4, M) or ("", "", "")
+    assert kind == "measured"
+    assert "`wal` costs least in the most sittings" in sentence and held == "2 of 3 sittings"
+    assert "`kafka` ×1.04" in sentence
