@@ -3,8 +3,10 @@
 For every pipeline the cost per message at that point in every sitting that measured the pipeline
 (:func:`lab.study.ledger.estimate`: exact at a measured cell; between measured N linear in N;
 between measured volumes the line F + c·M through the two nearest; at a fixed rate the load
-staircases' floors), then the median and range over those sittings, the cheapest option, and
-whether the point lies inside what was measured or beyond it — volume, N or rate named.
+staircases' floors), then the median and range over those sittings; the cheapest option, the one
+cheapest in the most sittings, with every other as a ratio to it within each sitting (machines
+differ two- to three-fold in speed, the ratios far less); and whether the point lies inside what was
+measured or beyond it — volume, N or rate named.
 """
 
 from __future__ import annotations
@@ -25,17 +27,25 @@ def text(records: Sequence[Mapping[str, Any]], consumers: int, messages: float, 
     table = ledger.answer(recs, consumers, messages, rate)
     if table.empty:
         return f"{where}: no sitting measured a pipeline at a {('fixed rate' if rate > 0 else 'closed loop')}.\n"
-    lines = [f"{where}: ms CPU per message, median over the sittings that measured each pipeline [their range]",
-             f"{'pipeline':<13} {'ms/msg':>7}  {'range':<15} {'sittings':>8}  where the point lies"]
-    for r in table.itertuples():
-        rng = f"[{r.lo:.2f}, {r.hi:.2f}]" if r.sittings > 1 else "(one sitting)"
-        lines.append(f"{r.pipeline:<13} {r.ms_per_msg:7.2f}  {rng:<15} {r.sittings:8d}  {r.where}"
-                     f" (volume: {r.volume}; N: {r.n}; rate: {r.rate})")
     best = table.iloc[0]
-    tied = [r.pipeline for r in table.iloc[1:].itertuples() if r.lo <= best.hi]
+    lines = [f"{where}: ms CPU per message, median over the sittings that measured each pipeline [their range]; "
+             f"× {best.pipeline}: its cost ÷ {best.pipeline}'s in the same sitting [range over sittings]",
+             f"{'pipeline':<13} {'ms/msg':>7}  {'range':<15} {'sittings':>8}  {'× ' + str(best.pipeline):<22}"
+             f"where the point lies"]
+    for i, r in enumerate(table.itertuples()):
+        rng = f"[{r.lo:.2f}, {r.hi:.2f}]" if r.sittings > 1 else "(one sitting)"
+        x = ("1" if i == 0 else "—" if r.x is None or r.x != r.x else
+             f"{r.x:.2f}" + (f" [{r.x_lo:.2f}, {r.x_hi:.2f}]" if r.x_sittings > 1 else " (one sitting)"))
+        lines.append(f"{r.pipeline:<13} {r.ms_per_msg:7.2f}  {rng:<15} {r.sittings:8d}  {x:<22}{r.where}"
+                     f" (volume: {r.volume}; N: {r.n}; rate: {r.rate})")
+    contested = int(table["wins"].sum())  # the sittings that estimated two pipelines or more
     verdict = f"cheapest: {best.pipeline}"
-    if tied:
-        verdict += f" (its range overlaps {', '.join(tied)}'s: not a clear winner over the sittings)"
+    if contested:
+        verdict += f" (cheapest in {best.wins} of {contested} sittings"
+        cheaper = [f"{r.pipeline} (×{r.x_lo:.2f})" for r in table.iloc[1:].itertuples()
+                   if r.x_lo is not None and r.x_lo == r.x_lo and r.x_lo <= 1.0]
+        verdict += (f"; not a clear winner: cheaper than it in some sitting: {', '.join(cheaper)})" if cheaper
+                    else "; cheaper than every other in every sitting that measured both)")
     if best["where"] != "inside what was measured":
         verdict += f"; {best['where']}: an extrapolation, not a measurement"
     lines += [verdict, ""]

@@ -247,13 +247,19 @@ def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages:
 def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float, rate: float = 0.0) -> pd.DataFrame:
     """Every pipeline's cost at (N, M, rate) over the sittings that measured it: the median of the
     sittings' estimates, their range, how many sittings, and whether the point lies inside what
-    was measured (volume, N, rate) or beyond it; cheapest first."""
+    was measured (volume, N, rate) or beyond it. The leader comes first: the pipeline cheapest in
+    the most sittings (``wins``); each other row carries ``x``, its cost ÷ the leader's in the same
+    sitting (median over the ``x_sittings`` that estimated both; ``x_lo``, ``x_hi`` their range),
+    ordered by it."""
     out = []
+    per_sitting: dict[str, dict[str, float]] = {}  # sitting → pipeline → its estimate there
     pipelines = list(dict.fromkeys(c["pipeline"] for r in records for c in r.get("cells") or []))
     for p in pipelines:
         ests = [(r, e) for r in records if (e := estimate(r, p, consumers, messages, rate)) is not None]
         if not ests:
             continue
+        for r, e in ests:
+            per_sitting.setdefault(str(r.get("id")), {})[p] = float(e["ms"])
         v = [e["ms"] for _, e in ests]
         where = {k: sorted({e[k] for _, e in ests}) for k in ("volume", "n", "rate")}
         beyond = [k for k, vals in where.items() if "beyond" in vals]
@@ -262,8 +268,27 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
                     "rate": "/".join(where["rate"]),
                     "where": (f"beyond what was measured ({', '.join(beyond)})" if beyond
                               else "inside what was measured")})
-    df = pd.DataFrame(out, columns=["pipeline", "ms_per_msg", "lo", "hi", "sittings", "volume", "n", "rate", "where"])
-    return df.sort_values("ms_per_msg").reset_index(drop=True)
+    cols = ["pipeline", "ms_per_msg", "lo", "hi", "sittings", "volume", "n", "rate", "where", "wins", "x", "x_lo",
+            "x_hi", "x_sittings"]
+    df = pd.DataFrame(out, columns=cols[:9])
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    # the leader is the pipeline cheapest in the most sittings (ties: the lower median cost); every
+    # other is given as its cost ÷ the leader's in the same sitting, which a machine three times
+    # faster than another leaves alone, where the pooled costs do not
+    contested = [c for c in per_sitting.values() if len(c) > 1]
+    wins = [min(c, key=lambda k: c[k]) for c in contested]
+    df["wins"] = [wins.count(p) for p in df["pipeline"]]
+    df = df.sort_values(["wins", "ms_per_msg"], ascending=[False, True]).reset_index(drop=True)
+    ratios = same_sitting_ratios(contested, str(df.iloc[0]["pipeline"]))
+    df["x"] = [statistics.median(ratios[p]) if p in ratios else None for p in df["pipeline"]]
+    df["x_lo"] = [min(ratios[p]) if p in ratios else None for p in df["pipeline"]]
+    df["x_hi"] = [max(ratios[p]) if p in ratios else None for p in df["pipeline"]]
+    df["x_sittings"] = [len(ratios.get(p, [])) for p in df["pipeline"]]
+    df.loc[0, ["x", "x_lo", "x_hi"]] = 1.0
+    lead, rest = df.iloc[:1], df.iloc[1:]
+    rest = rest.assign(_k=rest["x"].fillna(float("inf"))).sort_values(["_k", "ms_per_msg"]).drop(columns="_k")
+    return pd.concat([lead, rest]).reset_index(drop=True)[cols]
 
 
 # -- prediction errors --------------------------------------------------------------------------

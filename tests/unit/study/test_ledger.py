@@ -128,16 +128,31 @@ def test_same_sitting_ratios_survive_a_machine_three_times_faster() -> None:
     assert "kafka" not in ratios
 
 
-def test_the_option_cheapest_in_most_sittings_leads_though_pooled_medians_favour_another() -> None:
-    def rec(i: int, wal: float, kafka: float) -> dict[str, object]:
-        cells = [{"pipeline": p, "consumers": 4, "messages": M, "arm": False, "runs": 2, "median": v, "lo": v, "hi": v}
-                 for p, v in (("wal", wal), ("kafka", kafka))]
-        return {"id": f"s{i}", "day": "2026-12-07", "profile": "reference", "cells": cells,
-                "conditions": {"volumes": [M]}}
+def _cells_record(i: int, wal: float, kafka: float) -> dict[str, object]:
+    cells = [{"pipeline": p, "consumers": 4, "messages": M, "arm": False, "runs": 2, "median": v, "lo": v, "hi": v}
+             for p, v in (("wal", wal), ("kafka", kafka))]
+    return {"id": f"s{i}", "day": "2026-12-07", "profile": "reference", "cells": cells,
+            "conditions": {"volumes": [M]}}
 
+
+def test_the_option_cheapest_in_most_sittings_leads_though_pooled_medians_favour_another() -> None:
+    rec = _cells_record
     # two fast sittings where wal wins narrowly, one slow one where kafka wins: kafka's pooled median is lower
     recs = [rec(0, 0.55, 0.57), rec(1, 2.05, 2.13), rec(2, 1.98, 1.95)]
     sentence, kind, held = ledger._cheapest(recs, 4, M) or ("", "", "")
     assert kind == "measured"
     assert "`wal` costs least in the most sittings" in sentence and held == "2 of 3 sittings"
     assert "`kafka` ×1.04" in sentence
+
+
+def test_lab_answer_leads_with_the_most_sittings_and_gives_same_sitting_ratios() -> None:
+    recs = [_cells_record(0, 0.55, 0.57), _cells_record(1, 2.05, 2.13), _cells_record(2, 1.98, 1.95)]
+    table = ledger.answer(recs, 4, M)
+    assert list(table["pipeline"]) == ["wal", "kafka"] and list(table["wins"]) == [2, 1]
+    kafka = table.set_index("pipeline").loc["kafka"]
+    assert kafka["x"] == pytest.approx(0.57 / 0.55) and kafka["x_lo"] == pytest.approx(1.95 / 1.98)
+    assert kafka["x_sittings"] == 3
+    text = answer.text(recs, 4, M)
+    assert "cheapest: wal (cheapest in 2 of 3 sittings; not a clear winner" in text and "kafka (×0.98)" in text
+    clear = answer.text([_cells_record(0, 0.55, 0.57), _cells_record(1, 2.05, 2.13)], 4, M)
+    assert "cheaper than every other in every sitting that measured both" in clear
