@@ -140,13 +140,16 @@ def series_options(parser: argparse.ArgumentParser, *, rate: bool = False) -> No
 
     if rate:  # `lab series` only: the report's notebooks run closed-loop series
         parser.add_argument("--rate", type=RATE, default=0.0,
-                            help="open-loop msg/s for every measured cell (latency mode); default 0 = closed loop")
+                            help="open-loop msg/s for every measured cell (latency mode); default 0 = the "
+                                 "profile's (closed loop but for steady's 200)")
         parser.add_argument("--consumers", type=consumer_counts, default=None, metavar="N,N",
                             help="a subset of N, comma-separated (default: the profile's); the volume arm "
                                  "keeps its N among them")
 
-    parser.add_argument("--profile", choices=list(PROFILES), default="quick",
-                        help="; ".join(f"{p.name}: {p.description}" for p in PROFILES.values()))
+    # `lab series` runs every profile; `lab report` those with a report (not steady, a series of its own)
+    profiles = [p for p in PROFILES.values() if rate or p.report]
+    parser.add_argument("--profile", choices=[p.name for p in profiles], default="quick",
+                        help="; ".join(f"{p.name}: {p.description}" for p in profiles))
     parser.add_argument("--repeats", type=COUNT, default=None, help="runs per cell (default: the profile's)")
     parser.add_argument("--seed", type=SEED, default=None,
                         help="shuffle the cells with this seed (recorded in every run); default: the profile's "

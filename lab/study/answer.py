@@ -2,7 +2,8 @@
 
 For every pipeline the cost per message at that point in every sitting that measured the pipeline
 (:func:`lab.study.ledger.estimate`: exact at a measured cell; between measured N linear in N;
-between measured volumes the line F + c·M through the two nearest; at a fixed rate the load
+between measured volumes the line F + c·M through the two nearest; at a fixed rate the runs' steady
+parts of the sittings at that rate where there are any, ``rate: measured``, else the load
 staircases' floors), then the median and range over those sittings; the cheapest option, the one
 cheapest in the most sittings, with every other as a ratio to it within each sitting (machines
 differ two- to three-fold in speed, the ratios far less); and whether the point lies inside what was
@@ -19,7 +20,7 @@ from lab.study import ledger
 
 def text(records: Sequence[Mapping[str, Any]], consumers: int, messages: float, rate: float = 0.0) -> str:
     """The answer as lines a terminal shows."""
-    recs = ledger.comparable(records)
+    recs = ledger.comparable(records) + ledger.at_rate(records, rate)  # at a rate, its own sittings too
     where = f"N = {consumers}, {messages:,.0f} messages per start, " + (
         f"{rate:,.0f} msg/s" if rate > 0 else "closed loop")
     if not recs:

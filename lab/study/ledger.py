@@ -30,6 +30,7 @@ QUICK_VOLUME = 5_000
 MAIN_BROKERS = ("kafka", "rabbitmq")
 MAIN_DIRECT = "wal"
 HEADLINE_PAIR = (MAIN_DIRECT, "kafka")  # the pair the never-restarted and steady-rate questions compare
+STEADY_RATE = 200.0  # the slow steady stream's rate (the `steady` profile's, lab.study.series)
 BROKER_NAMES = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "kafka-share": "Kafka share groups"}
 
 
@@ -132,6 +133,11 @@ def crossing_summary(records: Sequence[Mapping[str, Any]], direct: str, broker: 
         c = crossing(rec, direct, broker, messages)
         if c is not None and c.get("ns"):
             per.append((rec, c))
+    return _summary(direct, broker, messages, per)
+
+
+def _summary(direct: str, broker: str, messages: int,
+             per: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, Any] | None:
     if not per:
         return None
     ats = [float(c["at"]) for _, c in per if c.get("at") is not None]
@@ -143,6 +149,76 @@ def crossing_summary(records: Sequence[Mapping[str, Any]], direct: str, broker: 
                              "max_n": max(c["ns"]), "min_n": min(c["ns"])} for r, c in per],
             "median_at": statistics.median(ats) if ats else None, "ats": ats,
             "common": common, "common_count": brackets.count(common)}
+
+
+# -- at a fixed rate ----------------------------------------------------------------------------
+
+def at_rate(records: Sequence[Mapping[str, Any]], rate: float) -> list[Mapping[str, Any]]:
+    """The sittings whose measured runs were open loop at ``rate`` msg/s (single topology, not
+    ``smoke``; :func:`comparable` keeps them out of the closed-loop answer): what N* at that rate
+    is measured from. Empty for ``rate`` 0."""
+    if not rate > 0:
+        return []
+    return [r for r in records if r.get("profile") not in ("smoke", None)
+            and (r.get("conditions") or {}).get("topology", "single") == "single"
+            and float((r.get("conditions") or {}).get("rate") or 0.0) == float(rate)]
+
+
+def rate_crossings(record: Mapping[str, Any], direct: str, broker: str) -> list[dict[str, Any]]:
+    """One sitting's measured crossings on its runs' steady parts (``diff_steady``), one per volume
+    it ran at (:func:`crossing`); none in a record written before that basis existed."""
+    vols = (record.get("conditions") or {}).get("volumes") or []
+    return [c for m in vols if (c := crossing(record, direct, broker, int(m), basis="diff_steady")) is not None
+            and c.get("ns")]
+
+
+def rate_crossing_summary(records: Sequence[Mapping[str, Any]], direct: str, broker: str,
+                          rate: float) -> dict[str, Any] | None:
+    """:func:`crossing_summary` over the sittings at ``rate`` (:func:`at_rate`), each read from its
+    paired runs' steady parts: no start cost, like a Debezium never restarted. None when no such
+    sitting paired the two."""
+    per = [(rec, c) for rec in at_rate(records, rate) for c in rate_crossings(rec, direct, broker)]
+    s = _summary(direct, broker, int(per[0][1]["messages"]) if per else 0, per)
+    return None if s is None else {**s, "rate": rate, "ns": sorted({n for _, c in per for n in c["ns"]})}
+
+
+def rate_chord(records: Sequence[Mapping[str, Any]], rate: float) -> dict[str, Any] | None:
+    """N* of :data:`HEADLINE_PAIR` at ``rate`` modelled from the load staircases' floors of every
+    record that ran them (CPU/s = a + b·rate at two or more N, a chord between them): ``vals`` (the
+    ranges' finite ends), ``n`` (sittings), ``beyond`` (how many lie beyond the staircases' N) and
+    ``ns`` (the staircases' N). None when no record has both pipelines' floors."""
+    from lab.study import crossover
+
+    vals: list[float] = []
+    n = 0
+    beyond = 0
+    for r in records:
+        lines = pd.DataFrame(r.get("rates") or [])
+        if lines.empty or not set(HEADLINE_PAIR) <= set(lines["pipeline"]):
+            continue
+        try:
+            (a,) = crossover.by_rate(lines.assign(steps=0, rates=None), *HEADLINE_PAIR, rates=(rate,))
+        except ValueError:
+            continue
+        n += 1
+        rr = a.range
+        if rr is None:
+            continue
+        vals += [x for x in rr if math.isfinite(x)]
+        beyond += int(not a.measured)
+    if not n:
+        return None
+    ns = sorted({int(x["consumers"]) for r in records for x in r.get("rates") or []})
+    return {"vals": vals, "n": n, "beyond": beyond, "ns": ns}
+
+
+def _steady_cells(record: Mapping[str, Any], pipeline: str) -> dict[int, float]:
+    """N → the median steady part (ms CPU per message) of the pipeline's measured runs at N."""
+    per: dict[int, list[float]] = {}
+    for r in record.get("runs") or []:
+        if r["pipeline"] == pipeline and not r.get("arm") and r.get("steady_ms") is not None:
+            per.setdefault(int(r["consumers"]), []).append(float(r["steady_ms"]))
+    return {n: statistics.median(v) for n, v in per.items()}
 
 
 def crossing_sentence(s: Mapping[str, Any]) -> str:
@@ -215,8 +291,15 @@ def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages:
     """One sitting's cost of ``pipeline`` at (N, M, rate), ms CPU per message, and where the
     point lies against what the sitting measured: ``volume``, ``n``, ``rate`` each ``measured``,
     ``inside`` (interpolated) or ``beyond`` (extrapolated). Closed loop (rate 0) from the cells'
-    medians at every volume (main and arm); at a fixed rate from the staircases' floors
-    (1000·a/rate + b), which carry no start cost. None when the sitting has no such pipeline."""
+    medians at every volume (main and arm); at a fixed rate from the runs' steady parts where the
+    sitting ran at that rate (``rate`` then ``measured``), else from the staircases' floors
+    (1000·a/rate + b); neither carries a start cost. None when the sitting has no such pipeline, or
+    ran at a fixed rate and the point is closed loop."""
+    sat = float((record.get("conditions") or {}).get("rate") or 0.0)
+    if rate > 0 and sat == rate and (steady := _steady_cells(record, pipeline)):
+        value, how_n = _n_curve(steady, consumers)
+        return {"ms": value, "n": how_n, "volume": "not used (each run's steady part: no start cost)",
+                "rate": "measured"}
     if rate > 0:
         lines = [r for r in record.get("rates") or [] if r["pipeline"] == pipeline]
         if not lines:
@@ -225,6 +308,8 @@ def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages:
         value, how_n = _n_curve(per_n, consumers)
         return {"ms": value, "n": how_n, "volume": "not used (no start cost at a fixed rate)",
                 "rate": "inside" if 50 <= rate <= 800 else "beyond"}
+    if sat > 0:  # its cells are open loop: no closed-loop cost
+        return None
     by_n: dict[int, dict[int, float]] = {}
     for c in record.get("cells") or []:
         if c["pipeline"] == pipeline:
@@ -247,15 +332,17 @@ def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages:
 def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float, rate: float = 0.0) -> pd.DataFrame:
     """Every pipeline's cost at (N, M, rate) over the sittings that measured it: the median of the
     sittings' estimates, their range, how many sittings, and whether the point lies inside what
-    was measured (volume, N, rate) or beyond it. The leader comes first: the pipeline cheapest in
-    the most sittings (``wins``); each other row carries ``x``, its cost ÷ the leader's in the same
-    sitting (median over the ``x_sittings`` that estimated both; ``x_lo``, ``x_hi`` their range),
-    ordered by it."""
+    was measured (volume, N, rate) or beyond it. At a fixed rate a pipeline measured at that rate (a
+    sitting at that rate) is read from those sittings only, the staircases' model where it was not.
+    The leader comes first: the pipeline cheapest in the most sittings (``wins``); each other row
+    carries ``x``, its cost ÷ the leader's in the same sitting (median over the ``x_sittings`` that
+    estimated both; ``x_lo``, ``x_hi`` their range), ordered by it."""
     out = []
     per_sitting: dict[str, dict[str, float]] = {}  # sitting → pipeline → its estimate there
     pipelines = list(dict.fromkeys(c["pipeline"] for r in records for c in r.get("cells") or []))
     for p in pipelines:
         ests = [(r, e) for r in records if (e := estimate(r, p, consumers, messages, rate)) is not None]
+        ests = [(r, e) for r, e in ests if e["rate"] == "measured"] or ests
         if not ests:
             continue
         for r, e in ests:
@@ -357,9 +444,11 @@ def same_sitting_ratios(per_sitting: Sequence[Mapping[str, float]], base: str) -
 
 def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | None = None) -> list[Finding]:
     """The answer, one sentence per question, from the ledger (``current``, a record not yet in
-    ``records``, is added to it)."""
-    recs = comparable(list(records) + ([current] if current is not None and current.get("id") not in
-                                       {r.get("id") for r in records} else []))
+    ``records``, is added to it). The closed-loop questions read :func:`comparable` sittings; the
+    steady stream's also the sittings at :data:`STEADY_RATE` (:func:`at_rate`)."""
+    everything = list(records) + ([current] if current is not None and current.get("id") not in
+                                  {r.get("id") for r in records} else [])
+    recs = comparable(everything)
     out: list[Finding] = []
     for volume in (REFERENCE_VOLUME, QUICK_VOLUME):
         for broker in MAIN_BROKERS:
@@ -379,7 +468,7 @@ def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | 
     steady = _steady_finding(recs)
     if steady is not None:
         out.append(steady)
-    rate = _rate_finding(recs, 200.0)
+    rate = _rate_finding(recs, STEADY_RATE, measured=at_rate(everything, STEADY_RATE))
     if rate is not None:
         out.append(rate)
     return out
@@ -422,34 +511,72 @@ def _steady_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:
     return Finding("And for a Debezium that is never restarted?", text, "modelled", held(n - never, n) if n > 1 else "")
 
 
-def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float) -> Finding | None:
-    """N* at a fixed rate from the staircases' floors (a chord through the two staircase N)."""
-    from lab.study import crossover
-
-    vals: list[float] = []
-    n = 0
-    beyond = 0
-    for r in records:
-        lines = pd.DataFrame(r.get("rates") or [])
-        if lines.empty or not set(HEADLINE_PAIR) <= set(lines["pipeline"]):
-            continue
-        try:
-            (a,) = crossover.by_rate(lines.assign(steps=0, rates=None), *HEADLINE_PAIR, rates=(rate,))
-        except ValueError:
-            continue
-        n += 1
-        rr = a.range
-        if rr is None:
-            continue
-        vals += [x for x in rr if math.isfinite(x)]
-        beyond += int(not a.measured)
-    if not n:
+def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float,
+                  measured: Sequence[Mapping[str, Any]] = ()) -> Finding | None:
+    """N* at a fixed rate: *measured* where sittings at that rate (``measured``) paired the two
+    pipelines, read from their runs' steady parts, with the staircases' chord of ``records`` beside
+    it as the model it checks (and where the two disagree); else that chord alone, *modelled*."""
+    question = f"And for a slow steady stream ({rate:,.0f} msg/s)?"
+    chord = rate_chord(records, rate)
+    s = rate_crossing_summary(measured, *HEADLINE_PAIR, rate)
+    if s is not None:
+        text = rate_sentence(s) + (f"; {chord_check(s, chord)}" if chord is not None else "") + "."
+        return Finding(question, text, "measured", held(s["common_count"], s["sittings"]) if s["sittings"] > 1 else "")
+    if chord is None:
         return None
-    ns = sorted({int(x["consumers"]) for r in records for x in r.get("rates") or []})
-    text = (f"At a steady {rate:,.0f} msg/s, from the load staircases at N = {', '.join(map(str, ns))}: "
+    vals, n, beyond = chord["vals"], chord["n"], chord["beyond"]
+    text = (f"At a steady {rate:,.0f} msg/s, from the load staircases at N = {', '.join(map(str, chord['ns']))}: "
             + (f"`wal` meets Kafka at N* {span(vals)}" if vals else "`wal` and Kafka do not meet")
             + (" (beyond the measured N in " + held(beyond, n) + ")" if beyond else "") + ".")
-    return Finding(f"And for a slow steady stream ({rate:,.0f} msg/s)?", text, "modelled", held(n, n) if n > 1 else "")
+    return Finding(question, text, "modelled", held(n, n) if n > 1 else "")
+
+
+def rate_sentence(s: Mapping[str, Any]) -> str:
+    """The measured crossing at a fixed rate (:func:`rate_crossing_summary`), without a full stop."""
+    b = BROKER_NAMES.get(s["broker"], s["broker"])
+    d = f"`{s['direct']}`"
+    how = (f"paired runs at {s['rate']:,.0f} msg/s at N = {', '.join(map(str, s['ns']))}, start excluded "
+           "(each run's steady part)")
+    lead = f"At a steady {s['rate']:,.0f} msg/s, measured: "
+    common = s["common"]
+    if common == "beyond":
+        max_n = max(p["max_n"] for p in s["per_sitting"])
+        return f"{lead}{b} costs more than {d} at every N up to {max_n}, no crossing, in {how}"
+    if common == "below":
+        first = min(p["min_n"] for p in s["per_sitting"])
+        return f"{lead}{b} costs less than {d} already at N = {first}, in {how}"
+    lo, hi = common
+    at = s["ats"]
+    near = (f" (≈ {s['median_at']:.1f}" + (f", range {span(at)} over {len(at)} sittings" if len(at) > 1 else "")
+            + ")") if at else ""
+    return f"{lead}{d} meets {b} between N = {lo} and {hi}{near}, {how}"
+
+
+def chord_check(s: Mapping[str, Any], chord: Mapping[str, Any]) -> str:
+    """The staircases' chord (:func:`rate_chord`) set beside the measured crossing ``s``: what the
+    model says and whether it agrees with the measured bracket of N, or where it does not."""
+    model = (f"the load staircases' chord through N = {', '.join(map(str, chord['ns']))} (the model this checks) "
+             + (f"put N* at {span(chord['vals'])}" if chord["vals"] else "found no crossing"))
+    vals, common = chord["vals"], s["common"]
+    if common == "beyond":
+        max_n = max(p["max_n"] for p in s["per_sitting"])
+        return model + (f", beyond N = {max_n} as well: they agree" if not vals or min(vals) > max_n
+                        else ", inside the measured N where the runs found none: they disagree")
+    if common == "below":
+        min_n = min(p["min_n"] for p in s["per_sitting"])
+        return model + (f", below N = {min_n} as well: they agree" if vals and max(vals) < min_n
+                        else f", where the runs found the broker cheaper already at N = {min_n}: they disagree")
+    lo, hi = common
+    if not vals:
+        return model + f", where the runs cross between N = {lo} and {hi}: they disagree"
+    mlo, mhi = min(vals), max(vals)
+    if lo <= mlo and mhi <= hi:
+        return model + ", inside the measured bracket: they agree"
+    if mhi < lo:
+        return model + ", below the measured bracket: they disagree (the model crosses at fewer readers)"
+    if mlo > hi:
+        return model + ", above the measured bracket: they disagree (the model needs more readers)"
+    return model + f", reaching outside the measured bracket of {lo} to {hi}: they agree only in part"
 
 
 def by_sitting(values: Iterable[tuple[Mapping[str, Any], float]]) -> str:

@@ -53,7 +53,9 @@ def _finding_lines(found: Sequence[ledger.Finding]) -> list[str]:
 
 
 def readme_block(records: Sequence[Mapping[str, Any]]) -> str:
-    """The README's opening: the answer's sentences and the state of their replication."""
+    """The README's opening: the answer's sentences and the state of their replication (of the
+    closed-loop sittings; a sitting at a fixed rate answers the steady stream's question only)."""
+    found = ledger.findings(records)
     records = ledger.comparable(records)
     rep = replication(records)
     head = (f"**What it found**, from {len(records)} committed sitting{'s' if len(records) != 1 else ''} "
@@ -64,7 +66,7 @@ def readme_block(records: Sequence[Mapping[str, Any]]) -> str:
         head += (f". **Provisional**: a figure stands here for good after {ENOUGH['quick']} quick and "
                  f"{ENOUGH['reference']} reference sittings on {ENOUGH['machines_or_days']} machines or days; "
                  f"still missing: {', '.join(rep['missing'])}")
-    lines = [README_BEGIN, head + ".", "", *_finding_lines(ledger.findings(records)), "",
+    lines = [README_BEGIN, head + ".", "", *_finding_lines(found), "",
              "Every figure, its spread over sittings and its conditions: [docs/results.md](docs/results.md).",
              README_END]
     return "\n".join(lines)
@@ -154,6 +156,46 @@ def _crossing_words(c: Mapping[str, Any]) -> str:
         return f"no crossing up to N = {c['ns'][-1]}"
     lo, hi = c["between"]
     return f"between {lo} and {hi} (≈ {c['at']:.1f})" + ("" if c.get("clear") else ", pairs straddle zero")
+
+
+def _rate_section(records: Sequence[Mapping[str, Any]], rate: float) -> list[str]:
+    """The sittings at ``rate``: each one's paired steady differences per N and its crossing, and
+    beside them the staircases' model of the same differences; empty when no sitting ran at it."""
+    direct, broker = ledger.HEADLINE_PAIR
+    rows = []
+    ns: set[int] = set()
+    for rec in ledger.at_rate(records, rate):
+        for c in ledger.rate_crossings(rec, direct, broker):
+            row: dict[str, Any] = {"sitting": ledger.label(rec), "messages per run": f"{c['messages']:,}"}
+            for n, d in sorted(c["diffs"].items()):
+                row[f"N = {n}"] = ", ".join(f"{x:+.2f}" for x in d)
+                ns.add(n)
+            row["crossing"] = _crossing_words(c)
+            rows.append(row)
+    if not rows:
+        return []
+    closed = ledger.comparable(records)
+    model: dict[str, Any] = {"sitting": "the load staircases' chord (modelled)", "messages per run": "—"}
+    for n in sorted(ns):
+        diffs = [float(eb["ms"]) - float(ed["ms"]) for rec in closed
+                 if (eb := ledger.estimate(rec, broker, n, 0.0, rate)) is not None
+                 and (ed := ledger.estimate(rec, direct, n, 0.0, rate)) is not None]
+        if diffs:
+            model[f"N = {n}"] = f"{statistics.median(diffs):+.2f}"
+    chord = ledger.rate_chord(closed, rate)
+    if chord is not None:
+        model["crossing"] = f"N* {ledger.span(chord['vals'])}" if chord["vals"] else "no crossing"
+    if len(model) > 2:
+        rows.append(model)
+    return [f"## N\\* at a steady {rate:,.0f} msg/s, measured", "",
+            f"Open-loop series at {rate:,.0f} msg/s (`lab series --profile steady`): `{direct}` and "
+            f"{ledger.BROKER_NAMES[broker]} at one N back to back, the order alternating, two blocks. Each figure "
+            "is broker − direct, ms CPU per message over the two runs' steady parts (`lab.measure.steady`: from "
+            "20 % of the messages inserted to 90 % delivered, so neither Debezium's start nor the drain is in it, "
+            "as for a Debezium never restarted), one per pair (positive: the direct readers cost less). The last "
+            "row is the model it checks: the closed-loop sittings' load staircases (CPU/s = a + b·rate) at this "
+            "rate, 1000·a/R + b, broker − direct, linear in N between the staircases' N (median over sittings).",
+            "", _table(pd.DataFrame(rows).fillna("")), ""]
 
 
 def _cells_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -393,8 +435,9 @@ def _claims_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def results_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     """docs/results.md, whole."""
-    records = ledger.comparable(records)
     found = ledger.findings(records)
+    at_rate = _rate_section(records, ledger.STEADY_RATE)
+    records = ledger.comparable(records)
     lines = ["# Results: the current answer and its conditions", "",
              "*Written by `lab results` from the committed sitting records in `data/sittings/`; edit "
              "`lab/study/published.py`, not this page.*", "",
@@ -403,7 +446,7 @@ def results_markdown(records: Sequence[Mapping[str, Any]]) -> str:
              "measured N); *modelled* means a model over N or volume, with the check that allows it. "
              "`held in k of n sittings`: the same result in that many of the sittings that measured it.", ""]
     for section in (_sittings_section(records), _crossing_section(records, ledger.REFERENCE_VOLUME),
-                    _prediction_section(records), _crossing_section(records, ledger.QUICK_VOLUME),
+                    _prediction_section(records), _crossing_section(records, ledger.QUICK_VOLUME), at_rate,
                     _cells_section(records), _parts_section(records), _claims_section(records),
                     _modelled_section(records)):
         lines += section

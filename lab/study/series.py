@@ -74,6 +74,15 @@ ARTICLE_CONSUMERS = (1, 2, 4, 8)
 # quick profile's volume, so the quick model it checks is the one the quick sittings fit.
 REFERENCE_VOLUME_PIPELINES = ("wal", "kafka", "rabbitmq")
 REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 16)
+# A slow steady stream, measured: `wal` and `kafka` open loop at 200 msg/s, paired at N = 1, 4, 16, in
+# 2 blocks, each run's steady part (lab.measure.steady) as its figure, so no start cost is in it. 10,000
+# messages are 50 s of sending: the steady part (20 % inserted to 90 % delivered) is ~35 s, ~70 samples
+# at 0.5 s, several times Debezium's JIT warm-up (the first seconds of traffic, left out with the first
+# 20 %); 5,000 would leave ~17 s and half the samples, 20,000 would add ~50 s to each of 14 runs.
+# 12 measured runs of ~1-1.5 min, a closed-loop warm-up and a drift probe: about 20 minutes.
+STEADY_RATE = 200.0
+STEADY_PIPELINES = ("wal", "kafka")
+STEADY_CONSUMERS = (1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,8 @@ class Profile:
     # pipelines are compared in adjacent runs, which a machine whose speed drifts within a sitting
     # needs (lab.study.sitting reads the crossing from the pairs). Otherwise a block is shuffled whole.
     paired: bool = False
+    rate: float = 0.0  # > 0: its measured cells are open loop at this many msg/s (`--rate` overrides)
+    report: bool = True  # False: a series of its own (`lab series`, `lab sitting`), no `lab report`
 
 
 PROFILES: dict[str, Profile] = {
@@ -144,8 +155,15 @@ PROFILES: dict[str, Profile] = {
                 "the article's own sweep: N = 1, 2, 4, 8 once each in its order, 100,000 "
                 "messages, 200 senders, 20 s cooldown, 18 runs (about 80 min on 2 cores)",
                 pipelines=REFERENCE_PIPELINES),
+        Profile("steady", 10_000, 200, STEADY_CONSUMERS, 5.0, 2, 5000,
+                "wal and kafka open loop at 200 msg/s, 10,000 messages (50 s of sending) per run, N = 1, 4, "
+                "16, in 2 blocks of paired cells; each run's steady part, start excluded, gives N* at that "
+                "rate measured; a closed-loop warm-up and a drift probe, 14 runs (about 20 min on 2 cores); "
+                "`lab series` and `lab sitting` only", seed=1, pipelines=STEADY_PIPELINES, paired=True,
+                rate=STEADY_RATE, report=False),
     )
 }
+REPORT_PROFILES = tuple(name for name, p in PROFILES.items() if p.report)  # what `lab report` runs
 
 
 def profile(name: str) -> Profile:
@@ -237,7 +255,7 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
 
     ``rate > 0`` makes every measured cell (and the drift probe) open-loop at ``rate`` msg/s
     (latency mode, :mod:`lab.measure.latency`); the warm-up stays closed-loop, and there is no
-    volume arm.
+    volume arm. ``rate`` 0 takes the profile's (``steady``: 200 msg/s; the others: closed loop).
 
     ``repeats`` defaults to the profile's; a non-zero ``seed`` (recorded in every scenario)
     shuffles the measured cells (none or 0: the profile's seed; with more than one repeat and no
@@ -257,6 +275,7 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if not math.isfinite(rate) or rate < 0:
         raise ValueError(f"rate must be a finite number of at least 0, got {rate}")
+    rate = rate or prof.rate
     reps = repeats or prof.repeats
     if not seed:  # the profile's; repeats are shuffled so that drift spreads over the cells
         seed = prof.seed or (1 if reps > 1 else 0)
@@ -281,7 +300,7 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
                       topology: str = "single", consumers: Sequence[int] | None = None) -> str:
     """A stable id, so that running the same series again resumes it (``-rate500``: open loop;
     ``-c1+4``: a subset of N; ``-ha``: the fault-tolerant topology, so an ``ha`` series never
-    resumes a ``single`` one)."""
+    resumes a ``single`` one). A profile's own rate adds nothing (``steady``, not ``steady-rate200``)."""
     parts = [name]
     if repeats is not None and repeats != profile(name).repeats:
         parts.append(f"r{repeats}")
@@ -291,7 +310,7 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
         parts.append("+".join(pipelines))
     if consumers and tuple(consumers) != profile(name).consumers:
         parts.append("c" + "+".join(map(str, consumers)))
-    if rate:
+    if rate and rate != profile(name).rate:
         parts.append(f"rate{rate:g}")
     if topology != "single":
         parts.append(topology)

@@ -14,7 +14,10 @@ figure holds only when it holds across sittings (:mod:`lab.study.ledger` reads t
 * ``cells`` — each cell's median with its order-statistic interval and that interval's coverage;
 * ``pairs`` and ``crossings`` — broker − direct in the same block at the same N (adjacent runs
   when the profile is paired) and the measured crossing read from them: between the two measured N
-  whose difference changes sign, never beyond the measured N;
+  whose difference changes sign, never beyond the measured N; on three bases: the whole window
+  (``diff``), speed-normalised (``diff_norm``) and each run's steady part (``diff_steady``, the
+  steady c of :mod:`lab.measure.steady`: no start cost, the basis of a sitting at a fixed rate;
+  records written before it lack it);
 * ``model`` — the quick model (5,000 messages and a volume arm at 20,000, F as a line in N) and its
   prediction for every cell measured at another volume, with the prediction error; the modelled N*
   by volume over the plausible models; N*∞ from each run's own timeline and from the fit across
@@ -164,8 +167,9 @@ def cells(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def pairs(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str]) -> list[dict[str, Any]]:
     """broker − direct, ms CPU per message, for every block in which both ran at the same N and
-    volume (main runs only), raw and speed-normalised; ``gap`` is how many runs apart they ran
-    (1: back to back)."""
+    volume (main runs only), raw (``diff``), speed-normalised (``diff_norm``) and of the runs'
+    steady parts (``diff_steady``: start and drain left out; None where a run has no split);
+    ``gap`` is how many runs apart they ran (1: back to back)."""
     out = []
     main = frame[~frame["arm"]] if not frame.empty else frame
     for (n, m, block), g in main.groupby(["consumers", "messages", "block"], sort=True):
@@ -180,7 +184,9 @@ def pairs(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str]) ->
                 out.append({"direct": d, "broker": b, "consumers": int(n), "messages": int(m), "block": int(block),
                             "diff": _r(rb["ms"] - rd["ms"]), "ratio": _r(rb["ms"] / rd["ms"], 3),
                             "diff_norm": _r(rb["norm"] - rd["norm"]) if pd.notna(rb.get("norm"))
-                            and pd.notna(rd.get("norm")) else None, "gap": gap})
+                            and pd.notna(rd.get("norm")) else None,
+                            "diff_steady": _r(rb["steady_ms"] - rd["steady_ms"]) if pd.notna(rb.get("steady_ms"))
+                            and pd.notna(rd.get("steady_ms")) else None, "gap": gap})
     return out
 
 
@@ -221,10 +227,11 @@ def _pairs(seq: Sequence[Any]) -> list[tuple[Any, Any]]:
 
 
 def crossings(pair_rows: Iterable[Mapping[str, Any]], *, key: str = "diff") -> list[dict[str, Any]]:
-    """:func:`crossing_from` for every (direct, broker, messages) among ``pair_rows``."""
+    """:func:`crossing_from` for every (direct, broker, messages) among ``pair_rows`` on the basis
+    ``key``; none where no pair has it (a record written before the basis existed)."""
     df = pd.DataFrame(list(pair_rows))
     out: list[dict[str, Any]] = []
-    if df.empty:
+    if df.empty or key not in df:
         return out
     df = df.dropna(subset=[key])
     for (d, b, m), g in df.groupby(["direct", "broker", "messages"], sort=False):
@@ -385,8 +392,11 @@ def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, 
     first = runs.iloc[0] if not runs.empty else pd.Series(dtype=object)
     git = {"commit": str(first.get("git_sha") or "")[:12] or None,
            "dirty": bool(runs["git_dirty"].fillna(False).astype(bool).any()) if "git_dirty" in runs else None}
-    scen = {k: first.get(k) for k in ("senders", "rate", "consumer_layout", "reset", "claim", "producer",
-                                      "work_delay_ms") if k in first}
+    # the conditions are the measured runs': a series at a fixed rate warms up in closed loop
+    measured_runs = all_ok[~all_ok["warmup"].fillna(False).astype(bool)] if "warmup" in all_ok else all_ok
+    cond = measured_runs.iloc[0] if not measured_runs.empty else first
+    scen = {k: cond.get(k) for k in ("senders", "rate", "consumer_layout", "reset", "claim", "producer",
+                                     "work_delay_ms") if k in cond}
     record: dict[str, Any] = {
         "schema": SCHEMA, "id": sitting_id, "profile": profile, "series_id": series_id,
         "started_at": started.min()[:19] if len(started) else None,
@@ -404,7 +414,7 @@ def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, 
         "runs": rows,
         "cells": cells(frame),
         "pairs": pair_rows,
-        "crossings": crossings(pair_rows) + crossings(pair_rows, key="diff_norm"),
+        "crossings": [c for key in ("diff", "diff_norm", "diff_steady") for c in crossings(pair_rows, key=key)],
         "model": {"fixed": fixed, "predictions": predicted,
                   **modelled(frame, direct, brokers, n_boot=n_boot, seed=seed)},
     }

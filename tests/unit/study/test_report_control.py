@@ -166,7 +166,8 @@ def test_report_parts_default_per_profile_and_with_adds() -> None:
 def test_every_profile_ranks_at_an_n_it_measures() -> None:
     from lab.study import series
 
-    assert set(report.RANKING) == set(report.EXTRAS) == set(series.PROFILES)
+    assert set(report.RANKING) == set(report.EXTRAS) == set(series.REPORT_PROFILES)
+    assert "steady" in series.PROFILES and "steady" not in series.REPORT_PROFILES  # a series of its own
     for name, point in report.RANKING.items():
         assert point["consumers"] in series.profile(name).consumers, name
         assert point["rate"] == 0.0, name  # closed loop

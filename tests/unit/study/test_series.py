@@ -128,6 +128,36 @@ def test_reference_profile_pairs_the_pipelines_at_each_n() -> None:
     assert series.plan("reference") == plan  # the shuffle is seeded
 
 
+def test_steady_profile_pairs_wal_and_kafka_open_loop_at_its_rate() -> None:
+    """A closed-loop warm-up, then wal and kafka at 200 msg/s, 10,000 messages, back to back at each
+    of N = 1, 4, 16 (the order alternating), two blocks, and an open-loop drift probe: 14 runs."""
+    plan = series.plan("steady")
+    warm, body, drift = plan[0], plan[1:-1], plan[-1]
+    assert (warm.pipeline, warm.consumers, warm.messages, warm.rate, warm.label) == ("kafka", 1, 5000, 0.0, "warmup")
+    assert Counter((s.pipeline, s.consumers) for s in body) == {(p, n): 2 for p in ("wal", "kafka") for n in (1, 4, 16)}
+    assert {(s.messages, s.rate) for s in body} == {(10_000, 200.0)} and not any(s.warmup for s in body)
+    pairs = [body[i:i + 2] for i in range(0, len(body), 2)]
+    assert all(a.consumers == b.consumers and {a.pipeline, b.pipeline} == {"wal", "kafka"} for a, b in pairs)
+    assert Counter(a.pipeline for a, _ in pairs) == {"wal": 3, "kafka": 3}  # neither always runs first
+    assert drift == body[0].replace(warmup=True, label="drift") and drift.rate == 200.0
+    assert len(plan) == 14 and not any(s.label == "volume" for s in plan)
+    assert {s.rate for s in series.plan("steady", rate=500.0)[1:]} == {500.0}  # --rate overrides
+    assert {s.rate for s in series.plan("quick")} == {0.0}  # the others stay closed loop
+    assert series.default_series_id("steady") == series.default_series_id("steady", rate=200.0) == "steady"
+    assert series.default_series_id("steady", rate=500.0) == "steady-rate500"
+    assert series.default_series_id("quick", rate=500.0) == "quick-rate500"
+
+
+def test_series_and_sitting_take_the_steady_profile_and_report_does_not() -> None:
+    from lab import cli
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["series", "--profile", "steady"]).profile == "steady"
+    assert parser.parse_args(["sitting", "steady", "--profile", "steady"]).profile == "steady"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["report", "--profile", "steady"])
+
+
 def test_seed_shuffles_reproducibly_and_is_recorded() -> None:
     pipes = ["kafka", "rabbitmq", "wal", "wal-sharded"]
     plain = series.plan("quick", pipelines=pipes)
