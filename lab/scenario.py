@@ -36,6 +36,13 @@ string because fields are primitives), each rate held open-loop for ``step_s`` s
 is replaced) and ``rate`` must stay 0. What a step measures and when it is sustainable:
 :mod:`lab.measure.staircase`.
 
+``warm_s`` > 0 puts a **warm phase** before the staircase's first step (a staircase only; default 0:
+none): the senders send at the staircase's top rate for ``warm_s`` seconds (``round(top * warm_s)``
+messages, :func:`warm_plan`), then rest :func:`warm_rest_s` seconds, so that the JVM (Debezium) has
+compiled its hot paths before the first step is measured; the steps' offsets move by ``warm_s`` plus
+that rest (:func:`step_plan`). The warm messages are messages of the run (``messages`` counts them)
+but of no step.
+
 ``claim`` is how a broker consumer claims a message in ``inbox`` (:mod:`lab.workload.inbox`):
 ``owner``, the reference's statement (a row belongs to a consumer name; only that name gets it
 back), or ``takeover`` (a row whose claimant's database session is gone may be claimed by a live
@@ -73,7 +80,13 @@ DAY_S = 86_400.0
 #: the largest value of each float field: a run must end (a cooldown of a year holds the stack's
 #: lock as surely as one of ``inf``); the CLI's options carry the same bounds (lab.cli.options.SCENARIO_NUMBERS)
 FLOAT_LIMITS = {"rate": 1e7, "work_delay_ms": 3_600_000.0, "ready_timeout_s": DAY_S, "drain_timeout_s": 7 * DAY_S,
-                "cooldown_s": DAY_S, "step_s": 3600.0}
+                "cooldown_s": DAY_S, "step_s": 3600.0, "warm_s": 3600.0}
+#: the rest after a warm phase: WARM_REST_FACTOR times the warm phase, at least WARM_REST_MIN_S. A
+#: pipeline that carries at least 1 / (1 + WARM_REST_FACTOR) of the top rate clears the backlog the
+#: warm phase left within it ((R - X)·warm / X ≤ 2·warm for X ≥ R/3); the minimum lets the last warm
+#: messages through a pipeline that kept up (two seconds, the lag criterion's allowance)
+WARM_REST_FACTOR = 2.0
+WARM_REST_MIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -125,10 +138,26 @@ def parse_rate_steps(text: str) -> tuple[float, ...]:
     return rates
 
 
-def step_plan(rates: tuple[float, ...], step_s: float) -> list[tuple[float, float, int]]:
+def warm_rest_s(warm_s: float) -> float:
+    """Seconds between a warm phase's end and the first step (0 without one): ``max(WARM_REST_MIN_S,
+    WARM_REST_FACTOR * warm_s)``."""
+    return max(WARM_REST_MIN_S, WARM_REST_FACTOR * warm_s) if warm_s > 0 else 0.0
+
+
+def warm_plan(rates: tuple[float, ...], warm_s: float) -> list[tuple[float, float, int]]:
+    """The warm phase as one ``(rate, offset_s, messages)`` entry at the top rate from the gate
+    (``round(top * warm_s)`` messages, at least 1); empty when ``warm_s`` is 0."""
+    if warm_s <= 0:
+        return []
+    return [(rates[-1], 0.0, max(1, round(rates[-1] * warm_s)))]
+
+
+def step_plan(rates: tuple[float, ...], step_s: float, warm_s: float = 0.0) -> list[tuple[float, float, int]]:
     """The staircase's schedule: ``(rate, offset_s from the gate, messages)`` per step; a step
-    sends ``round(rate * step_s)`` messages (at least 1), message j due at ``offset + j / rate``."""
-    return [(r, i * step_s, max(1, round(r * step_s))) for i, r in enumerate(rates)]
+    sends ``round(rate * step_s)`` messages (at least 1), message j due at ``offset + j / rate``.
+    After a warm phase (``warm_s`` > 0) the first step starts at ``warm_s + warm_rest_s(warm_s)``."""
+    lead = warm_s + warm_rest_s(warm_s) if warm_s > 0 else 0.0
+    return [(r, lead + i * step_s, max(1, round(r * step_s))) for i, r in enumerate(rates)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +188,7 @@ class Scenario:
     fault: str = ""  # e.g. consumer-kill:1@10s, see lab.scenario; empty: no fault
     rate_steps: str = ""  # "R1,R2,...": a staircase of open-loop rates (messages derived); empty: none
     step_s: float = 20.0  # how long each rate of rate_steps is held
+    warm_s: float = 0.0  # rate_steps: seconds at the top rate, then a rest, before the first step; 0: none
     decode_slots: int = 0  # extra slots that decode every change and publish none: the decode cost per slot
 
     def __post_init__(self) -> None:
@@ -188,7 +218,7 @@ class Scenario:
         for name in ("messages", "senders", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("rate", "poll_wait_ms", "flush_wait_ms", "work_delay_ms", "cooldown_s"):
+        for name in ("rate", "poll_wait_ms", "flush_wait_ms", "work_delay_ms", "cooldown_s", "warm_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("ready_timeout_s", "drain_timeout_s"):
@@ -205,6 +235,8 @@ class Scenario:
                                  "(one OS process per consumer)")
         if self.rate_steps:
             self._derive_staircase()
+        elif self.warm_s:
+            raise ValueError("warm_s needs rate_steps: it warms a staircase at its top rate")
 
     def _check_numbers(self) -> None:
         """Every numeric field is a finite number (not a bool, not nan or inf, which a notebook or an
@@ -232,8 +264,9 @@ class Scenario:
             raise ValueError("rate_steps and fault exclude each other (one experiment per run)")
         if not 1 <= self.step_s <= 3600:
             raise ValueError(f"step_s must be between 1 and 3600 s, got {self.step_s}")
-        # frozen: the one derived field is set here, once, from the staircase
-        object.__setattr__(self, "messages", sum(n for _, _, n in step_plan(rates, self.step_s)))
+        # frozen: the one derived field is set here, once, from the staircase and its warm phase
+        plan = warm_plan(rates, self.warm_s) + step_plan(rates, self.step_s, self.warm_s)
+        object.__setattr__(self, "messages", sum(n for _, _, n in plan))
 
     @property
     def layout(self) -> str:
@@ -246,8 +279,13 @@ class Scenario:
 
     @property
     def staircase(self) -> list[tuple[float, float, int]]:
-        """:func:`step_plan` of ``rate_steps`` (empty without a staircase)."""
-        return step_plan(parse_rate_steps(self.rate_steps), self.step_s) if self.rate_steps else []
+        """:func:`step_plan` of ``rate_steps`` after the warm phase (empty without a staircase)."""
+        return step_plan(parse_rate_steps(self.rate_steps), self.step_s, self.warm_s) if self.rate_steps else []
+
+    @property
+    def warm(self) -> list[tuple[float, float, int]]:
+        """:func:`warm_plan` of the staircase: its one entry, or empty (no staircase, or ``warm_s`` 0)."""
+        return warm_plan(parse_rate_steps(self.rate_steps), self.warm_s) if self.rate_steps else []
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -266,6 +304,8 @@ class Scenario:
         if self.rate_steps:
             rates = parse_rate_steps(self.rate_steps)
             mode = f"steps{rates[0]:g}-{rates[-1]:g}x{self.step_s:g}s"
+            if self.warm_s:
+                mode += f"-warm{self.warm_s:g}s"
         tail = "" if self.producer == "web" else f"-{self.producer}"
         if self.fault:
             tail += "-" + parse_fault(self.fault).kind

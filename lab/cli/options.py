@@ -109,7 +109,7 @@ SCENARIO_NUMBERS: dict[str, Callable[[str], Any]] = {
     "ready_timeout_s": number(float, 0, DAY_S, low_open=True),
     "drain_timeout_s": number(float, 0, 7 * DAY_S, low_open=True),
     "cooldown_s": number(float, 0, DAY_S), "seed": SEED, "step_s": number(float, 1, 3600),
-    "rate_steps": rate_steps,
+    "rate_steps": rate_steps, "warm_s": number(float, 0, 3600),
 }
 
 

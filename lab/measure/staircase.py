@@ -2,8 +2,9 @@
 lag stayed bounded, and the pipeline's **maximum sustainable rate**.
 
 A staircase holds rate R_i for ``step_s`` seconds, step after step (:func:`lab.scenario.step_plan`):
-step i spans the wall-clock interval [T0, T1) = [gate + i·step_s, gate + (i+1)·step_s), and its
-messages are the ranks ``sum(n_<i) .. sum(n_≤i) - 1`` of the run's ids in INSERT order (ids are
+step i spans the wall-clock interval [T0, T1) = [gate + W + i·step_s, gate + W + (i+1)·step_s) (W = 0,
+or the warm phase and its rest, below), and its messages are the ranks
+``w + sum(n_<i) .. w + sum(n_≤i) - 1`` of the run's ids in INSERT order (w: the warm messages; ids are
 handed out in INSERT order and sends start in due order, as :func:`lab.measure.latency.due_latencies`
 assumes), message j of the step due at ``T0 + j / R_i``. Per step:
 
@@ -46,6 +47,19 @@ runner reads the lag (rows of ``messages`` − distinct ids worked) and, when it
 bound, tells the senders to start no further step. That runtime test is criterion 1 only and taken a
 little early; the per-step verdict above is computed after the run from the exact times.
 
+**Warm phase** (``Scenario.warm_s`` > 0, :func:`lab.scenario.warm_plan`): before step 0 the senders
+send at the top rate for ``warm_s`` seconds, then rest ``max(2 s, 2 · warm_s)``
+(:func:`lab.scenario.warm_rest_s`), so that a JIT-compiled participant (Debezium) is warm when the
+first step is measured; the steps' offsets (and T0, T1) count from the gate and include both. The
+warm phase is not a step: not judged, not in ``max_sustainable_rate``, and its messages (the first
+ranks) are left out of every step's figures, lag included (:func:`step_rows`'s ``warm``). They are
+messages of the run all the same (the success predicate and the whole-window ``cpu_ms_per_msg``
+count them). :func:`warm_summary` gives run.json's ``warm`` block, with ``cleared`` false when warm
+messages were still waiting as the first step began — the first step was then run on a backlog,
+which the block says rather than hides. The fixed rest clears the backlog of any pipeline that
+carries at least a third of the top rate; no runtime signal is needed, and the senders' hot path is
+unchanged (the warm phase is one more entry of the same schedule).
+
 Pure functions (no I/O): the runner fetches ``created_at``, the arrivals and the timeline.
 """
 
@@ -67,7 +81,7 @@ RATE_TOLERANCE = 0.05  # criterion 3: the achieved send rate is within this frac
 SLOPE_EVERY_S = 0.1  # lag(t) is sampled this often for the slope
 STOP_LEAD_S = 1.0  # the runner's early-stop test, this long before a step's end (at most a quarter step)
 
-Plan = Sequence[tuple[float, float, int]]  # (rate, offset_s, messages) per step
+Plan = Sequence[tuple[float, float, int]]  # (rate, offset_s from the gate, messages) per step
 
 
 def lag_bound(rate: float, consumers: int, batch_size: int) -> float:
@@ -172,28 +186,40 @@ def cpu_between(timeline: Sequence[Snapshot], a: float, b: float,
     return out
 
 
-def step_rows(plan: Plan, *, gate_at: float, step_s: float, created_at: Mapping[int, float],
-              arrival_ids: Sequence[int], arrival_t: Sequence[float], consumers: int, batch_size: int,
-              timeline: Sequence[Snapshot] | None = None,
-              groups: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
-    """One dict per step of ``plan`` (the steps that were sent), as the module docstring says.
-
-    ``created_at``: epoch ``created_at`` of every row of ``messages``; ``arrival_ids``/``arrival_t``:
-    the web service's work calls in order; ``timeline``: the sampler's readings (no CPU without it);
-    ``groups``: group name -> its participants (``consumers``), summed like the run's window.
-    """
+def _created_worked(created_at: Mapping[int, float], arrival_ids: Sequence[int], arrival_t: Sequence[float]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``created_at`` and first work call (inf: never), in id (= INSERT) order."""
     ids = sorted(created_at)
     first = first_arrivals(arrival_ids, arrival_t)
     created = np.fromiter((created_at[i] for i in ids), dtype=float, count=len(ids))
     worked = np.fromiter((first.get(i, math.inf) for i in ids), dtype=float, count=len(ids))
+    return created, worked
+
+
+def step_rows(plan: Plan, *, gate_at: float, step_s: float, created_at: Mapping[int, float],
+              arrival_ids: Sequence[int], arrival_t: Sequence[float], consumers: int, batch_size: int,
+              timeline: Sequence[Snapshot] | None = None,
+              groups: Mapping[str, Sequence[str]] | None = None, warm: Plan = ()) -> list[dict[str, Any]]:
+    """One dict per step of ``plan`` (the steps that were sent), as the module docstring says.
+
+    ``created_at``: epoch ``created_at`` of every row of ``messages``; ``arrival_ids``/``arrival_t``:
+    the web service's work calls in order; ``timeline``: the sampler's readings (no CPU without it);
+    ``groups``: group name -> its participants (``consumers``), summed like the run's window;
+    ``warm``: the warm phase sent before the steps (:func:`lab.scenario.warm_plan`): its messages, the
+    first ranks, are left out of every step's figures (its lag too).
+    """
+    created_all, worked_all = _created_worked(created_at, arrival_ids, arrival_t)
+    due_all = due_times([*warm, *plan], gate_at, created_all.size)
+    skip = min(sum(n for _, _, n in warm), created_all.size)
+    created, worked, due = created_all[skip:], worked_all[skip:], due_all[skip:]
+    count = created.size
     lag = _Lag(created, worked)
-    due = due_times(plan, gate_at, len(ids))
     worked_sorted = lag.worked_sorted
     rows, begin = [], 0
     for i, (rate, offset, n) in enumerate(plan):
         t0 = gate_at + offset
         t1 = t0 + step_s
-        mine = slice(min(begin, len(ids)), min(begin + n, len(ids)))
+        mine = slice(min(begin, count), min(begin + n, count))
         begin += n
         arrived = np.isfinite(worked[mine])
         into = int(np.searchsorted(lag.created_sorted, t1, side="left")
@@ -218,6 +244,36 @@ def step_rows(plan: Plan, *, gate_at: float, step_s: float, created_at: Mapping[
             "sustainable": ok, "failed": failed,
         })
     return rows
+
+
+def warm_summary(warm: Plan, *, gate_at: float, warm_s: float, first_step_s: float,
+                 created_at: Mapping[int, float], arrival_ids: Sequence[int], arrival_t: Sequence[float]
+                 ) -> dict[str, Any] | None:
+    """run.json's ``warm`` block (None without a warm phase): its ``rate``, ``seconds`` and planned
+    ``messages``, the rows it created (``sent``) and their ``achieved_rate``, the ``rest_s`` before
+    the first step, the lag of its messages at its end (``lag_end``) and when the first step began
+    (``lag_at_first_step``, with the oldest one's age), and ``cleared``: whether every warm message
+    had been worked by then (if not, the first step was run on a backlog and its figures carry it).
+    ``first_step_s``: the first step's offset from the gate (:func:`lab.scenario.step_plan`)."""
+    if not warm:
+        return None
+    rate, _, n = warm[0]
+    created, worked = _created_worked(created_at, arrival_ids, arrival_t)
+    created, worked = created[:n], worked[:n]
+    lag = _Lag(created, worked)
+    end, first = gate_at + warm_s, gate_at + first_step_s
+    into = int(np.searchsorted(lag.created_sorted, end, side="left"))
+    arrived = np.isfinite(worked)
+    lag_first = int(lag.at(first))
+    return {
+        "rate": rate, "seconds": warm_s, "messages": n, "sent": int(created.size),
+        "achieved_rate": round(into / warm_s, 2) if warm_s > 0 else None,
+        "rest_s": round(first_step_s - warm_s, 3),
+        "lag_end": int(lag.at(end)), "lag_at_first_step": lag_first,
+        "oldest_age_s_at_first_step": lag.oldest_age(first),
+        "latency_ms": summarize((worked[arrived] - created[arrived]) * 1000.0),
+        "cleared": lag_first == 0,
+    }
 
 
 def per_message(cpu: Mapping[str, float] | None, messages: int) -> dict[str, float] | None:

@@ -13,7 +13,7 @@ fixture) holds:
 * what the run measured: ``window`` (:meth:`lab.measure.sampler.Sampler.window` between the first
   send and the last work call, None when not measured), ``speed`` (the probe's summary),
   ``idle_baseline`` (the series' idle baseline's rates, None without one), ``latency_ms``,
-  ``latency_from_due_ms``, ``staircase`` (``steps``, ``max_sustainable_rate``, ``staircase``; empty
+  ``latency_from_due_ms``, ``staircase`` (``steps``, ``max_sustainable_rate``, ``staircase``, ``warm``; empty
   without a staircase), ``slots``, ``vacuum`` (:mod:`lab.measure.vacuum`; None when not read);
   ``network`` (bytes per host link and per pair of hosts over the
   window under ``LAB_HOSTS=netns``, absent or None otherwise: :mod:`lab.measure.network`);

@@ -21,7 +21,7 @@ import psycopg
 
 from lab.measure.disk import DiskGuard
 from lab.measure.sampler import Sampler
-from lab.measure.staircase import STOP_LEAD_S, lag_bound, step_rows
+from lab.measure.staircase import STOP_LEAD_S, lag_bound, step_rows, warm_summary
 from lab.measure.staircase import summary as step_summary
 from lab.runner.environment import RunEnv
 from lab.runner.processes import RunError, RunProcesses
@@ -119,7 +119,7 @@ class Staircase(PlainRun):
     (:data:`~lab.measure.staircase.STOP_LEAD_S`, at most a quarter step, counted from the gate; the
     last step is never tested), its lag (rows of the outbox − distinct ids worked) against
     criterion 1's bound; above it, the senders start no further step. Its record block is
-    ``staircase`` with ``steps`` and ``max_sustainable_rate``."""
+    ``staircase`` with ``steps``, ``max_sustainable_rate`` and ``warm`` (None without a warm phase)."""
 
     def __init__(self, env: RunEnv) -> None:
         self.env = env
@@ -160,24 +160,33 @@ class Staircase(PlainRun):
         s, sent = self.env.scenario, record["sent"]
         rates = [r for r, _, _ in self.plan]
         out: dict[str, Any] = {"steps": None, "max_sustainable_rate": None,
-                               "staircase": {"rates": rates, "step_s": s.step_s, "stop": self.stop}}
+                               "staircase": {"rates": rates, "step_s": s.step_s, "warm_s": s.warm_s,
+                                             "stop": self.stop},
+                               "warm": None}
         if latency is None or latency.created_at is None or latency.arrivals is None:
             return {"staircase": out}
         if not sent.get("gate_opened_at"):
             return {"staircase": out}
+        warm = s.warm
         try:
             steps = step_rows(
                 self.plan[:sent.get("steps_sent") or 0], gate_at=sent["gate_opened_at"], step_s=s.step_s,
                 created_at=latency.created_at, arrival_ids=latency.arrivals["ids"],
                 arrival_t=latency.arrivals["t"], consumers=s.consumers, batch_size=s.batch_size,
                 timeline=sampler.timeline() if sampler is not None else None,
-                groups=sampler.groups if sampler is not None else None)
+                groups=sampler.groups if sampler is not None else None, warm=warm)
+            warmed = warm_summary(warm, gate_at=sent["gate_opened_at"], warm_s=s.warm_s,
+                                  first_step_s=self.plan[0][1], created_at=latency.created_at,
+                                  arrival_ids=latency.arrivals["ids"], arrival_t=latency.arrivals["t"])
         except Exception as exc:  # a measurement: never fails the run, never silent
             log.warning("run %s: steps not measured: %s: %s", self.env.run_id, type(exc).__name__, exc)
             return {"staircase": out}
+        if warmed is not None and not warmed["cleared"]:
+            log.warning("run %s: %d warm messages still waited as the first step began: it ran on a backlog",
+                        self.env.run_id, warmed["lag_at_first_step"])
         block = step_summary(steps, rates, stop=self.stop)
         return {"staircase": {"steps": steps, "max_sustainable_rate": block["max_sustainable_rate"],
-                              "staircase": {**block, "step_s": s.step_s}}}
+                              "staircase": {**block, "step_s": s.step_s, "warm_s": s.warm_s}, "warm": warmed}}
 
 
 class Drain:

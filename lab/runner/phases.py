@@ -169,7 +169,7 @@ async def measure_latency(env: RunEnv, procs: RunProcesses, sent: dict[str, Any]
         from_due = None
         stair = bool(s.rate_steps and sent.get("gate_opened_at"))
         if stair and sent.get("send_failed") == 0:
-            plan = s.staircase[:sent.get("steps_sent") or 0]
+            plan = s.warm + s.staircase[:sent.get("steps_sent") or 0]  # every message of the run
             from_due = summarize(staircase_due_latencies(arrivals["ids"], arrivals["t"], plan, sent["gate_opened_at"]))
         if sent.get("rate") and sent.get("sent") == s.messages and sent.get("gate_opened_at"):
             from_due = summarize(due_latencies(arrivals["ids"], arrivals["t"], sent["gate_opened_at"], sent["rate"]))

@@ -99,6 +99,8 @@ class RunProcesses:
             if s.rate_steps:  # the staircase; the runner may end it early (lab.measure.staircase)
                 sender_args += ["--rate-steps", s.rate_steps, "--step-s", str(s.step_s),
                                 "--stop-file", str(scratch / "stop")]
+                if s.warm_s:  # the warm phase at the top rate, then its rest (lab.scenario.warm_plan)
+                    sender_args += ["--warm-s", str(s.warm_s)]
         self._procs["senders"] = self._spawn("senders", sender_args, "web")
 
     def spawn_consumer(self, group: list[int]) -> psutil.Popen:

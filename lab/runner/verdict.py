@@ -77,7 +77,8 @@ def consumer_errors(consumers: Sequence[Mapping[str, Any]], ended: Sequence[int]
 
 def planned_messages(scenario: Mapping[str, Any], sent: Mapping[str, Any]) -> int:
     """The message count the predicate compares with: a staircase the runner stopped early
-    meant to send only the messages of the steps it ran (``sent.planned``)."""
+    meant to send only the messages of the steps it ran (``sent.planned``, with those of its warm
+    phase, which are messages of the run too)."""
     if scenario.get("rate_steps"):
         return int(sent.get("planned") or scenario["messages"])
     return int(scenario["messages"])

@@ -2,8 +2,11 @@
 
 Each cell is one run with ``Scenario.rate_steps`` (the same staircase for every cell): open-loop
 rates held ``step_s`` each, the run stopping once a step's lag ran away (:mod:`lab.measure.staircase`
-defines what a step measures and when it is sustainable). No warm-up run: the staircase's first,
-low step warms the path, and in a report the stack has just run the other series.
+defines what a step measures and when it is sustainable). No warm-up run; instead each staircase
+may start with a warm phase (``warm_s``: the top rate for that long, then a rest, before the first
+step, :func:`lab.scenario.warm_plan`), so that its first steps are not measured on a JVM still
+compiling. A warm phase changes every cell, so it is part of :func:`series_id`: a warmed series
+never resumes an unwarmed one.
 
 :func:`plan` builds the series, :func:`capacity_table` gives one row per pipeline x N (the maximum
 sustainable rate, median over repeats; ``≥`` when every step held), :func:`steps_table` one row per
@@ -28,19 +31,22 @@ _MARKERS = ("o", "s", "^", "v", "D", "P")
 
 
 def plan(rate_steps: str, step_s: float, *, pipelines: Iterable[str], consumers: Iterable[int],
-         profile_name: str = "quick", repeats: int = 1) -> list[Scenario]:
-    """pipeline x N (x repeats) staircases, with the profile's senders and cooldown."""
+         profile_name: str = "quick", repeats: int = 1, warm_s: float = 0.0) -> list[Scenario]:
+    """pipeline x N (x repeats) staircases, with the profile's senders and cooldown (and a warm
+    phase of ``warm_s`` before each)."""
     prof = profile(profile_name)
-    base = Scenario(senders=prof.senders, cooldown_s=prof.cooldown_s, rate_steps=rate_steps, step_s=step_s)
+    base = Scenario(senders=prof.senders, cooldown_s=prof.cooldown_s, rate_steps=rate_steps, step_s=step_s,
+                    warm_s=warm_s)
     return matrix(base, pipelines=list(pipelines), consumers=list(consumers), repeats=repeats)
 
 
 def series_id(profile_name: str, rate_steps: str, step_s: float, pipelines: Sequence[str],
-              consumers: Sequence[int]) -> str:
-    """A stable id for the staircase series, so that running it again resumes it."""
+              consumers: Sequence[int], warm_s: float = 0.0) -> str:
+    """A stable id for the staircase series, so that running it again resumes it (``-warm10s``: each
+    staircase warmed that long first)."""
     rates = parse_rate_steps(rate_steps)
     return (f"{profile_name}-{'+'.join(pipelines)}-steps{'+'.join(f'{r:g}' for r in rates)}"
-            f"x{step_s:g}s-n{'+'.join(map(str, consumers))}")
+            f"x{step_s:g}s-n{'+'.join(map(str, consumers))}" + (f"-warm{warm_s:g}s" if warm_s else ""))
 
 
 def _measured(results: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -35,7 +35,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "mem_mb": result["mem_mb"],
     }
     out.update({k: counters.get(k) for k in SUMMARY_COUNTERS})
-    for key in ("latency_ms", "latency_from_due_ms", "achieved_rate", "max_sustainable_rate", "staircase"):
+    for key in ("latency_ms", "latency_from_due_ms", "achieved_rate", "max_sustainable_rate", "staircase", "warm"):
         if key in result:
             out[key] = result[key]
     if result.get("steps") is not None:
@@ -134,6 +134,12 @@ def run_text(result: dict[str, Any]) -> str:
         out.append(f"  max sustainable rate {top if top is not None else '-'} msg/s{found}"
                          + (f"; stopped early after step {stop['after_step']} (lag {stop['lag']})" if stop else "")
                          + "\n")
+        warm = s.get("warm")
+        if isinstance(warm, dict):
+            out.append(f"  warm {warm['seconds']:g} s at {warm['rate']:g} msg/s ({warm['sent']} messages, not a step), "
+                       f"rest {warm['rest_s']:g} s: lag {warm['lag_end']} at its end, "
+                       f"{warm['lag_at_first_step']} when the first step began"
+                       + ("" if warm["cleared"] else ": NOT cleared, the first step ran on a backlog") + "\n")
         for st in steps:
             out.append(
                 "    step {rate:>7g} msg/s: achieved {achieved_rate}, delivered {delivered_per_s}, lag {lag_end} "

@@ -156,13 +156,20 @@ def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
 # and 4 it was a straight line drawn beyond them). With wal-sharded and a first step at 50 msg/s they
 # were 8 runs of 40 s, 8.4 minutes of a 36.6-minute quick report on 2026-12-07; every pipeline
 # carried 100 and 200 msg/s there, the two sustainable steps a floor needs. smoke: 2 runs of 2 x 2 s.
+# Every staircase warms first (warm_s, lab.scenario.warm_plan): its top rate for warm_s, then a rest of
+# max(2 s, 2 x warm_s), so Debezium's JIT has compiled before the first step is measured (a cold JVM
+# biases the first steps' CPU per message, hence the floors, and the maximum sustainable rate). It
+# costs warm_s + rest of wall time per staircase run: 30 s at 10 s of warm (quick, decision, reference:
+# 8,000 messages at 800 msg/s; quick's 6 runs, 3 minutes), 12 s at 4 s (full, article: the same 8,000
+# messages at 2,000 msg/s, a warm phase that does not leave 40,000 messages for a rest to clear), 3 s
+# at 1 s (smoke, whose figures are noise: it runs the path).
 CAPACITY: dict[str, dict[str, Any]] = {
-    "smoke": {"rate_steps": "50,100", "step_s": 2.0, "steps_consumers": "1"},
-    "quick": {"rate_steps": "100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
-    "full": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,16"},
-    "article": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8"},
-    "decision": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
-    "reference": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
+    "smoke": {"rate_steps": "50,100", "step_s": 2.0, "steps_consumers": "1", "warm_s": 1.0},
+    "quick": {"rate_steps": "100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16", "warm_s": 10.0},
+    "full": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,16", "warm_s": 4.0},
+    "article": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8", "warm_s": 4.0},
+    "decision": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16", "warm_s": 10.0},
+    "reference": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16", "warm_s": 10.0},
 }
 
 
@@ -172,13 +179,18 @@ def report_series(series_id: str, profile: str) -> dict[str, str]:
     ``lab faults --profile quick`` uses, so either resumes the other)."""
     rate = EXTRAS[profile]["latency"]["rate"]
     return {"series": series_id, "latency": f"{series_id}-rate{rate:g}", "broker_native": f"{series_id}-broker-native",
-            "control": f"{series_id}-control", **ranking_series(series_id)}
+            "control": f"{series_id}-control", **ranking_series(series_id, profile)}
 
 
-def ranking_series(series_id: str) -> dict[str, str]:
+def ranking_series(series_id: str, profile: str = "") -> dict[str, str]:
     """The series beside the study that its ranking reads: the load staircases (the floor per
-    second at a fixed rate) and the fault matrix (a dead consumer), as :func:`report_series` names them."""
-    return {"capacity": f"{series_id}-capacity", "faults": f"faults-{series_id}"}
+    second at a fixed rate) and the fault matrix (a dead consumer), as :func:`report_series` names them.
+    The staircases' id carries their warm phase (``-warm10s``: a warmed series never resumes an
+    unwarmed one), the ``warm_s`` of ``profile``'s :data:`CAPACITY` (empty: the profile the id starts
+    with, as ``lab report`` names its series; none for an id of no profile)."""
+    warm_s = CAPACITY.get(profile or series_id.split("-")[0], {}).get("warm_s", 0.0)
+    return {"capacity": f"{series_id}-capacity" + (f"-warm{warm_s:g}s" if warm_s else ""),
+            "faults": f"faults-{series_id}"}
 
 
 # The point the report's detailed ranking is at (lab.study.ranking; the analysis notebook's

@@ -27,7 +27,10 @@ atomically (temp file + rename), to ``--out``, also when every send failed or th
 ``--messages`` must be their sum). ``--stop-file PATH`` ends the staircase early: it is looked at
 once per step boundary (one ``stat``), and once it exists no further step starts; ``planned`` and
 ``steps_sent`` in the result say how many messages and steps were meant to go. Nothing is added per
-message.
+message. ``--warm-s W`` first sends at the top rate for W seconds (:func:`lab.scenario.warm_plan`) and
+rests :func:`lab.scenario.warm_rest_s` before the first step (whose offsets move by both); the warm
+phase is not a step (``steps_sent`` leaves it out, the stop file is not looked at before it), but its
+messages are in ``--messages`` and ``planned``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from lab.scenario import parse_rate_steps, step_plan
+from lab.scenario import parse_rate_steps, step_plan, warm_plan
 from lab.workload.rawhttp import RawPost
 
 BODY = b'{"content":"helloworld"}'
@@ -78,7 +81,9 @@ class SendResult:
     cpu_s: float | None = None  # this process's CPU from the gate to the end (self-reported)
     rate_steps: str = ""  # a staircase (lab.scenario.step_plan): its rates, comma-separated
     step_s: float = 0.0  # ... and how long each is held
-    planned: int | None = None  # staircase: messages of the steps that were started (< M if stopped early)
+    warm_s: float = 0.0  # staircase: seconds at its top rate before the first step (0: none)
+    # staircase: messages of the warm phase and of the steps that were started (< M if stopped early)
+    planned: int | None = None
     steps_sent: int | None = None  # staircase: steps started (fewer than its rates if stopped early)
     first_error: str | None = None
     error: str | None = None  # set when the run itself crashed
@@ -164,16 +169,18 @@ async def _open_loop(post: Callable[[], Awaitable[int]], t: Tally, rate: float) 
 
 
 async def _staircase(post: Callable[[], Awaitable[int]], t: Tally,
-                     steps: list[tuple[float, float, int]], stop_file: Path | None) -> None:
+                     steps: list[tuple[float, float, int]], stop_file: Path | None, warm: int = 0) -> None:
     """The open loop of :func:`_open_loop` step by step (``(rate, offset_s, messages)`` each, as
-    :func:`lab.scenario.step_plan`), counting the steps started in ``t.steps``. Before each step
-    after the first, one ``stat`` of ``stop_file``: once it exists the staircase ends there."""
+    :func:`lab.scenario.step_plan`), counting the steps started in ``t.steps``. The first ``warm``
+    entries are the warm phase: not counted, always sent. Before each step after the first, one
+    ``stat`` of ``stop_file``: once it exists the staircase ends there."""
     clock, inflight = time.monotonic, set()
     start = clock()
-    for rate, offset, n in steps:
-        if t.steps and stop_file is not None and stop_file.exists():
+    for k, (rate, offset, n) in enumerate(steps):
+        if k > warm and stop_file is not None and stop_file.exists():
             break
-        t.steps += 1
+        if k >= warm:
+            t.steps += 1
         t0 = start + offset
         for j in range(n):
             due = t0 + j / rate
@@ -225,17 +232,20 @@ class _AiohttpPost:
 async def run_senders(
     url: str, messages: int, senders: int, gate: asyncio.Event | None = None,
     *, rate: float = 0.0, progress: Path | None = None, client: str = DEFAULT_CLIENT,
-    rate_steps: str = "", step_s: float = 0.0, stop_file: Path | None = None,
+    rate_steps: str = "", step_s: float = 0.0, stop_file: Path | None = None, warm_s: float = 0.0,
 ) -> SendResult:
     """POST exactly ``messages`` times to ``url``/load/messages from ``senders`` closed loops.
 
     Waits for ``gate`` (if given) before the first request; no request is made before it.
     ``rate > 0`` switches to open-loop sends at ``rate`` msg/s over ``senders + 16`` connections;
-    ``rate_steps`` (with ``step_s``) to the open-loop staircase (module docstring).
+    ``rate_steps`` (with ``step_s``, and ``warm_s`` for a warm phase) to the open-loop staircase
+    (module docstring).
     """
-    steps = step_plan(parse_rate_steps(rate_steps), step_s) if rate_steps else []
-    if steps and sum(n for _, _, n in steps) != messages:
-        raise ValueError(f"--messages {messages} is not the staircase's {sum(n for _, _, n in steps)}")
+    rates = parse_rate_steps(rate_steps) if rate_steps else ()
+    warm = warm_plan(rates, warm_s) if rates else []
+    steps = step_plan(rates, step_s, warm_s) if rates else []
+    if steps and sum(n for _, _, n in warm + steps) != messages:
+        raise ValueError(f"--messages {messages} is not the staircase's {sum(n for _, _, n in warm + steps)}")
     if client not in CLIENTS:
         raise ValueError(f"unknown client {client!r}: choose one of {', '.join(CLIENTS)}")
     target = url.rstrip("/") + "/load/messages"
@@ -245,7 +255,8 @@ async def run_senders(
     try:
         if gate is not None:
             await gate.wait()
-        work = (_staircase(c.post, t, steps, stop_file) if steps else _open_loop(c.post, t, rate) if rate > 0
+        work = (_staircase(c.post, t, warm + steps, stop_file, len(warm)) if steps
+                else _open_loop(c.post, t, rate) if rate > 0
                 else asyncio.gather(*(_closed_loop(c.post, t) for _ in range(senders))))
         gate_at, cpu = await send_phase(t, progress, work)
     finally:
@@ -256,8 +267,8 @@ async def run_senders(
     result = tally_result(t, url=url, messages=messages, senders=senders, rate=rate, gate_at=gate_at, cpu=cpu)
     if not steps:
         return result
-    return dataclasses.replace(result, rate_steps=rate_steps, step_s=step_s, steps_sent=t.steps,
-                               planned=sum(n for _, _, n in steps[:t.steps]))
+    return dataclasses.replace(result, rate_steps=rate_steps, step_s=step_s, warm_s=warm_s, steps_sent=t.steps,
+                               planned=sum(n for _, _, n in warm + steps[:t.steps]))
 
 
 async def send_phase(t: Tally, progress: Path | None, work: Awaitable[Any]) -> tuple[float, float]:
@@ -349,6 +360,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--step-s", type=float, default=20.0, help="seconds per staircase step (default 20)")
     p.add_argument("--stop-file", type=Path, default=None,
                    help="staircase: start no further step once this file exists")
+    p.add_argument("--warm-s", type=float, default=0.0,
+                   help="staircase: seconds at its top rate, then a rest, before the first step (default 0)")
     p.add_argument("--client", choices=CLIENTS, default=DEFAULT_CLIENT,
                    help="HTTP client: raw (default; lab.workload.rawhttp, leaner) or aiohttp")
     add_gate_options(p)
@@ -358,13 +371,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    if a.messages < 0 or a.senders < 1 or a.rate < 0:
-        p.error("--messages and --rate must be >= 0, --senders >= 1")
+    if a.messages < 0 or a.senders < 1 or a.rate < 0 or not 0 <= a.warm_s <= 3600:
+        p.error("--messages and --rate must be >= 0, --senders >= 1, --warm-s within 0..3600")
     return run_and_write(lambda: gated(
         a.start_file,
         lambda gate: run_senders(a.url, a.messages, a.senders, gate, rate=a.rate, progress=a.progress,
                                  client=a.client, rate_steps=a.rate_steps, step_s=a.step_s,
-                                 stop_file=a.stop_file),
+                                 stop_file=a.stop_file, warm_s=a.warm_s),
         lambda error: SendResult(url=a.url, messages=a.messages, senders=a.senders, sent=0,
                                  send_failed=0, rate=a.rate, error=error),
     ), a.out)

@@ -1,5 +1,6 @@
 """The load staircase end to end on the real stack: the senders follow it, every step
-is measured, the run's verdict is still the reference's, and a runaway lag stops it early."""
+is measured, the run's verdict is still the reference's, a runaway lag stops it early, and a warm phase
+goes first without counting in any step."""
 
 from __future__ import annotations
 
@@ -64,3 +65,24 @@ def test_a_runaway_lag_stops_the_staircase_and_the_run_still_works_every_message
     assert r["max_sustainable_rate"] == 10.0 and stair["limit_found"]
     total = sum(v for k, v in r["cpu_s"].items() if k != "unattributed")
     assert r["cpu_ms_per_msg"] == pytest.approx(total * 1000 / 1240, rel=1e-3)  # the messages really sent
+
+
+def test_a_warm_phase_goes_first_and_counts_in_no_step(stack: object, settings: Settings) -> None:
+    # 1 s at the top rate (200 messages at 200 msg/s), a rest of 2 s, then the two steps
+    r = run(settings, rate_steps="100,200", step_s=3.0, warm_s=1.0)
+    assert r["success"], r["error"]
+    c = r["counters"]
+    assert r["scenario"]["messages"] == 200 + 900 and c["sent"] == c["work_calls"] == c["distinct_ids"] == 1100
+    sent = r["senders"]
+    assert (sent["planned"], sent["steps_sent"], sent["warm_s"]) == (1100, 2, 1.0)  # the warm phase is no step
+    steps = r["steps"]
+    assert [s["sent"] for s in steps] == [300, 600] and [s["latency_ms"]["n"] for s in steps] == [300, 600]
+    assert [(s["t0_s"], s["t1_s"]) for s in steps] == [(3.0, 6.0), (6.0, 9.0)]
+    for s in steps:
+        assert s["achieved_rate"] == pytest.approx(s["rate"], rel=0.15)  # the warm rows fall in no step
+    warm = r["warm"]
+    assert (warm["rate"], warm["seconds"], warm["messages"], warm["sent"]) == (200.0, 1.0, 200, 200)
+    assert warm["rest_s"] == 2.0
+    assert warm["cleared"] and warm["lag_at_first_step"] == 0, warm  # wal works 200 messages well within 2 s
+    assert r["staircase"]["warm_s"] == 1.0 and r["max_sustainable_rate"] == max_sustainable_rate(steps)
+    assert r["latency_from_due_ms"]["n"] == 1100  # every message of the run, the warm ones too

@@ -7,7 +7,7 @@ import pytest
 
 from lab.measure import staircase as steps
 from lab.measure.sampler import Snapshot
-from lab.scenario import step_plan
+from lab.scenario import step_plan, warm_plan
 
 GATE = 1000.0
 PLAN = step_plan((100.0, 200.0), 10.0)  # 1000 then 2000 messages
@@ -149,6 +149,57 @@ def test_due_times_follow_the_staircase() -> None:
     assert list(due) == [10.0, 10.5, 11.0, 11.25, 11.5, 11.75]
     lat = steps.staircase_due_latencies([3, 1, 2], [11.1, 10.2, 10.6], step_plan((2.0, 4.0), 1.0), 10.0)
     assert list(lat) == pytest.approx([200.0, 100.0, 100.0])
+
+
+WARM = warm_plan((100.0, 200.0), 2.0)  # 400 messages at the top rate, 200 msg/s
+PLAN_W = step_plan((100.0, 200.0), 10.0, 2.0)  # the same steps, after the warm phase and its 4 s rest
+
+
+def _warm_rows(created, ids, worked, **kw):
+    return steps.step_rows(PLAN_W, gate_at=GATE, step_s=10.0, created_at=created, arrival_ids=ids,
+                           arrival_t=worked, consumers=1, batch_size=100, warm=WARM, **kw)
+
+
+def test_a_warm_phase_is_in_no_step_figure() -> None:
+    assert WARM == [(200.0, 0.0, 400)] and [offset for _, offset, _ in PLAN_W] == [6.0, 16.0]
+    tl, groups = _timeline(t1=GATE + 30), {"consumers": ["consumer-0"]}
+    cold = _rows(*_run(PLAN), timeline=tl, groups=groups)
+    warm = _warm_rows(*_run(WARM + PLAN_W), timeline=tl, groups=groups)
+    assert [(r["t0_s"], r["t1_s"]) for r in warm] == [(6.0, 16.0), (16.0, 26.0)]
+    for c, w in zip(cold, warm, strict=True):  # the warm messages count in no step: the figures are the cold ones
+        assert [w[k] for k in ("sent", "achieved_rate", "delivered_per_s", "lag_end", "sustainable")] == [
+            c[k] for k in ("sent", "achieved_rate", "delivered_per_s", "lag_end", "sustainable")]
+        assert w["latency_ms"]["n"] == c["latency_ms"]["n"] == c["sent"]
+        assert w["latency_ms"]["p50"] == pytest.approx(c["latency_ms"]["p50"], abs=0.01)
+        assert w["latency_from_due_ms"]["p99"] == pytest.approx(c["latency_from_due_ms"]["p99"], abs=0.01)
+        assert w["lag_slope"] == pytest.approx(c["lag_slope"], abs=0.1)
+        assert w["cpu_ms_per_msg"]["total"] == pytest.approx(c["cpu_ms_per_msg"]["total"])  # ÷ the step's rows only
+    assert steps.max_sustainable_rate(warm) == 200.0
+
+
+def test_the_warm_block_says_whether_its_backlog_cleared_before_the_first_step() -> None:
+    def block(capacity: float) -> dict:
+        created, ids, worked = _run(WARM + PLAN_W, capacity=capacity)
+        return steps.warm_summary(WARM, gate_at=GATE, warm_s=2.0, first_step_s=PLAN_W[0][1], created_at=created,
+                                  arrival_ids=ids, arrival_t=worked)
+
+    # a FIFO worker of 150 msg/s: ~100 of the 400 warm messages wait at the warm phase's end, gone 0.7 s later
+    w = block(150.0)
+    assert (w["rate"], w["seconds"], w["messages"], w["sent"], w["rest_s"]) == (200.0, 2.0, 400, 400, 4.0)
+    assert w["achieved_rate"] == 200.0 and w["latency_ms"]["n"] == 400
+    assert w["lag_end"] == pytest.approx(400 - 2.0 * 150, abs=10)
+    assert w["lag_at_first_step"] == 0 and w["oldest_age_s_at_first_step"] == 0.0 and w["cleared"]
+    # 50 msg/s: the warm messages take 8 s, 2 s beyond the rest: the first step begins on a backlog
+    w = block(50.0)
+    assert not w["cleared"] and w["lag_at_first_step"] == pytest.approx(400 - 6.0 * 50, abs=5)
+    assert w["oldest_age_s_at_first_step"] == pytest.approx(4.5, abs=0.1)
+    assert steps.warm_summary([], gate_at=GATE, warm_s=0.0, first_step_s=0.0, created_at={}, arrival_ids=[],
+                              arrival_t=[]) is None
+
+
+def test_due_times_include_the_warm_phase() -> None:
+    plan = warm_plan((2.0, 4.0), 1.0) + step_plan((2.0, 4.0), 1.0, 1.0)  # warm 1 s, rest 2 s (the minimum)
+    assert list(steps.due_times(plan, 10.0)) == [10.0, 10.25, 10.5, 10.75, 13.0, 13.5, 14.0, 14.25, 14.5, 14.75]
 
 
 def test_cpu_between_is_none_outside_the_timeline() -> None:

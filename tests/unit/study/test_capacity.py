@@ -68,6 +68,11 @@ def test_plan_and_series_id() -> None:
     assert [(s.pipeline, s.consumers) for s in plan] == [("wal", 1), ("wal", 4), ("kafka", 1), ("kafka", 4)]
     assert all(s.rate_steps == "100,200" and s.messages == 1500 and s.cooldown_s == 0.0 for s in plan)
     assert capacity.series_id("quick", "250,500", 8.0, ["wal"], [1, 4]) == "quick-wal-steps250+500x8s-n1+4"
+    # a warm phase changes every cell, and so the id: a warmed series never resumes an unwarmed one
+    warm_id = capacity.series_id("quick", "250,500", 8.0, ["wal"], [1, 4], 10.0)
+    assert warm_id == "quick-wal-steps250+500x8s-n1+4-warm10s"
+    warmed = capacity.plan("100,200", 5.0, pipelines=["wal"], consumers=[1], profile_name="smoke", warm_s=2.0)
+    assert [(s.warm_s, s.messages) for s in warmed] == [(2.0, 400 + 1500)]  # 2 s at 200 msg/s first
     with pytest.raises(ValueError, match="increase strictly"):
         capacity.plan("200,100", 5.0, pipelines=["wal"], consumers=[1])
 
@@ -82,7 +87,12 @@ def test_report_hands_the_staircase_to_the_latency_notebook(tmp_path: Path, monk
     lat = calls["latency"]
     assert (lat["rate_steps"], lat["step_s"], lat["steps_consumers"]) == ("100,200,400,800", 8.0, "1,16")
     assert lat["pipelines"] == "wal,kafka,rabbitmq"  # the question's three: no wal-sharded staircase in quick
-    assert lat["steps_series_id"] == report.report_series("s1", "quick")["capacity"] == "s1-capacity"
+    assert lat["warm_s"] == 10.0  # the report's staircases warm, and their series' id says so
+    assert lat["steps_series_id"] == report.report_series("s1", "quick")["capacity"] == "s1-capacity-warm10s"
+    assert report.ranking_series("quick-s7")["capacity"] == "quick-s7-capacity-warm10s"  # the id's profile
+    assert report.ranking_series("mine")["capacity"] == "mine-capacity"  # an id of no profile: no warm known
     assert lat["series_id"] == "s1-rate500"
-    for profile, size in report.CAPACITY.items():  # every profile's staircase is a valid one
-        capacity.plan(size["rate_steps"], size["step_s"], pipelines=["wal"], consumers=[1], profile_name=profile)
+    for profile, size in report.CAPACITY.items():  # every profile's staircase is a valid one, and warms
+        assert size["warm_s"] > 0
+        capacity.plan(size["rate_steps"], size["step_s"], pipelines=["wal"], consumers=[1], profile_name=profile,
+                      warm_s=size["warm_s"])

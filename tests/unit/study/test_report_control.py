@@ -106,7 +106,7 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
     report_id = Path(params["control"]["report_dir"]).name  # the first screen speaks of the record of this sitting
     assert params["analysis"] == {"series_id": "s1", "report_dir": params["control"]["report_dir"],
                                   "sitting": report_id, "consumers": 2,
-                                  "messages_per_start": -1, "rate": 0.0, "capacity_series_id": "s1-capacity",
+                                  "messages_per_start": -1, "rate": 0.0, "capacity_series_id": "s1-capacity-warm1s",
                                   "faults_series_id": "faults-s1", "n_boot": 200}
     # latency and the staircases on one pipeline of each side, unless the report names its pipelines
     assert params["latency"]["pipelines"] == "wal,kafka" and params["latency"]["consumers"] == "1"
