@@ -126,6 +126,10 @@ EXTRAS["article"] = {**EXTRAS["full"], "latency": {"rate": 500.0, "consumers": "
 # runs no part beside its series by default (its sitting takes most of an hour and a half already);
 # `--with` adds any, at the quick sizes.
 EXTRAS["reference"] = {**EXTRAS["quick"]}
+# The conditions profile measures a second condition beside the first, which the report's analysis
+# never pools (lab.study.groups): it is recorded with `lab series` and `lab sitting`, not a report
+# (build_report refuses it); its entries here are the reference's, for `--with` and the ranking's N.
+EXTRAS["conditions"] = {**EXTRAS["quick"]}
 # Which of them a report runs unless told otherwise (`lab report --with faults,control` adds, `make
 # report WITH=...`). quick is the default study and must stay within half an hour on 2 cores: it answers
 # the question (the series with its volume arm, and the load staircases that give latency per rate and
@@ -135,7 +139,8 @@ EXTRAS["reference"] = {**EXTRAS["quick"]}
 EXTRAS["decision"] = {**EXTRAS["quick"], "latency": {"rate": 500.0, "consumers": "1,16"}}
 PARTS = ("latency", "broker_native", "control", "faults")
 DEFAULT_PARTS: dict[str, tuple[str, ...]] = {"smoke": PARTS, "quick": ("latency",), "full": PARTS,
-                                             "article": PARTS, "decision": ("latency",), "reference": ()}
+                                             "article": PARTS, "decision": ("latency",), "reference": (),
+                                             "conditions": ()}
 
 
 def report_parts(profile: str, with_parts: str = "") -> tuple[str, ...]:
@@ -163,6 +168,7 @@ CAPACITY: dict[str, dict[str, Any]] = {
     "article": {"rate_steps": "50,100,250,500,1000,2000", "step_s": 20.0, "steps_consumers": "1,4,8"},
     "decision": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
     "reference": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
+    "conditions": {"rate_steps": "50,100,200,400,800", "step_s": 8.0, "steps_consumers": "1,16"},
 }
 
 
@@ -204,6 +210,11 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     profile's :data:`DEFAULT_PARTS`). Under the ``ha`` topology the page ends with the
     comparison against ``single_series_id``'s stored single runs (``topology.ipynb``; it says
     which command to run when there are none)."""
+    from lab.study import series
+
+    if series.profile(profile).variants:  # before any run: its analysis would refuse the series at the end
+        raise ValueError(f"profile {profile!r} measures a second condition beside the first, which the report's "
+                         f"analysis never pools: run `lab series --profile {profile}`, then `lab sitting <series id>`")
     t0 = time.monotonic()
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)

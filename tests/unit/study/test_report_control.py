@@ -139,9 +139,19 @@ def test_build_report_runs_the_control_experiment_and_puts_it_on_the_page(
 def test_every_profile_has_a_fault_matrix_and_the_article_gets_quick() -> None:
     assert {p: report.EXTRAS[p]["faults"]["profile"] for p in report.EXTRAS} == {
         "smoke": "smoke", "quick": "quick", "full": "full", "article": "quick", "reference": "quick",
-        "decision": "quick"}
+        "decision": "quick", "conditions": "quick"}
     assert report.DEFAULT_PARTS["reference"] == ()  # the reference sitting measures its series alone
+    assert report.DEFAULT_PARTS["conditions"] == ()
     assert all(e["faults"]["profile"] in fault_matrix.PROFILES for e in report.EXTRAS.values())
+
+
+def test_a_profile_with_a_second_condition_is_refused_before_any_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(report, "execute_notebook", lambda name, out, params, **kw: calls.append(name) or out)
+    with pytest.raises(ValueError, match="lab series --profile conditions"):
+        report.build_report("conditions", Settings().replace(data_dir=tmp_path), series_id="c1")
+    assert calls == [] and not list(tmp_path.rglob("*"))  # no notebook ran, no report folder
 
 
 def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:
