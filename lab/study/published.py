@@ -451,7 +451,8 @@ def _claims_by_condition(records: Sequence[Mapping[str, Any]]) -> list[str]:
             for n, runs in sorted(by_n.items()):
                 parts = [r.get("parts") or {} for r in runs]
                 claims = [p.get("pg.claims", 0.0) + p.get("pg.prune", 0.0) for p in parts]
-                left = [(r.get("claim_table") or {}).get("rows") for r in runs]
+                tables = [r.get("claim_table") or {} for r in runs]
+                left = [t.get("left", t.get("rows")) for t in tables]  # counted by the readers, else estimated
                 kept = [x for x in left if x is not None]
                 rows.append({"sitting": ledger.label(rec), "claims": words, "N": n,
                              "claims + prune (ms/msg)": _span(claims),

@@ -108,14 +108,20 @@ def arm_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _claim_table(run: Mapping[str, Any]) -> dict[str, Any]:
     """The claim table after the run (run.json's ``vacuum``): rows, dead tuples, heap and index
-    bytes, the primary key's depth."""
+    bytes, the primary key's depth; and where the direct readers counted it
+    (``pipeline_settings.claim_table``) the rows ``left`` exactly, the most it held and the claims
+    pruned (``rows`` is PostgreSQL's estimate, which a prune leaves behind)."""
     vac = run.get("vacuum") if isinstance(run.get("vacuum"), Mapping) else {}
     end = ((vac or {}).get("tables") or {}).get("end") or {}
     sizes = (vac or {}).get("sizes") or {}
+    counted = (run.get("pipeline_settings") or {}).get("claim_table") or {}
     for name in CLAIM_TABLES:
         t = end.get(name)
         if isinstance(t, Mapping) and t.get("n_live_tup"):
             out = {"table": name, "rows": int(t["n_live_tup"]), "dead": int(t.get("n_dead_tup") or 0)}
+            if name == "inbox_wal" and isinstance(counted, Mapping) and counted.get("rows") is not None:
+                out |= {"left": int(counted["rows"]), "rows_max": int(counted.get("rows_max") or 0),
+                        "pruned": int(counted.get("pruned") or 0)}
             return out | {k: v for k, v in (sizes.get(name) or {}).items() if k in
                           ("index_bytes", "heap_bytes", "index_depth")}
     return {}

@@ -109,7 +109,7 @@ def test_the_second_condition_section_sets_the_pruned_crossing_beside_the_never_
     # the claims' cost per condition and N: claims + prune (0.05 + 0.01) and the rows left
     claims = [x for x in section.splitlines() if x.count("|") > 5 and "| 4 |" in x]
     assert any("| never pruned | 4 | 0.050 [0.050, 0.050] | 0.000 [0.000, 0.000] | 100,000 |" in x for x in claims)
-    assert any("| pruned behind every slot | 4 | 0.060 [0.060, 0.060] | 0.010 [0.010, 0.010] | 1,500 |" in x
+    assert any("| pruned behind every slot | 4 | 0.060 [0.060, 0.060] | 0.010 [0.010, 0.010] | 1,200 |" in x
                for x in claims)
     poll = [x for x in section.splitlines() if "| 2026-12-08 conditions" in x and "| 0.4" in x]
     assert len(poll) == 2 and all("| 2 |" in x for x in poll)  # autovacuum twice inside each poll run

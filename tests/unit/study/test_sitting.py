@@ -97,6 +97,9 @@ def conditions_runs(*, drop: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[s
                 raw[f"r{i}"] = {"vacuum": {"tables": {"end": end}, "autovacuum": {"cpu_s": 0.4 if p == "poll" else 0.0},
                                            "delta": {"messages": {"autovacuum_count": 2 if p == "poll" else 0},
                                                      "inbox_wal": {"autovacuum_count": 0}}}}
+                if retention != "never":  # what the readers counted: PostgreSQL's 1,500 is an estimate
+                    raw[f"r{i}"]["pipeline_settings"] = {"claim_table": {"rows": 1200, "rows_max": 9000,
+                                                                         "pruned": M - 1200, "prunes": 40}}
     # the drift probe repeats the first cell of the profile's own pipelines, 3 % dearer
     first = next(r for r in rows if not r["warmup"] and r["pipeline"] != "poll" and r["claim_retention"] == "never")
     rows.append({**first, **_run(i + 1, first["pipeline"], first["consumers"], M, first["cpu_ms_per_msg"] * 1.03,
@@ -144,6 +147,8 @@ def test_a_second_condition_has_its_own_cells_pairs_and_crossing_beside_the_plai
     assert poll["autovacuum"] == {"count": 2, "cpu_s": 0.4}
     left = {r["condition"]: r["claim_table"]["rows"] for r in runs if r["pipeline"] == "wal"}
     assert left == {"": M, "claims pruned": 1500}
+    pruned_table = next(r["claim_table"] for r in runs if r["condition"] == "claims pruned")
+    assert (pruned_table["left"], pruned_table["rows_max"], pruned_table["pruned"]) == (1200, 9000, M - 1200)
 
 
 def test_the_plain_cells_and_crossing_read_as_they_did_without_the_second_condition() -> None:
