@@ -31,6 +31,8 @@ MAIN_BROKERS = ("kafka", "rabbitmq")
 MAIN_DIRECT = "wal"
 HEADLINE_PAIR = (MAIN_DIRECT, "kafka")  # the pair the never-restarted and steady-rate questions compare
 STEADY_RATE = 200.0  # the slow steady stream's rate (the `steady` profile's, lab.study.series)
+# the second condition: the direct readers' claim table pruned behind every slot ("claims pruned")
+PRUNED = sitting_mod.CONDITIONS[("claim_retention", "behind-slots")]
 BROKER_NAMES = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "kafka-share": "Kafka share groups"}
 
 
@@ -47,9 +49,19 @@ class Finding:
 # -- reading records ----------------------------------------------------------------------------
 
 def record_runs(record: Mapping[str, Any]) -> pd.DataFrame:
-    """The sitting's runs: pipeline, consumers, messages, arm, block, index, ms, norm, steady_ms,
-    fixed_cpu_s, parts, and ``cpu_ms_per_msg`` for the cost model."""
-    return sitting_mod.runs_frame(record.get("runs") or [])
+    """The sitting's runs of the plain condition: pipeline, consumers, messages, arm, block, index,
+    ms, norm, steady_ms, fixed_cpu_s, parts, and ``cpu_ms_per_msg`` for the cost model."""
+    return sitting_mod.runs_frame(sitting_mod.plain_rows(record.get("runs") or []))
+
+
+def plain_cells(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The sitting's cells of the plain condition (a second condition's are read apart)."""
+    return sitting_mod.plain_rows(record.get("cells") or [])
+
+
+def condition_runs(record: Mapping[str, Any], condition: str) -> list[Mapping[str, Any]]:
+    """The sitting's runs (record rows) under ``condition`` ("" the plain one)."""
+    return [r for r in record.get("runs") or [] if (r.get("condition") or "") == condition]
 
 
 def machine(record: Mapping[str, Any]) -> str:
@@ -70,14 +82,15 @@ def label(record: Mapping[str, Any]) -> str:
 
 def cells(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per (sitting, pipeline, consumers, messages, condition): sitting, day, machine,
-    profile, pipeline, consumers, messages, condition (``main`` or ``volume arm``), median_ms,
-    lo_ms, hi_ms, runs."""
+    profile, pipeline, consumers, messages, condition (``main``, ``volume arm``, or a second
+    condition's name such as ``claims pruned``), median_ms, lo_ms, hi_ms, runs."""
     rows = []
     for rec in records:
         for c in rec.get("cells") or []:
             rows.append({"sitting": rec["id"], "day": rec.get("day"), "machine": machine(rec),
                          "profile": rec.get("profile"), "pipeline": c["pipeline"], "consumers": c["consumers"],
-                         "messages": c["messages"], "condition": "volume arm" if c.get("arm") else "main",
+                         "messages": c["messages"],
+                         "condition": c.get("condition") or ("volume arm" if c.get("arm") else "main"),
                          "median_ms": c["median"], "lo_ms": c["lo"], "hi_ms": c["hi"], "runs": c["runs"]})
     cols = ["sitting", "day", "machine", "profile", "pipeline", "consumers", "messages", "condition", "median_ms",
             "lo_ms", "hi_ms", "runs"]
@@ -85,14 +98,19 @@ def cells(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def crossing(record: Mapping[str, Any], direct: str, broker: str, messages: int,
-             basis: str = "diff") -> dict[str, Any] | None:
+             basis: str = "diff", condition: str = "") -> dict[str, Any] | None:
     """The measured crossing of one sitting (:func:`lab.study.sitting.crossing_from`) with the
-    paired differences per N: ``{"between", "at", "below", "beyond", "clear", "diffs": {n: [...]}}``."""
+    paired differences per N: ``{"between", "at", "below", "beyond", "clear", "diffs": {n: [...]}}``;
+    ``condition`` "" the plain one (a record written before conditions has only that), else e.g.
+    ``"claims pruned"``."""
+    want = (direct, broker, messages, condition)
     for c in record.get("crossings") or []:
-        if (c["direct"], c["broker"], c["messages"], c.get("basis", "diff")) == (direct, broker, messages, basis):
+        if ((c["direct"], c["broker"], c["messages"], c.get("condition") or "") == want
+                and c.get("basis", "diff") == basis):
             diffs: dict[int, list[float]] = {}
             for p in record.get("pairs") or []:
-                if (p["direct"], p["broker"], p["messages"]) == (direct, broker, messages) and p.get(basis) is not None:
+                if (p["direct"], p["broker"], p["messages"], p.get("condition") or "") == want \
+                        and p.get(basis) is not None:
                     diffs.setdefault(int(p["consumers"]), []).append(float(p[basis]))
             return {**c, "diffs": diffs}
     return None
@@ -124,13 +142,14 @@ def span(values: Sequence[float], digits: int = 1) -> str:
 # -- the measured crossing across sittings ------------------------------------------------------
 
 def crossing_summary(records: Sequence[Mapping[str, Any]], direct: str, broker: str,
-                     messages: int) -> dict[str, Any] | None:
-    """The measured crossing over the sittings at ``messages``: each sitting's result, the median
-    and range of ``at`` over those that crossed inside the measured N, and how many found the same
-    bracket of measured N. None when no sitting paired the two at that volume."""
+                     messages: int, condition: str = "") -> dict[str, Any] | None:
+    """The measured crossing over the sittings at ``messages`` (under ``condition``, "" the plain
+    one): each sitting's result, the median and range of ``at`` over those that crossed inside the
+    measured N, and how many found the same bracket of measured N. None when no sitting paired the
+    two at that volume."""
     per = []
     for rec in sittings_with(records, messages):
-        c = crossing(rec, direct, broker, messages)
+        c = crossing(rec, direct, broker, messages, condition=condition)
         if c is not None and c.get("ns"):
             per.append((rec, c))
     return _summary(direct, broker, messages, per)
@@ -143,7 +162,7 @@ def _summary(direct: str, broker: str, messages: int,
     ats = [float(c["at"]) for _, c in per if c.get("at") is not None]
     brackets = [tuple(c["between"]) if c.get("between") else ("below" if c["below"] else "beyond") for _, c in per]
     common = max(set(brackets), key=brackets.count)
-    return {"direct": direct, "broker": broker, "messages": messages, "sittings": len(per),
+    return {"direct": direct, "broker": broker, "messages": messages, "condition": condition, "sittings": len(per),
             "per_sitting": [{"sitting": r["id"], "day": r.get("day"), "between": c.get("between"), "at": c.get("at"),
                              "below": c["below"], "beyond": c["beyond"], "clear": c.get("clear"),
                              "max_n": max(c["ns"]), "min_n": min(c["ns"])} for r, c in per],
@@ -222,23 +241,25 @@ def _steady_cells(record: Mapping[str, Any], pipeline: str) -> dict[int, float]:
 
 
 def crossing_sentence(s: Mapping[str, Any]) -> str:
-    """One sentence for :func:`crossing_summary`."""
+    """One sentence for :func:`crossing_summary` (the direct side named with its condition, if any:
+    "`wal` (claims pruned)")."""
     b = BROKER_NAMES.get(s["broker"], s["broker"])
+    who = f"`{s['direct']}`" + (f" ({s['condition']})" if s.get("condition") else "")
     vol = f"{s['messages']:,} messages per Debezium start, closed loop"
     n = s["sittings"]
     common = s["common"]
     max_n = max(p["max_n"] for p in s["per_sitting"])
     if common == "beyond":
-        return (f"{b} costs more than `{s['direct']}` at every N measured up to {max_n} "
+        return (f"{b} costs more than {who} at every N measured up to {max_n} "
                 f"({vol}): no crossing up to N = {max_n}.")
     if common == "below":
         first = min(p["min_n"] for p in s["per_sitting"])
-        return f"{b} costs less than `{s['direct']}` already at N = {first} ({vol})."
+        return f"{b} costs less than {who} already at N = {first} ({vol})."
     lo, hi = common
     at = s["ats"]
     where = (f"N* ≈ {s['median_at']:.1f}" + (f" (range {span(at)} over {n} sittings)" if len(at) > 1 else "")
              if at else "")
-    return (f"{b} costs less than `{s['direct']}` from between N = {lo} and {hi} on: {where}, read from paired "
+    return (f"{b} costs less than {who} from between N = {lo} and {hi} on: {where}, read from paired "
             f"runs at {vol}.")
 
 
@@ -290,8 +311,8 @@ def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages:
              rate: float = 0.0) -> dict[str, Any] | None:
     """One sitting's cost of ``pipeline`` at (N, M, rate), ms CPU per message, and where the
     point lies against what the sitting measured: ``volume``, ``n``, ``rate`` each ``measured``,
-    ``inside`` (interpolated) or ``beyond`` (extrapolated). Closed loop (rate 0) from the cells'
-    medians at every volume (main and arm); at a fixed rate from the runs' steady parts where the
+    ``inside`` (interpolated) or ``beyond`` (extrapolated). Closed loop (rate 0) from the plain
+    cells' medians at every volume (main and arm); at a fixed rate from the runs' steady parts where the
     sitting ran at that rate (``rate`` then ``measured``), else from the staircases' floors
     (1000·a/rate + b); neither carries a start cost. None when the sitting has no such pipeline, or
     ran at a fixed rate and the point is closed loop."""
@@ -311,7 +332,7 @@ def estimate(record: Mapping[str, Any], pipeline: str, consumers: int, messages:
     if sat > 0:  # its cells are open loop: no closed-loop cost
         return None
     by_n: dict[int, dict[int, float]] = {}
-    for c in record.get("cells") or []:
+    for c in plain_cells(record):
         if c["pipeline"] == pipeline:
             by_n.setdefault(int(c["consumers"]), {})[int(c["messages"])] = float(c["median"])
     if not by_n:
@@ -402,7 +423,7 @@ def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: in
     wins = []
     per_sitting = []
     for r in recs:
-        costs = {c["pipeline"]: c["median"] for c in r.get("cells") or []
+        costs = {c["pipeline"]: c["median"] for c in plain_cells(r)
                  if c["consumers"] == consumers and c["messages"] == messages and not c.get("arm")}
         if costs:
             wins.append(min(costs, key=lambda k: costs[k]))
@@ -458,6 +479,9 @@ def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | 
             q = f"From which N does {BROKER_NAMES[broker]} pay off at {volume:,} messages per start?"
             out.append(Finding(q, crossing_sentence(s), "measured",
                                held(s["common_count"], s["sittings"]) if s["sittings"] > 1 else ""))
+    pruned = _pruned_finding(recs)
+    if pruned is not None:
+        out.append(pruned)
     for volume in (REFERENCE_VOLUME, QUICK_VOLUME):
         c = _cheapest(recs, 4, volume)
         if c is not None:
@@ -472,6 +496,36 @@ def findings(records: Sequence[Mapping[str, Any]], current: Mapping[str, Any] | 
     if rate is not None:
         out.append(rate)
     return out
+
+
+def _pruned_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:
+    """The crossing with `wal`'s claim table pruned (:data:`PRUNED`), read from paired runs at the
+    reference volume, beside the never-pruned crossing of the same sittings; None when no sitting
+    measured it. ``held``: the sittings that found the common bracket, out of those that measured it."""
+    s = crossing_summary(records, MAIN_DIRECT, HEADLINE_PAIR[1], REFERENCE_VOLUME, condition=PRUNED)
+    if s is None:
+        return None
+    same = [r for r in records if r["id"] in {p["sitting"] for p in s["per_sitting"]}]
+    plain = crossing_summary(same, MAIN_DIRECT, HEADLINE_PAIR[1], REFERENCE_VOLUME)
+    text = crossing_sentence(s)
+    if plain is not None:
+        text += (" With the claims never pruned, in the same sitting" + ("s" if plain["sittings"] > 1 else "")
+                 + ": " + _bracket_words(plain) + ".")
+    b = BROKER_NAMES[HEADLINE_PAIR[1]]
+    return Finding(f"And with the claim table pruned, from which N does {b} pay off at "
+                   f"{REFERENCE_VOLUME:,} messages per start?", text, "measured",
+                   held(s["common_count"], s["sittings"]))
+
+
+def _bracket_words(s: Mapping[str, Any]) -> str:
+    """``between N = 4 and 16, N* ≈ 9.1``, ``cheaper already at N = 1``, ``no crossing up to N = 16``."""
+    common = s["common"]
+    if common == "beyond":
+        return f"no crossing up to N = {max(p['max_n'] for p in s['per_sitting'])}"
+    if common == "below":
+        return f"the broker cheaper already at N = {min(p['min_n'] for p in s['per_sitting'])}"
+    at = f", N* ≈ {s['median_at']:.1f}" if s.get("median_at") is not None else ""
+    return f"between N = {common[0]} and {common[1]}{at}"
 
 
 def _model_check_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:

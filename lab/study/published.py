@@ -262,7 +262,7 @@ def _parts_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
     for pipeline, n in sorted(REFERENCE_STUDY, key=lambda k: (k[0], k[1])):
         per: dict[str, list[float]] = {}
         for rec in recs:
-            runs = [r for r in rec.get("runs") or [] if r["pipeline"] == pipeline and r["consumers"] == n
+            runs = [r for r in ledger.condition_runs(rec, "") if r["pipeline"] == pipeline and r["consumers"] == n
                     and r["messages"] == ledger.REFERENCE_VOLUME and not r.get("arm")]
             if not runs:
                 continue
@@ -417,7 +417,7 @@ def _n_range(lo: float | None, hi: float | None) -> str:
 def _claims_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = []
     for rec in records:
-        for r in rec.get("runs") or []:
+        for r in ledger.condition_runs(rec, ""):  # the never-pruned table; pruned: the next section
             if r["pipeline"] == ledger.MAIN_DIRECT and r.get("parts", {}).get("pg.claims") is not None:
                 rows.append({"sitting": rec["id"], "N": r["consumers"], "messages": r["messages"],
                              "claims": r["parts"]["pg.claims"], "rows": (r.get("claim_table") or {}).get("rows")})
@@ -431,6 +431,103 @@ def _claims_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
             "messages per run: the claim table (`inbox_wal`, never pruned within a run, autovacuum off as in the "
             "reference study) holds every claimed position, so a longer run claims into a bigger table.", "",
             _table(g.reset_index().rename(columns={"messages": "messages per run"})), ""]
+
+
+SECOND_TITLE = "## A second condition: the claim table pruned"
+CONDITION_WORDS = {"": "never pruned", ledger.PRUNED: "pruned behind every slot"}
+POLL_N = 4  # where the conditions profile measures `poll` at the reference volume (lab.study.series)
+
+
+def _main_runs(rec: Mapping[str, Any], pipeline: str, condition: str) -> list[Mapping[str, Any]]:
+    return [r for r in ledger.condition_runs(rec, condition) if r["pipeline"] == pipeline
+            and r["messages"] == ledger.REFERENCE_VOLUME and not r.get("arm")]
+
+
+def _second_condition_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`wal` with its claim table pruned beside never pruned, each against Kafka in the same
+    sitting, and `poll` at the reference volume beside the `wal` run paired with it; one line when
+    no sitting measured either."""
+    recs = ledger.sittings_with(records, ledger.REFERENCE_VOLUME)
+    pruned = [r for r in recs if _main_runs(r, ledger.MAIN_DIRECT, ledger.PRUNED)]
+    polled = [r for r in recs if any(x["consumers"] == POLL_N for x in _main_runs(r, "poll", ""))]
+    if not pruned and not polled:
+        return [SECOND_TITLE, "",
+                f"No committed sitting has measured it yet: none holds `{ledger.MAIN_DIRECT}` with its claim table "
+                f"pruned or `poll` at {ledger.REFERENCE_VOLUME:,} messages per start (`lab series --profile "
+                "conditions`, then `lab sitting`).", ""]
+    out = [SECOND_TITLE, "",
+           "The reference study never prunes the direct readers' claim table (`inbox_wal`, above), so their claim "
+           "cost grows with the run. The `conditions` profile measures `wal` with the table pruned behind every "
+           "slot (`--claim-retention behind-slots`, docs/method.md) beside `wal` with it never pruned, each "
+           f"paired with Kafka in the same blocks at {ledger.REFERENCE_VOLUME:,} messages per start, and `poll` "
+           f"at N = {POLL_N} next to `wal`, where autovacuum of the outbox comes inside the run.", ""]
+    if pruned:
+        rows = []
+        for rec in pruned:
+            for cond in CONDITION_WORDS:
+                c = ledger.crossing(rec, ledger.MAIN_DIRECT, "kafka", ledger.REFERENCE_VOLUME, condition=cond)
+                if c is None:
+                    continue
+                row: dict[str, Any] = {"sitting": ledger.label(rec), "claims": CONDITION_WORDS[cond]}
+                for n, d in sorted(c["diffs"].items()):
+                    row[f"N = {n}"] = ", ".join(f"{x:+.2f}" for x in d)
+                row["crossing"] = _crossing_words(c)
+                rows.append(row)
+        out += [f"**The crossing, measured, claims never pruned and pruned**: Kafka − `{ledger.MAIN_DIRECT}`, ms "
+                "CPU per message, one figure per pair of runs at the same N in the same block.", "",
+                _table(pd.DataFrame(rows).fillna("")), "", *_claims_by_condition(pruned)]
+    if polled:
+        out += _poll_rows(polled)
+    return out
+
+
+def _claims_by_condition(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The claims' cost per condition and N (PostgreSQL's ``claims`` + ``prune`` backends) and the
+    claim table's rows at the run's end, the median over each sitting's runs."""
+    rows = []
+    for rec in records:
+        for cond, words in CONDITION_WORDS.items():
+            by_n: dict[int, list[Mapping[str, Any]]] = {}
+            for r in _main_runs(rec, ledger.MAIN_DIRECT, cond):
+                by_n.setdefault(int(r["consumers"]), []).append(r)
+            for n, runs in sorted(by_n.items()):
+                parts = [r.get("parts") or {} for r in runs]
+                claims = [p.get("pg.claims", 0.0) + p.get("pg.prune", 0.0) for p in parts]
+                tables = [r.get("claim_table") or {} for r in runs]
+                left = [t.get("left", t.get("rows")) for t in tables]  # counted by the readers, else estimated
+                kept = [x for x in left if x is not None]
+                rows.append({"sitting": ledger.label(rec), "claims": words, "N": n,
+                             "claims + prune (ms/msg)": _span(claims),
+                             "of which prune": _span([p.get("pg.prune", 0.0) for p in parts]),
+                             "rows at the end": f"{statistics.median(kept):,.0f}" if kept else "—"})
+    return ["**The claims' cost** per condition and N: PostgreSQL's claim backends plus the pruner's (`pg.claims` "
+            "+ `pg.prune`), ms CPU per message, the median over the sitting's runs [range], and the claim table's "
+            "rows when the consumers exited.", "", _table(pd.DataFrame(rows)), ""]
+
+
+def _poll_rows(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """`poll` at N = 4 and the reference volume beside the `wal` run of the same block (never
+    pruned), with autovacuum inside each `poll` run where the record carries it."""
+    rows = []
+    for rec in records:
+        wal = {int(r["block"]): r for r in _main_runs(rec, ledger.MAIN_DIRECT, "") if r["consumers"] == POLL_N}
+        for r in _main_runs(rec, "poll", ""):
+            if r["consumers"] != POLL_N:
+                continue
+            w = wal.get(int(r["block"]))
+            av = r.get("autovacuum") or {}
+            apart = (abs(int(r["index"]) - int(w["index"])) if w is not None and r.get("index") is not None
+                     and w.get("index") is not None else None)
+            rows.append({"sitting": ledger.label(rec), "block": int(r["block"]), "`poll`": _fmt(r["ms"], 3),
+                         "`wal`": _fmt(w["ms"], 3) if w is not None else "—",
+                         "poll − wal": f"{r['ms'] - w['ms']:+.3f}" if w is not None else "—",
+                         "runs apart": apart if apart is not None else "—",
+                         "autovacuum runs": av.get("count", "—"),
+                         "autovacuum CPU (s)": _fmt(av.get("cpu_s"), 2) if av.get("cpu_s") is not None else "—"})
+    return [f"**`poll` at N = {POLL_N}, {ledger.REFERENCE_VOLUME:,} messages per start**, beside the `wal` run of "
+            "the same block (claims never pruned), ms CPU per message; autovacuum from the gate to the consumers' "
+            "exit over the lab's tables (its CPU a lower bound, `lab.measure.vacuum`).", "",
+            _table(pd.DataFrame(rows)), ""]
 
 
 def results_markdown(records: Sequence[Mapping[str, Any]]) -> str:
@@ -448,7 +545,7 @@ def results_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     for section in (_sittings_section(records), _crossing_section(records, ledger.REFERENCE_VOLUME),
                     _prediction_section(records), _crossing_section(records, ledger.QUICK_VOLUME), at_rate,
                     _cells_section(records), _parts_section(records), _claims_section(records),
-                    _modelled_section(records)):
+                    _second_condition_section(records), _modelled_section(records)):
         lines += section
     lines += ["## Studies outside the ledger", "",
               "Single sittings from before the ledger existed (the decision space of every pipeline, the `ha` "

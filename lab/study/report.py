@@ -216,6 +216,12 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     profile's :data:`DEFAULT_PARTS`). Under the ``ha`` topology the page ends with the
     comparison against ``single_series_id``'s stored single runs (``topology.ipynb``; it says
     which command to run when there are none)."""
+    from lab.study import series
+
+    if not series.profile(profile).report:  # before any run: the report's notebooks would refuse it at the end
+        raise ValueError(f"profile {profile!r} is a series of its own, not a report's (its runs are open loop or "
+                         f"under a second condition the analysis never pools): run `lab series --profile "
+                         f"{profile}`, then `lab sitting <series id>`")
     t0 = time.monotonic()
     report_id = new_report_id(profile)
     out = report_dir(report_id, settings)

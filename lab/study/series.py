@@ -7,7 +7,10 @@ blocks instead of hiding inside one cell), then a drift probe (the first measure
 ``warmup`` with label ``drift``), as in the reference sweep. A profile with a *volume arm* adds, to
 its first blocks, the same pipelines at a few N with another message count (label ``volume``,
 marked ``warmup`` so that no table pools them with the main cells): the runs from which the fixed
-cost per start F is fitted across volumes (:func:`lab.study.crossover.by_volume`).
+cost per start F is fitted across volumes (:func:`lab.study.crossover.by_volume`). A profile may
+also list *variants* (:class:`Variant`): a pipeline under a second condition (``wal`` with its claim
+table pruned) or a pipeline at a few N only, each taking its place among the pipelines of a block,
+so that in a paired block it runs back to back with the cells it is compared with.
 
 The warm-up is 20 % of M as in the reference, but outside ``smoke`` at least 5,000 messages: at
 M = 5,000 a 1,000-message warm-up left the JVMs cold, and the first kafka cell 29 % above the drift probe.
@@ -31,7 +34,7 @@ import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -83,6 +86,15 @@ REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 16)
 STEADY_RATE = 200.0
 STEADY_PIPELINES = ("wal", "kafka")
 STEADY_CONSUMERS = (1, 4, 16)
+# Two conditions of the answer at the reference volume, in one sitting: `wal` with its claim table
+# never pruned (the reference study's) and pruned behind every slot (lab.workload.retention), each
+# against kafka in paired runs, and `poll` at N = 4, where autovacuum of the outbox comes inside a
+# 100,000-message run. 3 N x 3 cells + poll at 4 = 10 runs a block, 2 blocks, a 20,000-message
+# warm-up and a drift probe: 22 runs, 21 of them at 100,000 messages. Estimated, not measured: the
+# reference sitting's 44 runs (26 at 100,000) took 95 min, about 3 min a 100,000-message run, so
+# about 65-70 min on the 2-core machine.
+CONDITIONS_PIPELINES = ("wal", "kafka")
+CONDITIONS_CONSUMERS = (1, 4, 16)
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,42 @@ class Arm:
     consumers: tuple[int, ...]
     blocks: tuple[int, ...] = (0,)
     cooldown_s: float | None = None  # None: the profile's
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A cell of every block beside the profile's pipelines: ``pipeline`` with the Scenario fields
+    ``overrides`` changes (field and value pairs, e.g. ``(("claim_retention", "behind-slots"),)``),
+    named ``condition`` ("claims pruned"; "" for the plain conditions, e.g. a pipeline measured at a
+    few N only), at ``consumers`` (those of the plan's N; empty: every N), placed at ``position``
+    among the cells at one N (None: after them), so that it runs next to the cell it is compared
+    with. What a run was measured under is read back from its stored scenario
+    (:func:`lab.study.sitting.condition`), not from this name."""
+
+    pipeline: str
+    condition: str = ""
+    overrides: tuple[tuple[str, Any], ...] = ()
+    consumers: tuple[int, ...] = ()
+    position: int | None = None
+
+    def cell(self, base: Scenario, consumers: int, seed: int) -> Scenario:
+        return base.replace(pipeline=self.pipeline, consumers=consumers, seed=seed, **dict(self.overrides))
+
+    def at(self, consumers: int) -> bool:
+        return not self.consumers or consumers in self.consumers
+
+
+def row_at(pipelines: Sequence[str], variants: Sequence[Variant], consumers: int) -> list[Variant]:
+    """The cells at one N in their order: the pipelines, then each variant run at that N inserted
+    at its position (in the order listed); a variant that repeats a cell already there is left out."""
+    row = [Variant(p) for p in pipelines]
+    for v in variants:
+        if not v.at(consumers):
+            continue
+        if any((r.pipeline, r.overrides) == (v.pipeline, v.overrides) for r in row):
+            continue
+        row.insert(len(row) if v.position is None else v.position, v)
+    return row
 
 
 @dataclass(frozen=True)
@@ -121,6 +169,8 @@ class Profile:
     paired: bool = False
     rate: float = 0.0  # > 0: its measured cells are open loop at this many msg/s (`--rate` overrides)
     report: bool = True  # False: a series of its own (`lab series`, `lab sitting`), no `lab report`
+    # cells beside the pipelines' own (Variant): a second condition, or a pipeline at a few N only
+    variants: tuple[Variant, ...] = ()
 
 
 PROFILES: dict[str, Profile] = {
@@ -147,6 +197,16 @@ PROFILES: dict[str, Profile] = {
                 # the arm's runs are the quick model's: they rest as long as the quick profile's (5 s)
                 arms=(Arm(5_000, REFERENCE_VOLUME_CONSUMERS, (0,), 5.0), Arm(20_000, (1, 16), (1,), 5.0)),
                 pipelines=REFERENCE_VOLUME_PIPELINES, paired=True),
+        Profile("conditions", 100_000, 200, CONDITIONS_CONSUMERS, 20.0, 2, 20_000,
+                "two conditions of the answer at the reference volume, 100,000 messages per start: wal "
+                "with its claim table never pruned and pruned behind every slot, each paired with kafka "
+                "at N = 1, 4, 16, and poll at N = 4 (autovacuum inside the run), in 2 blocks of paired "
+                "cells; 22 runs, about 65-70 min on 2 cores (estimated from the reference's 95); `lab series` "
+                "and `lab sitting` only", seed=1,
+                pipelines=CONDITIONS_PIPELINES, paired=True, report=False,
+                # wal, kafka, wal pruned: kafka next to both; poll first at N = 4, next to plain wal
+                variants=(Variant("wal", "claims pruned", (("claim_retention", "behind-slots"),)),
+                          Variant("poll", consumers=(4,), position=0))),
         Profile("full", 100_000, 200, CONSUMERS, 20.0, 3, 20_000,
                 "the reference's 100,000 messages, 200 senders, 20 s cooldown; N up to 16, "
                 "3 shuffled blocks, and 20,000 messages at N = 1 and 16 in two of them (hours)", seed=1,
@@ -212,16 +272,16 @@ def matrix(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
 
 def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int], repeats: int = 1,
            seed: int | None = None, extra: Sequence[Sequence[Scenario]] = (),
-           paired: bool = False) -> list[list[Scenario]]:
-    """``repeats`` blocks, each one pass over every pipeline x N (plus ``extra[b]``, the cells a
-    block adds, e.g. the volume arm), shuffled inside the block when ``seed`` is set: every cell's
-    repeats fall in different blocks, so a drift of the sitting separates the blocks instead of
-    piling up in one cell.
+           paired: bool = False, variants: Sequence[Variant] = ()) -> list[list[Scenario]]:
+    """``repeats`` blocks, each one pass over every pipeline x N and every variant at its N
+    (:func:`row_at`; plus ``extra[b]``, the cells a block adds, e.g. the volume arm), shuffled
+    inside the block when ``seed`` is set: every cell's repeats fall in different blocks, so a drift
+    of the sitting separates the blocks instead of piling up in one cell.
 
     ``paired``: a block goes N by N instead (the N shuffled when ``seed`` is set); at each N every
-    pipeline runs back to back, in the given order at the block's even positions and reversed at
-    the odd ones, and block b + 1 starts the other way round from block b, so no pipeline always
-    runs first; the block's extra cells at that N follow in the same order."""
+    cell runs back to back, in the row's order at the block's even positions and reversed at the
+    odd ones, and block b + 1 starts the other way round from block b, so no cell always runs
+    first; the block's extra cells at that N follow in the same order."""
     pipelines, consumers = list(pipelines), list(consumers)
     rng = random.Random(seed) if seed else None
     out = []
@@ -233,13 +293,17 @@ def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
                 rng.shuffle(ns)
             block = []
             for i, n in enumerate(ns):
-                order = pipelines if (b + i) % 2 == 0 else pipelines[::-1]
-                block += [base.replace(pipeline=p, consumers=n, seed=seed or 0) for p in order]
+                row = row_at(pipelines, variants, n)
+                order = row if (b + i) % 2 == 0 else row[::-1]
+                names = [v.pipeline for v in order]
+                block += [v.cell(base, n, seed or 0) for v in order]
                 block += sorted((c for c in added if c.consumers == n),
-                                key=lambda c: (c.messages, order.index(c.pipeline)))
+                                key=lambda c: (c.messages, names.index(c.pipeline)))
             out.append(block)
             continue
         block = [base.replace(pipeline=p, consumers=n, seed=seed or 0) for p in pipelines for n in consumers]
+        block += [v.cell(base, n, seed or 0) for v in variants for n in consumers
+                  if any(r is v for r in row_at(pipelines, variants, n))]
         block += added
         if rng is not None:
             rng.shuffle(block)
@@ -262,7 +326,9 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
     profile seed, 1 — repeats in the reference order would put one cell's repeats side by side);
     ``pipelines`` defaults to the profile's, else every registered one, in the reference order;
     ``consumers`` (a subset of N, e.g. to repeat a few cells under another topology) defaults to the
-    profile's, and each volume arm keeps only its N among them.
+    profile's, and each volume arm keeps only its N among them. The profile's variants
+    (:class:`Variant`) ride in every block at their N among those; with ``pipelines`` given, only
+    the variants of the pipelines named.
     """
     prof = profile(name)
     ns = tuple(consumers or prof.consumers)
@@ -286,13 +352,17 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
         for b in (b for b in a.blocks if b < reps):
             arm[b] += [base.replace(pipeline=p, consumers=n, messages=a.messages, seed=seed or 0, warmup=True,
                                     label="volume", cooldown_s=rest) for p in pipes for n in a.consumers if n in ns]
-    cells = [c for block in blocks(base.replace(rate=float(rate)), pipelines=pipes, consumers=ns,
-                                   repeats=reps, seed=seed, extra=arm, paired=prof.paired) for c in block]
+    variants = [v for v in prof.variants if not pipelines or v.pipeline in pipelines]
+    main = base.replace(rate=float(rate))
+    cells = [c for block in blocks(main, pipelines=pipes, consumers=ns, repeats=reps, seed=seed, extra=arm,
+                                   paired=prof.paired, variants=variants) for c in block]
     first = REFERENCE_WARMUP if REFERENCE_WARMUP in pipes else pipes[0]
     warmup = [base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
                            messages=prof.warmup_messages)] if prof.warmup_messages else []
-    drift = next(c for c in cells if not c.warmup).replace(warmup=True, label="drift")
-    return [*warmup, *cells, drift]
+    # the drift probe repeats the first cell of the profile's own pipelines, never a variant's
+    drift = next(c for c in cells if not c.warmup and c.pipeline in pipes
+                 and c == main.replace(pipeline=c.pipeline, consumers=c.consumers, seed=seed or 0))
+    return [*warmup, *cells, drift.replace(warmup=True, label="drift")]
 
 
 def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,
@@ -318,8 +388,12 @@ def default_series_id(name: str, *, repeats: int | None = None, seed: int | None
 
 
 def cell_label(s: Scenario) -> str:
+    """``wal c4``, ``wal c4 claims pruned``, ``kafka c1 warmup``."""
+    from lab.study.sitting import condition
+
     tag = f" {s.label}" if s.label else (" warmup" if s.warmup else "")
-    return f"{s.pipeline} c{s.consumers}{tag}"
+    named = condition(asdict(s))
+    return f"{s.pipeline} c{s.consumers}{' ' + named if named else ''}{tag}"
 
 
 @dataclass
@@ -464,7 +538,7 @@ def outcome_table(results: Sequence[dict[str, Any]]) -> pd.DataFrame:
         s = r.get("scenario", {})
         rows.append({
             "run_id": r.get("run_id"), "pipeline": s.get("pipeline"),
-            "consumers": s.get("consumers"),
+            "consumers": s.get("consumers"), "claim_retention": s.get("claim_retention", "never"),
             "messages": s.get("messages"), "warmup": s.get("warmup"), "label": s.get("label"),
             "success": r.get("success"), "cpu_ms_per_msg": r.get("cpu_ms_per_msg"),
             "window_s": r.get("window_s"), "error": r.get("error"),

@@ -10,18 +10,23 @@ figure holds only when it holds across sittings (:mod:`lab.study.ledger` reads t
   the sitting), the drift probe;
 * ``runs`` — every successful measured and volume-arm run: cell, block, ms CPU per message (raw and
   speed-normalised), the run's own split (steady c, fixed F), the parts a team can carry to its own
-  stack (PostgreSQL's walsenders and claims, consumers, Debezium, the broker), the claim table's size;
-* ``cells`` — each cell's median with its order-statistic interval and that interval's coverage;
+  stack (PostgreSQL's walsenders and claims, consumers, Debezium, the broker), the claim table's size,
+  autovacuum inside the run, and the run's ``condition`` read from its recorded scenario
+  (:func:`condition`: ``""``, the plain one, or a second condition such as ``"claims pruned"``);
+* ``cells`` — each cell (pipeline, condition, N, volume) with its median, its order-statistic
+  interval and that interval's coverage;
 * ``pairs`` and ``crossings`` — broker − direct in the same block at the same N (adjacent runs
-  when the profile is paired) and the measured crossing read from them: between the two measured N
-  whose difference changes sign, never beyond the measured N; on three bases: the whole window
-  (``diff``), speed-normalised (``diff_norm``) and each run's steady part (``diff_steady``, the
-  steady c of :mod:`lab.measure.steady`: no start cost, the basis of a sitting at a fixed rate;
-  records written before it lack it);
-* ``model`` — the quick model (5,000 messages and a volume arm at 20,000, F as a line in N) and its
-  prediction for every cell measured at another volume, with the prediction error; the modelled N*
-  by volume over the plausible models; N*∞ from each run's own timeline and from the fit across
-  volumes;
+  when the profile is paired), per condition, and the measured crossing read from them: between the
+  two measured N whose difference changes sign, never beyond the measured N; on three bases: the
+  whole window (``diff``), speed-normalised (``diff_norm``) and each run's steady part
+  (``diff_steady``, the steady c of :mod:`lab.measure.steady`: no start cost, the basis of a sitting
+  at a fixed rate; records written before it lack it). A second condition has cells and a crossing
+  of its own beside the plain ones, which read as they did without it; a record written before
+  conditions were kept apart reads as plain;
+* ``model`` — from the plain condition's runs: the quick model (5,000 messages and a volume arm at
+  20,000, F as a line in N) and its prediction for every cell measured at another volume, with the
+  prediction error; the modelled N* by volume over the plausible models; N*∞ from each run's own
+  timeline and from the fit across volumes;
 * ``rates`` — the load staircases' floors (CPU/s = a + b·rate) when the report ran them.
 
 Every number is rounded to what it can carry. Pure: the caller loads the runs
@@ -53,8 +58,24 @@ PARTS = ("postgres", "pg.walsenders", "pg.claims", "pg.prune", "pg.inserts", "co
 CLAIM_TABLES = ("inbox_wal", "inbox")
 RETENTION_WORDS = {"never": "never pruned (truncated before each run)",  # Scenario.claim_retention
                    "behind-slots": "pruned behind every slot's confirmed position (lab.workload.retention)"}
+# A second condition of the answer, by the Scenario field and value that set it, and its short name:
+# a run measured under it is a cell of its own ("" is the plain condition, the reference study's)
+CONDITIONS = {("claim_retention", "behind-slots"): "claims pruned"}
+PLAIN = ""
 MODEL_VOLUME = 5_000  # the quick model's main volume; its arm is at 20,000 (lab.study.series)
 PREDICT_AT = (100_000,)
+
+
+def condition(scenario: Mapping[str, Any]) -> str:
+    """The condition a run was measured under, from its recorded scenario (run.json's ``scenario``,
+    or a row of :func:`lab.results.load_runs`): ``"claims pruned"`` under the claim retention
+    ``behind-slots``, ``""`` (plain) without one or for a run stored before the field existed; a
+    retention not named in :data:`CONDITIONS` gets ``"claims <mode>"``."""
+    for (name, value), named in CONDITIONS.items():
+        if scenario.get(name) == value:
+            return named
+    retention = scenario.get("claim_retention")
+    return f"claims {retention}" if isinstance(retention, str) and retention not in ("", "never") else PLAIN
 
 
 def _r(x: Any, digits: int = 4) -> float | None:
@@ -90,23 +111,40 @@ def arm_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _claim_table(run: Mapping[str, Any]) -> dict[str, Any]:
     """The claim table after the run (run.json's ``vacuum``): rows, dead tuples, heap and index
-    bytes, the primary key's depth."""
+    bytes, the primary key's depth; and where the direct readers counted it
+    (``pipeline_settings.claim_table``) the rows ``left`` exactly, the most it held and the claims
+    pruned (``rows`` is PostgreSQL's estimate, which a prune leaves behind)."""
     vac = run.get("vacuum") if isinstance(run.get("vacuum"), Mapping) else {}
     end = ((vac or {}).get("tables") or {}).get("end") or {}
     sizes = (vac or {}).get("sizes") or {}
+    counted = (run.get("pipeline_settings") or {}).get("claim_table") or {}
     for name in CLAIM_TABLES:
         t = end.get(name)
         if isinstance(t, Mapping) and t.get("n_live_tup"):
             out = {"table": name, "rows": int(t["n_live_tup"]), "dead": int(t.get("n_dead_tup") or 0)}
+            if name == "inbox_wal" and isinstance(counted, Mapping) and counted.get("rows") is not None:
+                out |= {"left": int(counted["rows"]), "rows_max": int(counted.get("rows_max") or 0),
+                        "pruned": int(counted.get("pruned") or 0)}
             return out | {k: v for k, v in (sizes.get(name) or {}).items() if k in
                           ("index_bytes", "heap_bytes", "index_depth")}
     return {}
 
 
+def _autovacuum(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Autovacuum from the gate to the consumers' exit (run.json's ``vacuum``): how many times it
+    ran over the lab's tables and its workers' CPU-seconds (a lower bound; None where not read)."""
+    vac = run.get("vacuum") if isinstance(run.get("vacuum"), Mapping) else None
+    if not vac or not isinstance(vac.get("delta"), Mapping):
+        return {}
+    count = sum(float((t or {}).get("autovacuum_count") or 0) for t in vac["delta"].values())
+    cpu = (vac.get("autovacuum") or {}).get("cpu_s")
+    return {"count": int(count), "cpu_s": _r(cpu, 3)}
+
+
 def run_rows(runs: pd.DataFrame, raw: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The record's runs: measured and volume-arm runs in series order, each with its block (the
-    how-many-th run of its cell), its figure, split and parts; ``raw`` (run id → run.json) adds the
-    claim table's size."""
+    """The record's runs: measured and volume-arm runs in series order, each with its condition
+    (:func:`condition`), its block (the how-many-th run of its cell), its figure, split and parts;
+    ``raw`` (run id → run.json) adds the claim table's size and autovacuum inside the run."""
     ok = _ok(runs)
     labels = _labels(ok)
     keep = ok[(~ok["warmup"].fillna(False).astype(bool)) | (labels == "volume")] if "warmup" in ok else ok
@@ -115,7 +153,8 @@ def run_rows(runs: pd.DataFrame, raw: Mapping[str, Mapping[str, Any]] | None = N
     seen: dict[tuple[Any, ...], int] = {}
     out = []
     for _, r in keep.iterrows():
-        key = (r["pipeline"], int(r["consumers"]), int(r["messages"]), _labels(keep).get(r.name, ""))
+        cond = condition(r)
+        key = (r["pipeline"], int(r["consumers"]), int(r["messages"]), _labels(keep).get(r.name, ""), cond)
         block = seen.get(key, 0)
         seen[key] = block + 1
         m = float(r["messages"])
@@ -125,17 +164,31 @@ def run_rows(runs: pd.DataFrame, raw: Mapping[str, Mapping[str, Any]] | None = N
         parts = {k: v for k, v in parts.items() if v is not None and abs(v) >= 0.0005}  # idle brokers' crumbs
         row = {
             "index": int(r[order]) if order == "series_index" and pd.notna(r[order]) else None,
-            "pipeline": r["pipeline"], "consumers": int(r["consumers"]), "messages": int(m),
+            "pipeline": r["pipeline"], "condition": cond, "consumers": int(r["consumers"]), "messages": int(m),
             "arm": bool(key[3] == "volume"), "block": block, "ms": _r(r[METRIC]),
             "norm": _r(r.get(NORM)), "unit_ms": _r(r.get(UNIT), 3),
             "steady_ms": _r(r.get("steady_ms_per_msg")), "fixed_cpu_s": _r(r.get("fixed_cpu_s"), 3),
             "window_s": _r(r.get("window_s"), 2), "parts": parts,
         }
-        claim = _claim_table((raw or {}).get(str(r.get("run_id")), {}))
+        run = (raw or {}).get(str(r.get("run_id")), {})
+        claim = _claim_table(run)
         if claim:
             row["claim_table"] = claim
+        vacuumed = _autovacuum(run)
+        if vacuumed:
+            row["autovacuum"] = vacuumed
         out.append(row)
     return out
+
+
+def plain_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows (runs, cells, pairs or crossings of a record) of the plain condition; a record
+    written before conditions were kept apart has only those."""
+    return [r for r in rows if not r.get("condition")]
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["condition"].fillna(PLAIN) == PLAIN] if "condition" in frame else frame
 
 
 def runs_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -151,15 +204,22 @@ def runs_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
 
 # -- cells and pairs ----------------------------------------------------------------------------
 
+def _conditioned(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its ``condition`` column (plain where missing: rows written before it)."""
+    return frame.assign(condition=frame["condition"].fillna(PLAIN) if "condition" in frame else PLAIN)
+
+
 def cells(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each cell (pipeline, N, messages, arm): median of its runs, [min, max] and the coverage of
-    that interval for the median (order statistics: 50 % with 2 runs, 75 % with 3)."""
+    """Each cell (pipeline, condition, N, messages, arm): median of its runs, [min, max] and the
+    coverage of that interval for the median (order statistics: 50 % with 2 runs, 75 % with 3)."""
     out: list[dict[str, Any]] = []
     if frame.empty:
         return out
-    for (p, n, m, arm), g in frame.groupby(["pipeline", "consumers", "messages", "arm"], sort=True):
+    for (p, cond, n, m, arm), g in _conditioned(frame).groupby(["pipeline", "condition", "consumers", "messages",
+                                                                 "arm"], sort=True):
         v = g["ms"].to_numpy(float)
-        out.append({"pipeline": p, "consumers": int(n), "messages": int(m), "arm": bool(arm), "runs": len(v),
+        out.append({"pipeline": p, "condition": cond, "consumers": int(n), "messages": int(m), "arm": bool(arm),
+                    "runs": len(v),
                     "median": _r(np.median(v)), "lo": _r(v.min()), "hi": _r(v.max()),
                     "coverage": _r(order_coverage(len(v), 1), 3) if len(v) > 1 else None})
     return out
@@ -168,25 +228,29 @@ def cells(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def pairs(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str]) -> list[dict[str, Any]]:
     """broker − direct, ms CPU per message, for every block in which both ran at the same N and
     volume (main runs only), raw (``diff``), speed-normalised (``diff_norm``) and of the runs'
-    steady parts (``diff_steady``: start and drain left out; None where a run has no split);
+    steady parts (``diff_steady``: start and drain left out; None where a run has no split), per
+    condition: a condition only one side ran under (the claims pruned: a direct reader's) is paired
+    with the other side's plain run;
     ``gap`` is how many runs apart they ran (1: back to back)."""
     out = []
-    main = frame[~frame["arm"]] if not frame.empty else frame
+    main = _conditioned(frame[~frame["arm"]]) if not frame.empty else frame
     for (n, m, block), g in main.groupby(["consumers", "messages", "block"], sort=True):
-        by = {r["pipeline"]: r for _, r in g.iterrows()}
-        for b in brokers:
-            for d in direct:
-                if b not in by or d not in by:
-                    continue
-                rb, rd = by[b], by[d]
-                gap = (abs(int(rb["index"]) - int(rd["index"]))
-                       if pd.notna(rb.get("index")) and pd.notna(rd.get("index")) else None)
-                out.append({"direct": d, "broker": b, "consumers": int(n), "messages": int(m), "block": int(block),
-                            "diff": _r(rb["ms"] - rd["ms"]), "ratio": _r(rb["ms"] / rd["ms"], 3),
-                            "diff_norm": _r(rb["norm"] - rd["norm"]) if pd.notna(rb.get("norm"))
-                            and pd.notna(rd.get("norm")) else None,
-                            "diff_steady": _r(rb["steady_ms"] - rd["steady_ms"]) if pd.notna(rb.get("steady_ms"))
-                            and pd.notna(rd.get("steady_ms")) else None, "gap": gap})
+        by = {(r["pipeline"], r["condition"]): r for _, r in g.iterrows()}
+        for b, d, cond in itertools.product(brokers, direct, sorted({c for _, c in by})):
+            rd, rb = by.get((d, cond)), by.get((b, cond))
+            if cond != PLAIN and (rd is None) != (rb is None):  # one side's condition: the other's plain run
+                rd = rd if rd is not None else by.get((d, PLAIN))
+                rb = rb if rb is not None else by.get((b, PLAIN))
+            if rd is None or rb is None:
+                continue
+            gap = (abs(int(rb["index"]) - int(rd["index"]))
+                   if pd.notna(rb.get("index")) and pd.notna(rd.get("index")) else None)
+            out.append({"direct": d, "broker": b, "condition": cond, "consumers": int(n), "messages": int(m),
+                        "block": int(block), "diff": _r(rb["ms"] - rd["ms"]), "ratio": _r(rb["ms"] / rd["ms"], 3),
+                        "diff_norm": _r(rb["norm"] - rd["norm"]) if pd.notna(rb.get("norm"))
+                        and pd.notna(rd.get("norm")) else None,
+                        "diff_steady": _r(rb["steady_ms"] - rd["steady_ms"]) if pd.notna(rb.get("steady_ms"))
+                        and pd.notna(rd.get("steady_ms")) else None, "gap": gap})
     return out
 
 
@@ -227,16 +291,17 @@ def _pairs(seq: Sequence[Any]) -> list[tuple[Any, Any]]:
 
 
 def crossings(pair_rows: Iterable[Mapping[str, Any]], *, key: str = "diff") -> list[dict[str, Any]]:
-    """:func:`crossing_from` for every (direct, broker, messages) among ``pair_rows`` on the basis
-    ``key``; none where no pair has it (a record written before the basis existed)."""
+    """:func:`crossing_from` for every (direct, broker, messages, condition) among ``pair_rows`` on
+    the basis ``key``; none where no pair has it (a record written before the basis existed)."""
     df = pd.DataFrame(list(pair_rows))
     out: list[dict[str, Any]] = []
     if df.empty or key not in df:
         return out
-    df = df.dropna(subset=[key])
-    for (d, b, m), g in df.groupby(["direct", "broker", "messages"], sort=False):
+    df = _conditioned(df.dropna(subset=[key]))
+    for (d, b, m, cond), g in df.groupby(["direct", "broker", "messages", "condition"], sort=False):
         diffs = {int(n): gg[key].astype(float).tolist() for n, gg in g.groupby("consumers")}
-        out.append({"direct": d, "broker": b, "messages": int(m), "basis": key, **crossing_from(diffs)})
+        out.append({"direct": d, "broker": b, "messages": int(m), "condition": cond, "basis": key,
+                    **crossing_from(diffs)})
     return out
 
 
@@ -298,8 +363,9 @@ def _answers(answers: Iterable[crossover.Answer]) -> list[dict[str, Any]]:
 def refitted(record: Mapping[str, Any], direct: str, broker: str) -> dict[float, tuple[float, float]]:
     """N*'s interval at each of :data:`lab.study.crossover.VOLUMES` with the quick model's F refitted
     in every draw (:mod:`lab.study.refit`), from the record's own runs; empty where F cannot be
-    refitted (no arm, or an arm at every N: then the fit across volumes is used, not F's line)."""
-    frame = pd.DataFrame(record.get("runs") or [])
+    refitted (no arm, or an arm at every N: then the fit across volumes is used, not F's line).
+    The plain condition's runs only, as the model's."""
+    frame = pd.DataFrame(plain_rows(record.get("runs") or []))
     if frame.empty:
         return {}
     base, arm = model_base(frame)
@@ -365,7 +431,8 @@ def quiet(runs: pd.DataFrame) -> dict[str, Any]:
     if "loadavg_1m" in ok:
         out["loadavg_1m_max"] = _r(pd.to_numeric(ok["loadavg_1m"], errors="coerce").max(), 2)
     with contextlib.suppress(KeyError, ValueError, ZeroDivisionError):
-        d = costmodel.drift(ok)
+        # the probe repeats a plain cell; a second condition's runs are never pooled with it (lab.study.groups)
+        d = costmodel.drift(ok[[condition(r) == PLAIN for _, r in ok.iterrows()]])
         if not d.empty:
             out["drift_pct"] = _r(d["cpu_change_pct"].iloc[0], 1)
     return out
@@ -386,8 +453,12 @@ def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, 
     frame = pd.DataFrame(rows)
     direct, brokers = sides(frame["pipeline"]) if not frame.empty else ([], [])
     pair_rows = pairs(frame, direct, brokers) if not frame.empty else []
-    fixed, predicted = predictions(frame) if not frame.empty else ([], [])
+    # the model is the plain condition's: a second condition's runs are cells, pairs and crossings of their own
+    plain = _plain(frame)
+    plain_sides = sides(plain["pipeline"]) if not plain.empty else ([], [])
+    fixed, predicted = predictions(plain) if not plain.empty else ([], [])
     main = frame[~frame["arm"]] if not frame.empty else frame
+    beside = sorted({str(c) for c in main["condition"]} - {PLAIN}) if not main.empty else []
     started = runs["started_at"].dropna().astype(str) if "started_at" in runs else pd.Series([], dtype=str)
     first = runs.iloc[0] if not runs.empty else pd.Series(dtype=object)
     git = {"commit": str(first.get("git_sha") or "")[:12] or None,
@@ -407,7 +478,8 @@ def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, 
                        "backend": first.get("backend"), "topology": first.get("topology") or "single",
                        "claim_retention": RETENTION_WORDS.get(str(first.get("claim_retention") or "never"),
                                                               str(first.get("claim_retention"))),
-                       "volumes": sorted({int(x) for x in main["messages"]}) if not main.empty else []},
+                       "volumes": sorted({int(x) for x in main["messages"]}) if not main.empty else [],
+                       "beside": beside},
         "counts": {"runs": len(runs), "successful": len(all_ok),
                    "failed": len(runs) - len(all_ok), "measured": len(main)},
         "quiet": quiet(runs),
@@ -416,7 +488,7 @@ def build(runs: pd.DataFrame, *, sitting_id: str, profile: str, series_id: str, 
         "pairs": pair_rows,
         "crossings": [c for key in ("diff", "diff_norm", "diff_steady") for c in crossings(pair_rows, key=key)],
         "model": {"fixed": fixed, "predictions": predicted,
-                  **modelled(frame, direct, brokers, n_boot=n_boot, seed=seed)},
+                  **modelled(plain, *plain_sides, n_boot=n_boot, seed=seed)},
     }
     lines = rate_lines(capacity)
     if not lines.empty:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lab.study import answer, intervals, ledger, published
-from tests.unit.study.test_sitting import M, record
+from tests.unit.study.test_sitting import M, conditions_record, record
 
 
 def two() -> list[dict[str, object]]:
@@ -96,6 +96,47 @@ def test_the_pages_carry_the_findings_and_the_readme_block_is_replaced() -> None
     assert "old" not in out and out.endswith("\n\nrest\n") and block in out
     with pytest.raises(ValueError, match="no results markers"):
         published.with_readme_block("# no markers\n", block)
+
+
+def _section(md: str) -> str:
+    start = md.index(published.SECOND_TITLE)
+    end = md.find("\n## ", start + 1)
+    return md[start:end if end > 0 else None]
+
+
+def test_the_second_condition_section_says_in_one_line_that_no_sitting_measured_it() -> None:
+    section = _section(published.results_markdown(two()))
+    lines = [x for x in section.splitlines()[1:] if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("No committed sitting has measured it yet")
+    assert not any("pruned" in f.question for f in ledger.findings(two()))  # and no finding for it
+
+
+def test_the_second_condition_section_sets_the_pruned_crossing_beside_the_never_pruned_one() -> None:
+    rec = {**conditions_record(), "day": "2026-12-08"}
+    md = published.results_markdown([*two(), rec])
+    section = _section(md)
+    never = next(x for x in section.splitlines() if "| never pruned |" in x)
+    pruned = next(x for x in section.splitlines() if "| pruned behind every slot |" in x)
+    assert "between 4 and 16 (≈ 4.4)" in never and "no crossing up to N = 16" in pruned
+    assert "+0.22, +0.22" in pruned  # kafka − pruned wal at N = 1 in both blocks
+    # the claims' cost per condition and N: claims + prune (0.05 + 0.01) and the rows left
+    claims = [x for x in section.splitlines() if x.count("|") > 5 and "| 4 |" in x]
+    assert any("| never pruned | 4 | 0.050 [0.050, 0.050] | 0.000 [0.000, 0.000] | 100,000 |" in x for x in claims)
+    assert any("| pruned behind every slot | 4 | 0.060 [0.060, 0.060] | 0.010 [0.010, 0.010] | 1,200 |" in x
+               for x in claims)
+    poll = [x for x in section.splitlines() if "| 2026-12-08 conditions" in x and "| 0.4" in x]
+    assert len(poll) == 2 and all("| 2 |" in x for x in poll)  # autovacuum twice inside each poll run
+    assert any("| +0.250 |" in x for x in poll)  # poll 1.2 against wal 0.95 in the first block
+    # the plain cells count in the 100,000-message figures as a reference sitting's do
+    assert "| `poll` |" in md.split("**100,000 messages per start**")[1].split("\n## ")[0]
+    found = {f.question: f for f in ledger.findings([*two(), rec])}
+    kafka = found["From which N does Kafka pay off at 100,000 messages per start?"]
+    assert kafka.held == "2 of 3 sittings"  # [4, 8] twice, [4, 16] in the conditions sitting
+    pruned_finding = next(f for f in found.values() if "claim table pruned" in f.question)
+    assert pruned_finding.held == "1 of 1 sitting" and pruned_finding.kind == "measured"
+    assert "`wal` (claims pruned)" in pruned_finding.sentence and "no crossing up to N = 16" in pruned_finding.sentence
+    assert "never pruned, in the same sitting: between N = 4 and 16, N* ≈ 4.4" in pruned_finding.sentence
+    assert pruned_finding.sentence in published.readme_block([*two(), rec])
 
 
 def test_the_parts_reading_names_each_servers_and_the_clients_ratio_and_the_claims_growth() -> None:

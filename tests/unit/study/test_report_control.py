@@ -144,6 +144,16 @@ def test_every_profile_has_a_fault_matrix_and_the_article_gets_quick() -> None:
     assert all(e["faults"]["profile"] in fault_matrix.PROFILES for e in report.EXTRAS.values())
 
 
+def test_a_profile_that_is_a_series_of_its_own_is_refused_before_any_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(report, "execute_notebook", lambda name, out, params, **kw: calls.append(name) or out)
+    for own in ("conditions", "steady"):
+        with pytest.raises(ValueError, match=f"lab series --profile {own}"):
+            report.build_report(own, Settings().replace(data_dir=tmp_path), series_id="c1")
+    assert calls == [] and not list(tmp_path.rglob("*"))  # no notebook ran, no report folder
+
+
 def test_control_sizes_grow_with_the_profile_and_full_is_the_references() -> None:
     sizes = {p: report.EXTRAS[p]["control"] for p in ("smoke", "quick", "full")}
     assert sizes["smoke"]["messages"] < sizes["quick"]["messages"] < sizes["full"]["messages"] == 20_000
@@ -167,7 +177,8 @@ def test_every_profile_ranks_at_an_n_it_measures() -> None:
     from lab.study import series
 
     assert set(report.RANKING) == set(report.EXTRAS) == set(series.REPORT_PROFILES)
-    assert "steady" in series.PROFILES and "steady" not in series.REPORT_PROFILES  # a series of its own
+    for own in ("steady", "conditions"):  # series of their own
+        assert own in series.PROFILES and own not in series.REPORT_PROFILES
     for name, point in report.RANKING.items():
         assert point["consumers"] in series.profile(name).consumers, name
         assert point["rate"] == 0.0, name  # closed loop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -156,6 +157,97 @@ def test_series_and_sitting_take_the_steady_profile_and_report_does_not() -> Non
     assert parser.parse_args(["sitting", "steady", "--profile", "steady"]).profile == "steady"
     with pytest.raises(SystemExit):
         parser.parse_args(["report", "--profile", "steady"])
+
+
+PRUNED = series.Variant("wal", "claims pruned", (("claim_retention", "behind-slots"),))
+POLL4 = series.Variant("poll", consumers=(4,), position=0)
+
+
+def _cell(s: Scenario) -> tuple[str, int, str]:
+    return s.pipeline, s.consumers, s.claim_retention
+
+
+def test_row_at_places_each_variant_among_the_pipelines_at_its_n() -> None:
+    def names(n: int, pipelines: list[str], variants: list[series.Variant]) -> list[tuple[str, str]]:
+        return [(v.pipeline, v.condition) for v in series.row_at(pipelines, variants, n)]
+
+    both = [PRUNED, POLL4]
+    assert names(4, ["wal", "kafka"], both) == [("poll", ""), ("wal", ""), ("kafka", ""), ("wal", "claims pruned")]
+    assert names(1, ["wal", "kafka"], both) == [("wal", ""), ("kafka", ""), ("wal", "claims pruned")]  # poll: 4 only
+    assert names(4, ["poll", "kafka"], both) == [("poll", ""), ("kafka", ""), ("wal", "claims pruned")]  # no repeat
+    assert names(4, ["wal", "kafka"], []) == [("wal", ""), ("kafka", "")]
+    cell = PRUNED.cell(Scenario(messages=300), 4, 7)
+    assert (cell.pipeline, cell.consumers, cell.seed, cell.claim_retention, cell.messages) == (
+        "wal", 4, 7, "behind-slots", 300)
+
+
+def test_conditions_profile_pairs_each_condition_with_kafka_and_poll_with_wal_at_four() -> None:
+    prof = series.profile("conditions")
+    assert (prof.messages, prof.senders, prof.cooldown_s, prof.consumers, prof.repeats, prof.paired) == (
+        100_000, 200, 20.0, (1, 4, 16), 2, True)
+    assert prof.arms == () and prof.warmup_messages == 20_000 and prof.variants == (PRUNED, POLL4)
+    plan = series.plan("conditions")
+    warm, body, drift = plan[0], plan[1:-1], plan[-1]
+    assert (warm.pipeline, warm.consumers, warm.messages, warm.label) == ("kafka", 1, 20_000, "warmup")
+    assert len(plan) == 22 and not any(s.warmup for s in body)
+    assert {(s.messages, s.senders, s.cooldown_s, s.seed) for s in body} == {(100_000, 200, 20.0, 1)}
+    assert Counter(map(_cell, body)) == Counter(
+        {**{(p, n, r): 2 for p, r in (("wal", "never"), ("kafka", "never"), ("wal", "behind-slots"))
+            for n in (1, 4, 16)}, ("poll", 4, "never"): 2})
+    reversed_order = []
+    for block in (body[:10], body[10:]):
+        ns = [n for n, _ in itertools.groupby(s.consumers for s in block)]
+        assert sorted(ns) == [1, 4, 16]  # N by N: the cells at one N back to back
+        for n in ns:
+            at = [_cell(s) for s in block if s.consumers == n]
+            kafka = at.index(("kafka", n, "never"))
+            wal, pruned = at.index(("wal", n, "never")), at.index(("wal", n, "behind-slots"))
+            assert abs(kafka - wal) == 1 and abs(kafka - pruned) == 1  # kafka next to both conditions
+            if n == 4:
+                assert len(at) == 4 and abs(at.index(("poll", 4, "never")) - wal) == 1  # poll next to plain wal
+            else:
+                assert len(at) == 3
+            reversed_order.append(pruned == 0)
+    assert reversed_order == [False, True, False, True, False, True]  # the order alternates N by N, block by block
+    first_plain = next(s for s in body if s.claim_retention == "never" and s.pipeline in ("wal", "kafka"))
+    assert drift == first_plain.replace(warmup=True, label="drift")  # the probe repeats a plain cell
+    assert len(set(body)) == 10  # every cell its own scenario: a resume tells the conditions apart
+    assert series.plan("conditions") == plan  # seeded
+    # --pipelines keeps the variants of the pipelines named; --consumers their N among those given
+    assert {_cell(s) for s in series.plan("conditions", pipelines=["wal", "kafka"])[1:-1]} == {
+        (p, n, r) for p, r in (("wal", "never"), ("kafka", "never"), ("wal", "behind-slots")) for n in (1, 4, 16)}
+    assert not any(s.pipeline == "poll" for s in series.plan("conditions", consumers=(1, 16)))
+    assert series.default_series_id("conditions") == "conditions"
+
+
+def test_a_variants_condition_is_the_one_its_runs_are_read_back_under() -> None:
+    from dataclasses import asdict
+
+    from lab.study import sitting
+
+    for v in series.profile("conditions").variants:
+        assert sitting.condition(asdict(v.cell(Scenario(), 4, 1))) == v.condition
+    assert series.cell_label(PRUNED.cell(Scenario(), 4, 1)) == "wal c4 claims pruned"
+    assert series.cell_label(Scenario(consumers=4)) == "wal c4"
+
+
+def test_a_variant_resumes_as_a_cell_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    plan = series.plan("conditions")
+    pruned = next(i for i, s in enumerate(plan) if s.claim_retention == "behind-slots")
+    plain = plan.index(plan[pruned].replace(claim_retention="never"))
+    _stored(settings, plan[pruned], "c", ok=True, stamp="2026-01-01T00")
+    ran: list[int] = []
+
+    async def recorder(scenario: Scenario, settings: Settings, *, progress: Any = None,
+                       meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None) -> dict[str, Any]:
+        ran.append(int((meta or {})["series_index"]))
+        return {"run_id": f"new-{len(ran)}", "scenario": scenario.as_parameters(), "success": True,
+                "cpu_ms_per_msg": 1.0, "window_s": 1.0, **(meta or {})}
+
+    monkeypatch.setattr(lab.runner, "run_scenario", recorder)
+    asyncio.run(series.run_series(plan, settings, series_id="c"))
+    assert pruned not in ran and plain in ran and len(ran) == len(plan) - 1
 
 
 def test_seed_shuffles_reproducibly_and_is_recorded() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -62,6 +63,120 @@ def _record(shift: float) -> str:
 def record(shift: float = 0.0) -> dict[str, object]:
     """A reference sitting's record (built once per shift, a fresh copy each call)."""
     return json.loads(_record(shift))
+
+
+def pruned_ms(n: int, messages: int) -> float:
+    return 0.75 + 0.01 * (n - 1)  # the claim table pruned: the claims no longer grow with the run
+
+
+POLL_MS = 1.2
+
+
+def conditions_runs(*, drop: tuple[str, ...] = ()) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
+    """A conditions sitting: two blocks of paired cells at N = 1, 4, 16 (wal never pruned, kafka, wal
+    pruned, and poll first at N = 4), a warm-up and a drift probe; and the runs' run.json ``vacuum``
+    blocks. ``drop``: the cells ("pruned", "poll") left out."""
+    rows: list[dict[str, Any]] = []
+    raw: dict[str, dict[str, Any]] = {}
+    i = 0
+    rows.append(_run(i, "kafka", 1, 20_000, 2.0, label="warmup", warmup=True))
+    for block in range(2):
+        for k, n in enumerate((4, 1, 16)):
+            order = [("wal", "never", wal_ms), ("kafka", "never", kafka_ms), ("wal", "behind-slots", pruned_ms)]
+            if n == 4:
+                order.insert(0, ("poll", "never", lambda n, m: POLL_MS))
+            for p, retention, f in order if (block + k) % 2 == 0 else order[::-1]:
+                if ("pruned" in drop and retention != "never") or ("poll" in drop and p == "poll"):
+                    continue
+                i += 1
+                run = _run(i, p, n, M, f(n, M) + 0.01 * block) | {"claim_retention": retention}
+                if retention != "never":
+                    run["pg.prune"] = 0.01 * M / 1000
+                rows.append(run)
+                end = {"inbox_wal": {"n_live_tup": 1500.0 if retention != "never" else float(M)}} if p == "wal" else {}
+                raw[f"r{i}"] = {"vacuum": {"tables": {"end": end}, "autovacuum": {"cpu_s": 0.4 if p == "poll" else 0.0},
+                                           "delta": {"messages": {"autovacuum_count": 2 if p == "poll" else 0},
+                                                     "inbox_wal": {"autovacuum_count": 0}}}}
+                if retention != "never":  # what the readers counted: PostgreSQL's 1,500 is an estimate
+                    raw[f"r{i}"]["pipeline_settings"] = {"claim_table": {"rows": 1200, "rows_max": 9000,
+                                                                         "pruned": M - 1200, "prunes": 40}}
+    # the drift probe repeats the first cell of the profile's own pipelines, 3 % dearer
+    first = next(r for r in rows if not r["warmup"] and r["pipeline"] != "poll" and r["claim_retention"] == "never")
+    rows.append({**first, **_run(i + 1, first["pipeline"], first["consumers"], M, first["cpu_ms_per_msg"] * 1.03,
+                                 label="drift", warmup=True)})
+    return pd.DataFrame(rows), raw
+
+
+def conditions_record(drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    runs, raw = conditions_runs(drop=drop)
+    rec = sitting.build(runs, sitting_id="c1", profile="conditions", series_id="conditions", machine={"id": "m1"},
+                        raw=raw, n_boot=20)
+    return json.loads(json.dumps(rec))  # as committed
+
+
+def test_a_runs_condition_is_read_from_its_recorded_scenario() -> None:
+    assert sitting.condition({"claim_retention": "behind-slots"}) == "claims pruned"
+    assert sitting.condition({"claim_retention": "never"}) == ""
+    assert sitting.condition({}) == "" and sitting.condition({"claim_retention": float("nan")}) == ""  # stored before
+    assert sitting.condition(pd.Series({"pipeline": "wal", "claim_retention": "behind-slots"})) == "claims pruned"
+    assert sitting.condition({"claim_retention": "weekly"}) == "claims weekly"  # a retention not named yet
+
+
+def test_a_second_condition_has_its_own_cells_pairs_and_crossing_beside_the_plain_ones() -> None:
+    rec = conditions_record()
+    assert rec["conditions"]["beside"] == ["claims pruned"] and rec["conditions"]["volumes"] == [M]
+    runs = rec["runs"]
+    assert {(r["pipeline"], r["condition"]) for r in runs} == {
+        ("wal", ""), ("kafka", ""), ("wal", "claims pruned"), ("poll", "")}
+    cells = {(c["pipeline"], c["condition"], c["consumers"]): c for c in rec["cells"]}
+    assert cells[("wal", "", 4)]["runs"] == cells[("wal", "claims pruned", 4)]["runs"] == 2
+    assert cells[("wal", "claims pruned", 4)]["median"] == pytest.approx(pruned_ms(4, M) + 0.005)
+    assert cells[("wal", "", 4)]["median"] == pytest.approx(wal_ms(4, M) + 0.005)
+    pruned_pairs = [p for p in rec["pairs"] if p["condition"] == "claims pruned"]
+    assert len(pruned_pairs) == 6 and {p["broker"] for p in pruned_pairs} == {"kafka"}  # the plain kafka run
+    assert all(p["gap"] == 1 for p in rec["pairs"] if p["direct"] == "wal")  # back to back, both conditions
+    # kafka - wal: +0.17, +0.02, -0.58 at 1, 4, 16 never pruned; +0.22, +0.19, +0.07 pruned
+    plain = ledger.crossing(rec, "wal", "kafka", M)
+    assert plain is not None and plain["between"] == [4, 16]
+    assert plain["at"] == pytest.approx(4 + 12 * 0.02 / 0.6, abs=0.05)
+    pruned = ledger.crossing(rec, "wal", "kafka", M, condition="claims pruned")
+    assert pruned is not None and pruned["beyond"] and pruned["between"] is None
+    assert {n: len(v) for n, v in pruned["diffs"].items()} == {1: 2, 4: 2, 16: 2}
+    assert rec["quiet"]["drift_pct"] == pytest.approx(3.0, abs=0.1)  # read against the plain runs only
+    poll = next(r for r in runs if r["pipeline"] == "poll")
+    assert poll["autovacuum"] == {"count": 2, "cpu_s": 0.4}
+    left = {r["condition"]: r["claim_table"]["rows"] for r in runs if r["pipeline"] == "wal"}
+    assert left == {"": M, "claims pruned": 1500}
+    pruned_table = next(r["claim_table"] for r in runs if r["condition"] == "claims pruned")
+    assert (pruned_table["left"], pruned_table["rows_max"], pruned_table["pruned"]) == (1200, 9000, M - 1200)
+
+
+def test_the_plain_cells_and_crossing_read_as_they_did_without_the_second_condition() -> None:
+    both, alone = conditions_record(), conditions_record(drop=("pruned", "poll"))
+    assert ledger.crossing(alone, "wal", "kafka", M, condition="claims pruned") is None
+    keep = ("between", "at", "below", "beyond", "clear", "diffs", "ns", "median_diff")
+    a, b = ledger.crossing(both, "wal", "kafka", M), ledger.crossing(alone, "wal", "kafka", M)
+    assert a is not None and b is not None and {k: a[k] for k in keep} == {k: b[k] for k in keep}
+    plain = {(c["pipeline"], c["consumers"]): c["median"] for c in ledger.plain_cells(both)}
+    assert {k: v for k, v in plain.items() if k[0] != "poll"} == {
+        (c["pipeline"], c["consumers"]): c["median"] for c in ledger.plain_cells(alone)}
+    # the readers of plain cells see one `wal` per N: the pruned one is a condition of its own
+    assert (ledger.answer([both], 4, M)["pipeline"].value_counts() == 1).all()
+    est = ledger.estimate(both, "wal", 4, M)
+    assert est is not None and est["ms"] == pytest.approx(wal_ms(4, M) + 0.005)
+    assert set(ledger.record_runs(both)["condition"]) == {""}
+    table = ledger.cells([both])
+    assert set(table.loc[table["pipeline"] == "wal", "condition"]) == {"main", "claims pruned"}
+
+
+def test_a_record_written_before_conditions_reads_as_plain() -> None:
+    rec = record()
+    old = {**rec, **{k: [{f: v for f, v in row.items() if f != "condition"} for row in rec[k]]
+                     for k in ("runs", "cells", "pairs", "crossings")}}
+    new_c, old_c = ledger.crossing(rec, "wal", "kafka", M), ledger.crossing(old, "wal", "kafka", M)
+    assert new_c is not None and old_c is not None and new_c["condition"] == "" and "condition" not in old_c
+    assert old_c == {k: v for k, v in new_c.items() if k != "condition"}
+    assert len(ledger.plain_cells(old)) == len(ledger.plain_cells(rec)) == len(rec["cells"])
 
 
 def test_crossing_from_reads_the_first_sign_change_between_measured_n() -> None:
