@@ -152,11 +152,11 @@ def crossing_summary(records: Sequence[Mapping[str, Any]], direct: str, broker: 
         c = crossing(rec, direct, broker, messages, condition=condition)
         if c is not None and c.get("ns"):
             per.append((rec, c))
-    return _summary(direct, broker, messages, per)
+    return _summary(direct, broker, messages, per, condition)
 
 
 def _summary(direct: str, broker: str, messages: int,
-             per: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, Any] | None:
+             per: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], condition: str = "") -> dict[str, Any] | None:
     if not per:
         return None
     ats = [float(c["at"]) for _, c in per if c.get("at") is not None]
