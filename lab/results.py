@@ -125,18 +125,26 @@ def write_sitting(record: Mapping[str, Any], *, settings: Settings | None = None
     out = sittings_dir(settings)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{record['id']}.json"
-    for old in sorted(out.glob("*.json")) if not path.exists() else []:
-        known = read_json(old)
-        if (known.get("series_id"), known.get("started_at"), (known.get("machine") or {}).get("id")) == (
-                record.get("series_id"), record.get("started_at"), (record.get("machine") or {}).get("id")):
-            # the same runs again (a report that resumed a finished series): one sitting, one record
-            path = old
-            record = {**record, "id": known["id"]}
-            break
+    known = None if path.exists() else known_sitting(record, settings=settings)
+    if known is not None:  # the same runs again (a report that resumed a finished series): one sitting, one record
+        path = out / f"{known['id']}.json"
+        record = {**record, "id": known["id"]}
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(sitting_json(record), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def known_sitting(record: Mapping[str, Any], *, settings: Settings | None = None) -> dict[str, Any] | None:
+    """The stored record of the same runs as ``record`` (same series, first run and machine id),
+    under whatever id it was written: what a report that resumes its series finds of itself."""
+    out = sittings_dir(settings)
+    for old in sorted(out.glob("*.json")) if out.exists() else []:
+        known = read_json(old)
+        if (known.get("series_id"), known.get("started_at"), (known.get("machine") or {}).get("id")) == (
+                record.get("series_id"), record.get("started_at"), (record.get("machine") or {}).get("id")):
+            return known
+    return None
 
 
 def sitting_json(record: Mapping[str, Any]) -> str:

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import pandas as pd
 
-from lab.results import new_report_id, report_dir, write_sitting
+from lab.results import known_sitting, new_report_id, report_dir, write_sitting
 from lab.settings import Settings, exported
 from lab.stack.base import StackError
 from lab.study import sitting
@@ -260,11 +260,18 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     except ValueError as exc:  # a series that stored no run: the page says so, there is nothing to record
         log.warning("no sitting record: %s", exc)
         record = None
+    sitting_id, wall_before = report_id, 0.0
     if record is not None:
+        # a report that resumes its series is the same sitting: its record keeps the id it was first
+        # written under (the analysis's first screen reads that one) and the minutes spent before
+        known = known_sitting(record, settings=settings)
+        if known is not None and known.get("id") != report_id:
+            sitting_id, wall_before = str(known["id"]), float(known.get("wall_min") or 0.0)
+        record = {**record, "id": sitting_id, "wall_min": round(wall_before + (record.get("wall_min") or 0.0), 1)}
         write_sitting(record, settings=settings)
     # the analysis last, though first on the page: its ranking reads the staircases and the fault matrix
     execute_notebook("analysis", out / "analysis.ipynb", {
-        "series_id": series_id, "report_dir": str(out), "sitting": report_id, **RANKING[profile],
+        "series_id": series_id, "report_dir": str(out), "sitting": sitting_id, **RANKING[profile],
         **({"n_boot": N_BOOT[profile]} if profile in N_BOOT else {}),
         "capacity_series_id": ids["capacity"], "faults_series_id": ids["faults"],
     }, settings=settings, echo=echo)
@@ -280,7 +287,7 @@ def build_report(profile: str, settings: Settings, *, series_id: str, repeats: i
     export_html(page, out / "report.html", title=f"fanout-lab report {report_id} (series {series_id})",
                 description=QUESTION, image=SCREENSHOT)  # the screenshot `lab report` takes of the page
     if record is not None:
-        write_sitting({**record, "wall_min": round((time.monotonic() - t0) / 60, 1)}, settings=settings)
+        write_sitting({**record, "wall_min": round(wall_before + (time.monotonic() - t0) / 60, 1)}, settings=settings)
     return out
 
 

@@ -184,3 +184,27 @@ def test_every_profile_ranks_at_an_n_it_measures() -> None:
         assert point["rate"] == 0.0, name  # closed loop
         # a point the series measured: its own messages per start (-1), where every figure stands as measured
         assert point["messages_per_start"] == -1, name
+
+
+def test_a_resumed_report_speaks_of_its_first_record_and_keeps_its_minutes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lab.results import load_sittings, write_sitting
+
+    calls: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(report, "execute_notebook", lambda name, out, params, **kw: calls.append((name, params)) or out)
+    monkeypatch.setattr(report, "combine", lambda nbs, out: out)
+    monkeypatch.setattr(report, "export_html", lambda nb, html, **kw: html)
+    same_runs = {"series_id": "q5", "started_at": "2026-12-07T09:54:51", "machine": {"id": "m1"}, "runs": []}
+    monkeypatch.setattr(report.sitting, "from_store", lambda series_id, sitting_id, wall_min, **kw: {
+        **same_runs, "id": sitting_id, "wall_min": wall_min})
+    settings = Settings().replace(data_dir=tmp_path)
+    report.build_report("quick", settings, series_id="q5")
+    first = dict(calls)["analysis"]["sitting"]
+    (stored,) = load_sittings(settings=settings)
+    assert stored["id"] == first
+    write_sitting({**stored, "wall_min": 16.4}, settings=settings)  # as long as quick-5's series took
+    calls.clear()
+    report.build_report("quick", settings, series_id="q5")  # a resume: the series had finished, nothing new ran
+    assert dict(calls)["analysis"]["sitting"] == first  # the first screen finds the record, under its first id
+    (again,) = load_sittings(settings=settings)
+    assert again["id"] == first and 16.4 <= again["wall_min"] < 17.0  # the minutes before the resume kept
