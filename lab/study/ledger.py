@@ -574,8 +574,17 @@ def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float,
     chord = rate_chord(records, rate)
     s = rate_crossing_summary(measured, *HEADLINE_PAIR, rate)
     if s is not None:
-        text = rate_sentence(s) + (f"; {chord_check(s, chord)}" if chord is not None else "") + "."
-        return Finding(question, text, "measured", held(s["common_count"], s["sittings"]) if s["sittings"] > 1 else "")
+        # the model is checked where it was measured: the chords of the same machines; those of
+        # other machines are named apart (machines differ two- to three-fold, and so may N*)
+        where = {machine(r) for r in measured}
+        same = rate_chord([r for r in records if machine(r) in where], rate)
+        other = rate_chord([r for r in records if machine(r) not in where], rate)
+        text = rate_sentence(s) + (f"; on the same machine {chord_check(s, same)}" if same is not None else "")
+        if other is not None:
+            text += ("; on other machines the chord put N* at " + span(other["vals"]) if other["vals"]
+                     else "; on other machines the chord found no crossing")
+        return Finding(question, text + ".", "measured",
+                       held(s["common_count"], s["sittings"]) if s["sittings"] > 1 else "")
     if chord is None:
         return None
     vals, n, beyond = chord["vals"], chord["n"], chord["beyond"]

@@ -112,6 +112,12 @@ def test_the_finding_is_measured_with_the_staircases_chord_beside_it() -> None:
     assert f.sentence.endswith("inside the measured bracket: they agree.")
     two = [staircase_record(), steady_record(), {**steady_record(), "id": "st2", "day": "2026-12-08"}]
     assert {g.question: g for g in ledger.findings(two)}[f.question].held == "2 of 2 sittings"
+    # the model is checked on the machine the rate was measured on; another machine's chord is named apart
+    other = {**staircase_record(), "id": "q-other", "machine": {"id": "m1", "cpu_model": "Intel(R) Xeon(R) Processor"}}
+    apart = {g.question: g for g in ledger.findings([other, steady_record()])}[f.question].sentence
+    assert "on the same machine" not in apart and "on other machines the chord put N* at 1" in apart
+    both = {g.question: g for g in ledger.findings([staircase_record(), other, steady_record()])}[f.question].sentence
+    assert "on the same machine the load staircases' chord" in both and "on other machines" in both
     # the closed-loop findings do not change with a sitting at a rate beside them
     closed = [g for g in ledger.findings([staircase_record()]) if g.question != f.question]
     assert [g for g in ledger.findings([staircase_record(), steady_record()]) if g.question != f.question] == closed
