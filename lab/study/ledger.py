@@ -354,7 +354,9 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     """Every pipeline's cost at (N, M, rate) over the sittings that measured it: the median of the
     sittings' estimates, their range, how many sittings, and whether the point lies inside what
     was measured (volume, N, rate) or beyond it. At a fixed rate a pipeline measured at that rate (a
-    sitting at that rate) is read from those sittings only, the staircases' model where it was not.
+    sitting at that rate) is read from those sittings only, the staircases' model where it was not;
+    a pipeline some sittings measured at the point (or around it) is read from those alone, not from
+    the extrapolations of sittings that ran one volume or a few N.
     The leader comes first: the pipeline cheapest in the most sittings (``wins``); each other row
     carries ``x``, its cost ÷ the leader's in the same sitting (median over the ``x_sittings`` that
     estimated both; ``x_lo``, ``x_hi`` their range), ordered by it."""
@@ -364,10 +366,14 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     for p in pipelines:
         ests = [(r, e) for r in records if (e := estimate(r, p, consumers, messages, rate)) is not None]
         ests = [(r, e) for r, e in ests if e["rate"] == "measured"] or ests
+        # where some sittings measured the point (or lie around it), those alone: a sitting that ran
+        # one volume or a few N only would add its extrapolation to their measurements
+        ests = [(r, e) for r, e in ests if "beyond" not in (e["volume"], e["n"], e["rate"])] or ests
         if not ests:
             continue
         for r, e in ests:
-            per_sitting.setdefault(str(r.get("id")), {})[p] = float(e["ms"])
+            if e["n"] != "beyond":  # outside a sitting's measured N nothing is set against a measured cost
+                per_sitting.setdefault(str(r.get("id")), {})[p] = float(e["ms"])
         v = [e["ms"] for _, e in ests]
         where = {k: sorted({e[k] for _, e in ests}) for k in ("volume", "n", "rate")}
         beyond = [k for k, vals in where.items() if "beyond" in vals]

@@ -3,6 +3,8 @@ inside or beyond what was measured, the two-level bootstrap, and the generated p
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -197,3 +199,17 @@ def test_lab_answer_leads_with_the_most_sittings_and_gives_same_sitting_ratios()
     assert "cheapest: wal (cheapest in 2 of 3 sittings; not a clear winner" in text and "kafka (×0.98)" in text
     clear = answer.text([_cells_record(0, 0.55, 0.57), _cells_record(1, 2.05, 2.13)], 4, M)
     assert "cheaper than every other in every sitting that measured both" in clear
+
+
+def test_lab_answer_reads_a_pipeline_from_the_sittings_that_measured_the_point() -> None:
+    quick = {**_cells_record(0, 1.5, 2.5), "conditions": {"volumes": [5_000]}}
+    for c in quick["cells"]:
+        c["messages"] = 5_000
+    one_volume = _cells_record(1, 0.55, 0.57)  # 100,000 messages only, and poll at it
+    one_volume["cells"] = [*one_volume["cells"], {**one_volume["cells"][0], "pipeline": "poll", "median": 0.45}]
+    table = ledger.answer([quick, one_volume], 4, 5_000).set_index("pipeline")
+    assert table.loc["wal", "where"] == "inside what was measured" and table.loc["wal", "sittings"] == 1
+    assert table.loc["poll", "where"] == "beyond what was measured (volume)"  # shown, flagged
+    assert math.isnan(table.loc["poll", "x"])  # and never set against a measured cost
+    far = ledger.answer([quick, one_volume], 16, 1_000_000).set_index("pipeline")
+    assert far.loc["poll", "n"] == "beyond" and far["x_sittings"].sum() == 0  # one N measured: no ratio at 16
