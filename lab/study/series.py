@@ -82,7 +82,7 @@ REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 16)
 # messages are 50 s of sending: the steady part (20 % inserted to 90 % delivered) is ~35 s, ~70 samples
 # at 0.5 s, several times Debezium's JIT warm-up (the first seconds of traffic, left out with the first
 # 20 %); 5,000 would leave ~17 s and half the samples, 20,000 would add ~50 s to each of 14 runs.
-# 12 measured runs of ~1-1.5 min, a closed-loop warm-up and a drift probe: about 20 minutes.
+# 12 measured runs of ~1-1.5 min, a closed-loop warm-up and a drift probe: 14.2 minutes on 2026-12-07 (Intel host).
 STEADY_RATE = 200.0
 STEADY_PIPELINES = ("wal", "kafka")
 STEADY_CONSUMERS = (1, 4, 16)
@@ -90,9 +90,9 @@ STEADY_CONSUMERS = (1, 4, 16)
 # never pruned (the reference study's) and pruned behind every slot (lab.workload.retention), each
 # against kafka in paired runs, and `poll` at N = 4, where autovacuum of the outbox comes inside a
 # 100,000-message run. 3 N x 3 cells + poll at 4 = 10 runs a block, 2 blocks, a 20,000-message
-# warm-up and a drift probe: 22 runs, 21 of them at 100,000 messages. Estimated, not measured: the
-# reference sitting's 44 runs (26 at 100,000) took 95 min, about 3 min a 100,000-message run, so
-# about 65-70 min on the 2-core machine.
+# warm-up and a drift probe: 22 runs, 21 of them at 100,000 messages. Measured: 23.8 min on
+# 2026-12-07 on a 2-core Intel Xeon host that ran the reference profile in 35.3; on the AMD EPYC host
+# whose reference sitting took 95 min (about 3 min a 100,000-message run) expect 65-70.
 CONDITIONS_PIPELINES = ("wal", "kafka")
 CONDITIONS_CONSUMERS = (1, 4, 16)
 
@@ -201,7 +201,8 @@ PROFILES: dict[str, Profile] = {
                 "two conditions of the answer at the reference volume, 100,000 messages per start: wal "
                 "with its claim table never pruned and pruned behind every slot, each paired with kafka "
                 "at N = 1, 4, 16, and poll at N = 4 (autovacuum inside the run), in 2 blocks of paired "
-                "cells; 22 runs, about 65-70 min on 2 cores (estimated from the reference's 95); `lab series` "
+                "cells; 22 runs, 24 min on a 2-core machine that ran the reference in 35 (about 65-70 on one "
+                "that took 95); `lab series` "
                 "and `lab sitting` only", seed=1,
                 pipelines=CONDITIONS_PIPELINES, paired=True, report=False,
                 # wal, kafka, wal pruned: kafka next to both; poll first at N = 4, next to plain wal
@@ -218,7 +219,8 @@ PROFILES: dict[str, Profile] = {
         Profile("steady", 10_000, 200, STEADY_CONSUMERS, 5.0, 2, 5000,
                 "wal and kafka open loop at 200 msg/s, 10,000 messages (50 s of sending) per run, N = 1, 4, "
                 "16, in 2 blocks of paired cells; each run's steady part, start excluded, gives N* at that "
-                "rate measured; a closed-loop warm-up and a drift probe, 14 runs (about 20 min on 2 cores); "
+                "rate measured; a closed-loop warm-up and a drift probe, 14 runs (14 min on a 2-core machine "
+                "that ran the reference in 35); "
                 "`lab series` and `lab sitting` only", seed=1, pipelines=STEADY_PIPELINES, paired=True,
                 rate=STEADY_RATE, report=False),
     )
