@@ -24,7 +24,7 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -191,6 +191,20 @@ def ranking_series(series_id: str, profile: str = "") -> dict[str, str]:
     warm_s = CAPACITY.get(profile or series_id.split("-")[0], {}).get("warm_s", 0.0)
     return {"capacity": f"{series_id}-capacity" + (f"-warm{warm_s:g}s" if warm_s else ""),
             "faults": f"faults-{series_id}"}
+
+
+def stored_capacity(series_id: str, stored: Iterable[str]) -> str:
+    """The load staircases of ``series_id`` among the ``stored`` series ids: the name
+    :func:`ranking_series` gives when it is stored, else a stored ``<series>-capacity`` or
+    ``<series>-capacity-warm<W>s`` (a series whose id names no profile was still run by a report of
+    one, warmed as that profile warms), else the name :func:`ranking_series` gives."""
+    named = ranking_series(series_id)["capacity"]
+    ids = set(stored)
+    if named in ids:
+        return named
+    base = f"{series_id}-capacity"
+    found = sorted(i for i in ids if i == base or (i.startswith(f"{base}-warm") and i.endswith("s")))
+    return found[-1] if found else named
 
 
 # The point the report's detailed ranking is at (lab.study.ranking; the analysis notebook's

@@ -208,3 +208,11 @@ def test_a_resumed_report_speaks_of_its_first_record_and_keeps_its_minutes(
     assert dict(calls)["analysis"]["sitting"] == first  # the first screen finds the record, under its first id
     (again,) = load_sittings(settings=settings)
     assert again["id"] == first and 16.4 <= again["wall_min"] < 17.0  # the minutes before the resume kept
+
+
+def test_the_analysis_finds_the_staircases_of_a_series_whose_id_names_no_profile() -> None:
+    assert report.stored_capacity("quick-5", {"quick-5-capacity-warm10s"}) == "quick-5-capacity-warm10s"
+    stored = {"nbtest-d6", "nbtest-d6-capacity-warm1s"}
+    assert report.stored_capacity("nbtest-d6", stored) == "nbtest-d6-capacity-warm1s"
+    assert report.stored_capacity("old", {"old-capacity"}) == "old-capacity"  # stored before the warm phase
+    assert report.stored_capacity("quick-9", set()) == "quick-9-capacity-warm10s"  # none stored: the report's name
