@@ -193,13 +193,13 @@ def ranking_series(series_id: str, profile: str = "") -> dict[str, str]:
             "faults": f"faults-{series_id}"}
 
 
-def stored_capacity(series_id: str, stored: Iterable[str]) -> str:
+def stored_capacity(series_id: str, stored: Iterable[str | None]) -> str:
     """The load staircases of ``series_id`` among the ``stored`` series ids: the name
     :func:`ranking_series` gives when it is stored, else a stored ``<series>-capacity`` or
     ``<series>-capacity-warm<W>s`` (a series whose id names no profile was still run by a report of
     one, warmed as that profile warms), else the name :func:`ranking_series` gives."""
     named = ranking_series(series_id)["capacity"]
-    ids = set(stored)
+    ids = {i for i in stored if isinstance(i, str)}  # a run stored outside a series has none
     if named in ids:
         return named
     base = f"{series_id}-capacity"
