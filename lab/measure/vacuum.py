@@ -19,6 +19,12 @@ visible in run.json (``vacuum``):
   Native backend only (in a container the server's pids are not the host's). The launcher's CPU
   is kept apart. Everything here is also in PostgreSQL's total (``other`` in
   ``derived.postgres_backends``).
+* **autovacuum, from the server's log** — the lab's server logs every autovacuum and autoanalyze
+  action with its own resource usage (``log_autovacuum_min_duration = 0``, lab.stack.postgres): the
+  log lines written between the gate and the drain (:func:`autovacuum_actions`) give every action
+  inside the window, however short, with the CPU PostgreSQL measured for it (10 ms resolution):
+  ``from_log``, exact where the polls give a lower bound. Native backend only (the log is a file of
+  the stack's).
 * **debt** — with the default ``autovacuum_naptime`` (60 s) a run of a few tens of seconds mostly
   ends before autovacuum comes, and the next run's reset truncates what it left. After the
   consumers exited (outside the window), the runner therefore runs one ``VACUUM`` of the outbox's
@@ -32,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -141,6 +148,51 @@ async def vacuum_cost(conn: psycopg.AsyncConnection[Any], native: bool) -> dict[
             "wall_s": round(wall, 4)}
 
 
+_ACTION = re.compile(r'automatic (vacuum|analyze) of table "([^"]+)"')
+_USAGE = re.compile(r"system usage: CPU: user: ([\d.]+) s, system: ([\d.]+) s, elapsed: ([\d.]+) s")
+
+
+def autovacuum_actions(text: str) -> list[dict[str, Any]]:
+    """The autovacuum and autoanalyze actions in a piece of the server's log: kind (``vacuum`` or
+    ``analyze``), table (``db.schema.table``) and the CPU (user + system) and elapsed seconds
+    PostgreSQL gives on the action's ``system usage`` line (a continuation line of the same message)."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        found = _ACTION.search(line)
+        if found:
+            current = {"kind": found[1], "table": found[2]}
+            continue
+        used = _USAGE.search(line)
+        if used and current is not None:
+            out.append({**current, "cpu_s": round(float(used[1]) + float(used[2]), 3),
+                        "elapsed_s": float(used[3])})
+            current = None
+    return out
+
+
+def summed(actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """run.json's ``from_log``: how many actions of each kind and their CPU and elapsed seconds."""
+    return {"actions": len(actions), "vacuums": sum(a["kind"] == "vacuum" for a in actions),
+            "analyzes": sum(a["kind"] == "analyze" for a in actions),
+            "cpu_s": round(sum(a["cpu_s"] for a in actions), 3),
+            "elapsed_s": round(sum(a["elapsed_s"] for a in actions), 3),
+            "tables": sorted({a["table"].rsplit(".", 1)[-1] for a in actions})}
+
+
+def _log_size(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_size if path is not None else None
+    except OSError:
+        return None
+
+
+def _log_since(path: Path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", "replace")
+
+
 @dataclass
 class WorkerCpu:
     """One autovacuum process as the polls saw it: CPU at its first and last reading, and whether it
@@ -167,6 +219,7 @@ class AutovacuumWatch:
 
     dsn: str
     native: bool
+    log_path: Path | None = None  # the server's log (native backend): the actions inside the window
     poll_s: float = POLL_S
     workers: dict[int, WorkerCpu] = field(default_factory=dict)
     tables: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
@@ -174,10 +227,13 @@ class AutovacuumWatch:
     polls: int = 0
     debt: dict[str, Any] | None = None
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # the claim tables after the run
+    from_log: dict[str, Any] | None = None
     _conn: psycopg.AsyncConnection[Any] | None = None
     _task: asyncio.Task[None] | None = None
+    _log_at: int | None = None
 
     async def start(self) -> None:
+        self._log_at = _log_size(self.log_path)
         self._conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, connect_timeout=5)
         self.tables["gate"] = await read_tables(self._conn)
         await self._poll_workers(at_start=True)
@@ -222,6 +278,11 @@ class AutovacuumWatch:
             with contextlib.suppress(BaseException):
                 await self._task
             self._task = None
+        if self.log_path is not None and self._log_at is not None:
+            try:
+                self.from_log = summed(autovacuum_actions(_log_since(self.log_path, self._log_at)))
+            except OSError as exc:
+                log.warning("autovacuum's log not read: %s", exc)
         if self._conn is None:
             return
         try:
@@ -262,5 +323,6 @@ class AutovacuumWatch:
                 "launcher_cpu_s": None if cpu is None else cpu["launcher"],
                 "workers_seen": sum(1 for w in self.workers.values() if w.kind != LAUNCHER),
                 "poll_s": self.poll_s, "polls": self.polls, "lower_bound": True,
+                **({"from_log": self.from_log} if self.from_log is not None else {}),
             },
         }

@@ -28,6 +28,7 @@ from lab.measure.provenance import HostWindow
 from lab.measure.sampler import Participant, Sampler
 from lab.measure.walstats import WalWindow
 from lab.runner.environment import RunEnv
+from lab.stack.postgres import PostgresService
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class Windows:
         assert self.sampler is not None  # opened before the drain
         self.sampler.snapshot()
         await self._read_backends("gate")
-        watch = vacuum.AutovacuumWatch(self.env.settings.pg_dsn, native=self.env.settings.backend == "native")
+        native = self.env.settings.backend == "native"
+        watch = vacuum.AutovacuumWatch(self.env.settings.pg_dsn, native=native,
+                                       log_path=PostgresService(self.env.settings).log_path if native else None)
         try:
             await watch.start()
         except Exception as exc:

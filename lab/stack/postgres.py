@@ -65,6 +65,9 @@ SERVER_FLAGS: dict[str, str] = {
     "max_slot_wal_keep_size": "4096MB",
     "max_wal_size": "8GB",  # no checkpoint in the middle of a run
     "wal_sender_timeout": "0",  # a reader stalled on work keeps its walsender
+    # not the reference's: every autovacuum action is logged with its CPU (lab.measure.vacuum reads it);
+    # a line or two per action, and the inbox tables have autovacuum off
+    "log_autovacuum_min_duration": "0",
 }
 #: Of those, the flags set in ``data/lab.conf`` instead of ``-c`` (module docstring).
 RELOADABLE = ("max_slot_wal_keep_size",)

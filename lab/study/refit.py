@@ -119,3 +119,91 @@ def intervals(main_runs: pd.DataFrame, arm: pd.DataFrame, direct: str, broker: s
         for v in vols:
             draws[v].append(_n_star(sample, lines, direct, broker, main, v))
     return {v: percentile_ci(np.asarray(d, float)) for v, d in draws.items()}
+
+
+# -- F refitted block by block ------------------------------------------------------------------
+
+def _by_key(runs: pd.DataFrame) -> dict[tuple[str, int, int], np.ndarray]:
+    return {(str(p), int(n), int(m)): g[METRIC].to_numpy(float)
+            for (p, n, m), g in runs.groupby(["pipeline", "consumers", "messages"])}
+
+
+def _merged(parts: Sequence[dict[tuple[str, int, int], np.ndarray]]) -> dict[tuple[str, int, int], np.ndarray]:
+    out: dict[tuple[str, int, int], list[np.ndarray]] = {}
+    for part in parts:
+        for k, v in part.items():
+            out.setdefault(k, []).append(v)
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def _fitted_at(sample: dict[tuple[str, int, int], np.ndarray], pipeline: str, main: int) -> list[int]:
+    """The N at which ``pipeline`` ran at ``main`` messages and at another volume in ``sample``."""
+    vols: dict[int, set[int]] = {}
+    for p, n, m in sample:
+        if p == pipeline:
+            vols.setdefault(n, set()).add(m)
+    return sorted(n for n, ms in vols.items() if main in ms and len(ms) > 1)
+
+
+def _block_n_star(sample: dict[tuple[str, int, int], np.ndarray], direct: str, broker: str, main: int,
+                  volumes: Sequence[float]) -> tuple[dict[str, tuple[float, float]], list[float]] | None:
+    at = {p: _fitted_at(sample, p, main) for p in (direct, broker)}
+    if not all(at.values()) or len({n for p, n, m in sample if p == direct and m == main}) < 2:
+        return None
+    lines = {p: _fixed(sample, p, ns) for p, ns in at.items()}
+    return lines, [_n_star(sample, lines, direct, broker, main, v) for v in volumes]
+
+
+def by_block(runs: pd.DataFrame, direct: str, broker: str, volumes: Iterable[float], *, n_boot: int = N_BOOT,
+             seed: int = 0) -> dict[str, object]:
+    """The flat-broker N* at each of ``volumes`` with F refitted block by block: from each block's
+    own runs (its main runs at one message count and its volume-arm runs at another, F(N) =
+    f0 + f1·(N − 1) fitted at the N where the block has both), and a block bootstrap (whole blocks
+    drawn with replacement, F refitted in every draw), so that F's error and the drift between
+    blocks are in the interval together. ``runs``: the measured and arm runs of one sitting with
+    ``pipeline``, ``consumers``, ``messages``, ``block`` (the series' block the run ran in),
+    ``arm`` and the metric. Empty unless two or more blocks each fit F for both pipelines.
+
+    With B blocks the draws take at most C(2B − 1, B) distinct values (3 with two blocks), so the
+    percentile interval is about the blocks' own [min, max]: for two blocks its real coverage is
+    about 50 % (that of the median by two values), not its nominal 95 %; ``coverage`` says so."""
+    from lab.study.intervals import order_coverage
+
+    both = [direct, broker]
+    cols = ["pipeline", "consumers", "messages", METRIC, "block", "arm"]
+    if runs.empty or not set(cols) <= set(runs.columns):
+        return {}
+    runs = runs[runs["pipeline"].isin(both)][cols].dropna()
+    main_runs = runs[~runs["arm"].astype(bool)]
+    if main_runs.empty or main_runs["messages"].nunique() != 1:
+        return {}
+    main = int(main_runs["messages"].iloc[0])
+    vols = [float(v) for v in volumes]
+    per: dict[int, dict[tuple[str, int, int], np.ndarray]] = {}
+    rows = []
+    for b, g in runs.groupby("block"):
+        part = _by_key(g)
+        fit = _block_n_star(part, direct, broker, main, vols)
+        if fit is None:
+            continue
+        per[int(b)] = part
+        lines, stars = fit
+        rows.append({"block": int(b), "fitted_at": _fitted_at(part, direct, main),
+                     "volumes": sorted({m for p, n, m in part if p == direct}),
+                     "f": {p: (round(f0, 3), round(f1, 4)) for p, (f0, f1) in lines.items()},
+                     "n_star": dict(zip(vols, stars, strict=True))})
+    if len(per) < 2:
+        return {}
+    rng = np.random.default_rng(seed)
+    keys = sorted(per)
+    draws: dict[float, list[float]] = {v: [] for v in vols}
+    for _ in range(n_boot):
+        drawn = [keys[i] for i in rng.integers(0, len(keys), len(keys))]
+        fit = _block_n_star(_merged([per[k] for k in drawn]), direct, broker, main, vols)
+        if fit is None:
+            continue
+        for v, x in zip(vols, fit[1], strict=True):
+            draws[v].append(x)
+    return {"main": main, "blocks": rows,
+            "intervals": {v: percentile_ci(np.asarray(d, float)) for v, d in draws.items() if d},
+            "coverage": round(order_coverage(len(per), 1), 3)}

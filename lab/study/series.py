@@ -205,6 +205,8 @@ PROFILES: dict[str, Profile] = {
                 "that took 95); `lab series` "
                 "and `lab sitting` only", seed=1,
                 pipelines=CONDITIONS_PIPELINES, paired=True, report=False,
+                # F refitted block by block: wal and kafka at 5,000 messages at every N of both blocks
+                arms=(Arm(5_000, CONDITIONS_CONSUMERS, (0, 1), 5.0),),
                 # wal, kafka, wal pruned: kafka next to both; poll first at N = 4, next to plain wal
                 variants=(Variant("wal", "claims pruned", (("claim_retention", "behind-slots"),)),
                           Variant("poll", consumers=(4,), position=0))),

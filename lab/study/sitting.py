@@ -132,13 +132,19 @@ def _claim_table(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def _autovacuum(run: Mapping[str, Any]) -> dict[str, Any]:
     """Autovacuum from the gate to the consumers' exit (run.json's ``vacuum``): how many times it
-    ran over the lab's tables and its workers' CPU-seconds (a lower bound; None where not read)."""
+    ran over the lab's tables and its workers' CPU-seconds as the polls saw them (a lower bound;
+    None where not read); where the run read the server's log, the actions inside the window and
+    the CPU PostgreSQL gave for them (``log_actions``, ``log_cpu_s``: exact to 10 ms an action)."""
     vac = run.get("vacuum") if isinstance(run.get("vacuum"), Mapping) else None
     if not vac or not isinstance(vac.get("delta"), Mapping):
         return {}
     count = sum(float((t or {}).get("autovacuum_count") or 0) for t in vac["delta"].values())
-    cpu = (vac.get("autovacuum") or {}).get("cpu_s")
-    return {"count": int(count), "cpu_s": _r(cpu, 3)}
+    auto = vac.get("autovacuum") or {}
+    out = {"count": int(count), "cpu_s": _r(auto.get("cpu_s"), 3)}
+    logged = auto.get("from_log")
+    if isinstance(logged, Mapping):
+        out |= {"log_actions": int(logged.get("actions") or 0), "log_cpu_s": _r(logged.get("cpu_s"), 3)}
+    return out
 
 
 def run_rows(runs: pd.DataFrame, raw: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -309,7 +315,8 @@ def crossings(pair_rows: Iterable[Mapping[str, Any]], *, key: str = "diff") -> l
 
 def model_base(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The quick model's inputs in this sitting: its runs at :data:`MODEL_VOLUME` (the main runs of
-    a quick sitting, the arm's of a reference one) and its arm at any other volume but the main one."""
+    a quick sitting, the arm's of a reference one) and its arm at any other volume but the main one;
+    both empty where the sitting has no such pair of volumes."""
     runs = runs_frame(frame.to_dict("records")) if not frame.empty else runs_frame([])
     main = runs[~runs["warmup"]]
     arm = runs[runs["warmup"]]
@@ -317,7 +324,10 @@ def model_base(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     if main_volume == MODEL_VOLUME:
         return main, arm[arm["messages"] != MODEL_VOLUME]
     base = arm[arm["messages"] == MODEL_VOLUME].assign(warmup=False, label="")
-    return base, arm[(arm["messages"] != MODEL_VOLUME)]
+    rest = arm[(arm["messages"] != MODEL_VOLUME)]
+    if rest.empty:  # an arm at 5,000 messages alone (the conditions profile's) is not the quick model
+        return base.iloc[0:0], rest
+    return base, rest
 
 
 def predictions(frame: pd.DataFrame, *, volumes: Sequence[float] = PREDICT_AT) -> tuple[list[dict[str, Any]],
@@ -375,6 +385,41 @@ def refitted(record: Mapping[str, Any], direct: str, broker: str) -> dict[float,
             map(tuple, a[["pipeline", "consumers"]].drop_duplicates().to_numpy())):
         return {}
     return refit.intervals(b, a, direct, broker, crossover.VOLUMES)
+
+
+def series_blocks(rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
+    """The block of the series each run ran in. A measured run's ``block`` is the how-many-th run of
+    its cell, which is its series block (every block runs each cell once); an arm run's counts only
+    its arm cell, so it is placed by its series index instead: in the last block begun before it.
+    None where the index is missing (records written before it was kept)."""
+    starts: dict[int, int] = {}
+    for r in rows:
+        if not r.get("arm") and r.get("index") is not None:
+            b = int(r["block"])
+            starts[b] = min(starts.get(b, int(r["index"])), int(r["index"]))
+    out: list[int | None] = []
+    for r in rows:
+        if not r.get("arm"):
+            out.append(int(r["block"]))
+        elif r.get("index") is None or not starts:
+            out.append(None)
+        else:
+            out.append(max((b for b, s in starts.items() if s <= int(r["index"])), default=min(starts)))
+    return out
+
+
+def refitted_by_block(record: Mapping[str, Any], direct: str, broker: str) -> dict[str, Any]:
+    """N* at each of :data:`lab.study.crossover.VOLUMES` with F refitted from each block's own
+    volumes and by a block bootstrap (:func:`lab.study.refit.by_block`), from the record's plain
+    runs; empty unless two or more blocks ran both pipelines at two volumes (a reference sitting: its
+    5,000-message arm in one block and 20,000 in the other; a conditions sitting: its arm in both)."""
+    rows = [dict(r) for r in plain_rows(record.get("runs") or [])]
+    if not rows:
+        return {}
+    for r, b in zip(rows, series_blocks(rows), strict=True):
+        r["block"] = b
+    frame = runs_frame(rows)
+    return refit.by_block(frame, direct, broker, crossover.VOLUMES)
 
 
 def modelled(frame: pd.DataFrame, direct: Sequence[str], brokers: Sequence[str], *, n_boot: int,

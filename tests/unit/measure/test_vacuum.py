@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+from lab.measure import vacuum
 from lab.measure.vacuum import LAUNCHER, AutovacuumWatch, WorkerCpu, charged_cpu, table_deltas
 
 
@@ -55,3 +59,46 @@ def test_a_process_cpu_is_read_to_the_nanosecond_and_none_once_gone() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert cpu_s(child.pid) is None
+
+
+LOG = """\
+2026-12-07 11:40:00.001 UTC [4242] LOG:  checkpoint starting: time
+2026-12-07 11:40:01.123 UTC [5151] LOG:  automatic vacuum of table "lab.public.messages": index scans: 1
+\tpages: 0 removed, 910 remain, 910 scanned (100.00% of total)
+\ttuples: 100000 removed, 12 remain, 0 are dead but not yet removable
+\tbuffer usage: 3012 hits, 0 reads, 905 dirtied
+\tsystem usage: CPU: user: 0.05 s, system: 0.01 s, elapsed: 0.31 s
+2026-12-07 11:40:01.200 UTC [5151] LOG:  automatic analyze of table "lab.public.messages"
+\tavg read rate: 0.000 MB/s, avg write rate: 0.000 MB/s
+\tsystem usage: CPU: user: 0.02 s, system: 0.00 s, elapsed: 0.04 s
+2026-12-07 11:40:02.000 UTC [5152] LOG:  automatic vacuum of table "lab.public.messages_done": index scans: 0
+2026-12-07 11:40:02.500 UTC [5153] LOG:  automatic analyze of table "lab.public.messages_done"
+\tsystem usage: CPU: user: 1.10 s, system: 0.20 s, elapsed: 2.00 s
+"""
+
+
+def test_every_logged_autovacuum_action_gives_the_cpu_postgres_measured_for_it() -> None:
+    actions = vacuum.autovacuum_actions(LOG)
+    # the vacuum of messages_done never printed its usage (a cut log): it is not given the analyze's
+    assert actions == [
+        {"kind": "vacuum", "table": "lab.public.messages", "cpu_s": 0.06, "elapsed_s": 0.31},
+        {"kind": "analyze", "table": "lab.public.messages", "cpu_s": 0.02, "elapsed_s": 0.04},
+        {"kind": "analyze", "table": "lab.public.messages_done", "cpu_s": 1.3, "elapsed_s": 2.0},
+    ]
+    assert vacuum.summed(actions) == {"actions": 3, "vacuums": 1, "analyzes": 2, "cpu_s": 1.38,
+                                      "elapsed_s": 2.35, "tables": ["messages", "messages_done"]}
+    assert vacuum.autovacuum_actions("2026-12-07 LOG:  database system is ready\n") == []
+
+
+def test_the_log_read_inside_the_window_is_in_the_block(tmp_path: Path) -> None:
+    log = tmp_path / "postgres.log"
+    log.write_text("2026-12-07 LOG:  automatic vacuum of table \"lab.public.messages\": index scans: 0\n"
+                   "\tsystem usage: CPU: user: 9.00 s, system: 0.00 s, elapsed: 9.00 s\n")
+    watch = vacuum.AutovacuumWatch("postgresql://nowhere", native=True, log_path=log)
+    watch._log_at = vacuum._log_size(log)  # what was there at the gate is not the run's
+    with log.open("a") as f:
+        f.write(LOG)
+    asyncio.run(watch.stop())
+    block = watch.record()["autovacuum"]
+    assert block["from_log"]["actions"] == 3 and block["from_log"]["cpu_s"] == 1.38
+    assert "from_log" not in vacuum.AutovacuumWatch("postgresql://nowhere", native=False).record()["autovacuum"]

@@ -126,8 +126,9 @@ def test_the_second_condition_section_sets_the_pruned_crossing_beside_the_never_
     assert any("| never pruned | 4 | 0.050 [0.050, 0.050] | 0.000 [0.000, 0.000] | 100,000 |" in x for x in claims)
     assert any("| pruned behind every slot | 4 | 0.060 [0.060, 0.060] | 0.010 [0.010, 0.010] | 1,200 |" in x
                for x in claims)
-    poll = [x for x in section.splitlines() if "| 2026-12-08 conditions" in x and "| 0.4" in x]
-    assert len(poll) == 2 and all("| 2 |" in x for x in poll)  # autovacuum twice inside each poll run
+    poll = [x for x in section.splitlines() if "| 2026-12-08 conditions" in x and "| ≥ 0.40 |" in x]
+    # autovacuum twice inside each poll run; its CPU as the polls saw it, a lower bound
+    assert len(poll) == 2 and all("| 2 |" in x for x in poll)
     assert any("| +0.250 |" in x for x in poll)  # poll 1.2 against wal 0.95 in the first block
     # the plain cells count in the 100,000-message figures as a reference sitting's do
     assert "| `poll` |" in md.split("**100,000 messages per start**")[1].split("\n## ")[0]

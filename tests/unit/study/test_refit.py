@@ -88,3 +88,46 @@ def test_the_published_table_reads_the_volume_of_each_condition() -> None:
     assert _volume("M = 5,000, F fitted across volumes at N = 1, 16") == 5_000
     assert _volume("M = ∞ (steady), F fitted across volumes at N = 1, 16") == math.inf
     assert _volume("M = ∞, each run's own timeline") == math.inf and _volume("at 200 msg/s") is None
+
+
+def _blocked(f_by_block: tuple[float, ...]) -> list[dict[str, object]]:
+    """A conditions-like sitting's record runs: wal (0.8 + 0.1·(N − 1) ms/msg at any volume) and kafka
+    (c = 1.0 ms/msg, F per start as given, block by block) at 100,000 messages, and the arm at 5,000
+    messages right after each N's cells, in the series order (``index``) of a paired profile."""
+    rows: list[dict[str, object]] = []
+    for b, f in enumerate(f_by_block):
+        for n in NS:
+            for pipeline, arm, m in (("wal", False, 100_000), ("kafka", False, 100_000),
+                                     ("wal", True, 5_000), ("kafka", True, 5_000)):
+                ms = 0.8 + 0.1 * (n - 1) if pipeline == "wal" else 1.0 + 1000 * f / m
+                # an arm run's block counts its own cell's runs: the same as its series block here
+                rows.append({"index": len(rows) + 1, "pipeline": pipeline, "consumers": n, "messages": m,
+                             "arm": arm, "block": b, "ms": ms})
+    return rows
+
+
+def test_f_refitted_block_by_block_gives_each_blocks_crossing_and_a_bootstrap_over_blocks() -> None:
+    # kafka's F: 2 CPU-s in block 1, 4 in block 2; wal meets kafka at N = 1 + (1 + F/M·1000 − 0.8)/0.1
+    got = sitting.refitted_by_block({"runs": _blocked((2.0, 4.0))}, "wal", "kafka")
+    assert [b["f"]["kafka"][0] for b in got["blocks"]] == pytest.approx([2.0, 4.0])
+    assert [b["fitted_at"] for b in got["blocks"]] == [[1, 4, 16], [1, 4, 16]]
+    assert [b["n_star"][1_000_000] for b in got["blocks"]] == pytest.approx([3.02, 3.04])
+    assert [b["n_star"][5_000] for b in got["blocks"]] == pytest.approx([7.0, 11.0])
+    assert got["intervals"][5_000] == pytest.approx((7.0, 11.0))  # two blocks: their own range
+    assert got["intervals"][math.inf] == pytest.approx((3.0, 3.0))  # F does not reach a Debezium never restarted
+    assert got["coverage"] == 0.5
+
+
+def test_no_block_refit_without_an_arm_in_two_blocks() -> None:
+    one_block = [r for r in _blocked((2.0, 4.0)) if not (r["arm"] and r["block"] == 1)]
+    assert sitting.refitted_by_block({"runs": one_block}, "wal", "kafka") == {}
+    assert sitting.refitted_by_block({"runs": []}, "wal", "kafka") == {}
+
+
+def test_an_arm_run_belongs_to_the_block_its_series_index_falls_in() -> None:
+    """The reference profile's arm: 5,000 messages in the first block, 20,000 in the second; each arm
+    run is the first of its cell (block 0), yet ran in the block its index falls in."""
+    rows = [{"index": 1, "arm": False, "block": 0}, {"index": 2, "arm": True, "block": 0},
+            {"index": 3, "arm": False, "block": 1}, {"index": 4, "arm": True, "block": 0},
+            {"index": None, "arm": True, "block": 0}]
+    assert sitting.series_blocks(rows) == [0, 0, 1, 1, None]

@@ -185,11 +185,25 @@ def test_conditions_profile_pairs_each_condition_with_kafka_and_poll_with_wal_at
     prof = series.profile("conditions")
     assert (prof.messages, prof.senders, prof.cooldown_s, prof.consumers, prof.repeats, prof.paired) == (
         100_000, 200, 20.0, (1, 4, 16), 2, True)
-    assert prof.arms == () and prof.warmup_messages == 20_000 and prof.variants == (PRUNED, POLL4)
+    assert prof.warmup_messages == 20_000 and prof.variants == (PRUNED, POLL4)
     plan = series.plan("conditions")
-    warm, body, drift = plan[0], plan[1:-1], plan[-1]
+    warm, everything, drift = plan[0], plan[1:-1], plan[-1]
     assert (warm.pipeline, warm.consumers, warm.messages, warm.label) == ("kafka", 1, 20_000, "warmup")
-    assert len(plan) == 22 and not any(s.warmup for s in body)
+    assert len(plan) == 34
+    # the volume arm: wal and kafka (never pruned) at 5,000 messages at every N of both blocks, each
+    # right after the cells at its N, so F is refitted block by block
+    arm = [s for s in everything if s.warmup]
+    assert all(s.label == "volume" and s.messages == 5_000 and s.claim_retention == "never" for s in arm)
+    assert Counter((s.pipeline, s.consumers) for s in arm) == Counter(
+        {(p, n): 2 for p in ("wal", "kafka") for n in (1, 4, 16)})
+    halves = (everything[:16], everything[16:])
+    assert [sum(s.warmup for s in h) for h in halves] == [6, 6]
+    for h in halves:
+        for i, s in enumerate(h):
+            if s.warmup:
+                assert h[i - 1].consumers == s.consumers
+    body = [s for s in everything if not s.warmup]
+    assert len(body) == 20
     assert {(s.messages, s.senders, s.cooldown_s, s.seed) for s in body} == {(100_000, 200, 20.0, 1)}
     assert Counter(map(_cell, body)) == Counter(
         {**{(p, n, r): 2 for p, r in (("wal", "never"), ("kafka", "never"), ("wal", "behind-slots"))

@@ -229,3 +229,15 @@ def test_the_claim_table_comes_from_the_vacuum_block() -> None:
     assert sitting._claim_table(run) == {"table": "inbox_wal", "rows": 100000, "dead": 12,
                                          "index_bytes": 3_000_000, "heap_bytes": 4_000_000, "index_depth": 2}
     assert sitting._claim_table({}) == {}
+
+
+def test_autovacuum_logged_by_the_server_is_kept_beside_what_the_polls_saw() -> None:
+    from lab.study import published
+
+    run = {"vacuum": {"delta": {"messages": {"autovacuum_count": 1}, "messages_done": {"autovacuum_count": 1}},
+                      "autovacuum": {"cpu_s": 0.0, "from_log": {"actions": 4, "cpu_s": 0.37}}}}
+    got = sitting._autovacuum(run)
+    assert got == {"count": 2, "cpu_s": 0.0, "log_actions": 4, "log_cpu_s": 0.37}
+    assert published._autovacuum_cpu(got) == "4 actions, 0.37"  # the server's figure, not the polls' 0
+    assert published._autovacuum_cpu({"count": 2, "cpu_s": 0.0}) == "≥ 0.00"  # the polls': a lower bound
+    assert sitting._autovacuum({"vacuum": {"autovacuum": {}}}) == {}
