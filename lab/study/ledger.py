@@ -161,13 +161,60 @@ def _summary(direct: str, broker: str, messages: int,
         return None
     ats = [float(c["at"]) for _, c in per if c.get("at") is not None]
     brackets = [tuple(c["between"]) if c.get("between") else ("below" if c["below"] else "beyond") for _, c in per]
-    common = max(set(brackets), key=brackets.count)
+    common, split = common_bracket(brackets)
     return {"direct": direct, "broker": broker, "messages": messages, "condition": condition, "sittings": len(per),
-            "per_sitting": [{"sitting": r["id"], "day": r.get("day"), "between": c.get("between"), "at": c.get("at"),
+            "per_sitting": [{"sitting": r["id"], "day": r.get("day"), "machine": machine(r),
+                             "between": c.get("between"), "at": c.get("at"),
                              "below": c["below"], "beyond": c["beyond"], "clear": c.get("clear"),
                              "max_n": max(c["ns"]), "min_n": min(c["ns"])} for r, c in per],
             "median_at": statistics.median(ats) if ats else None, "ats": ats,
-            "common": common, "common_count": brackets.count(common)}
+            "common": common, "common_count": brackets.count(common), "split": split}
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    """Two sittings' results can both be true: equal, or brackets of measured N that overlap (a
+    sitting without N = 8 finds 4 to 16 where another finds 4 to 8)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return max(a[0], b[0]) < min(a[1], b[1])
+    return a == b
+
+
+def common_bracket(brackets: Sequence[Any]) -> tuple[Any, bool]:
+    """The result most sittings found (a bracket ``(lo, hi)`` of measured N, ``below`` or
+    ``beyond``), and whether others were found as often (``split``). A tie goes to the result the
+    most sittings' results overlap (:func:`_overlaps`), then to the fewest readers: never to the
+    order a set happens to iterate in."""
+    counts = {b: brackets.count(b) for b in brackets}
+    top = max(counts.values())
+
+    def key(b: Any) -> tuple[int, float, float]:
+        lo, hi = (0.0, 0.0) if b == "below" else (math.inf, math.inf) if b == "beyond" else b
+        return (-sum(_overlaps(b, o) for o in brackets), lo, hi)
+
+    tied = sorted((b for b, k in counts.items() if k == top), key=key)
+    return tied[0], len(tied) > 1
+
+
+def outcome_words(p: Mapping[str, Any]) -> str:
+    """One sitting's result in a few words: ``between N = 4 and 16 (≈ 7.6)``, ``no crossing up to
+    N = 16``, ``the broker cheaper already at N = 1``."""
+    if p.get("between"):
+        lo, hi = p["between"]
+        return f"between N = {lo} and {hi}" + (f" (≈ {float(p['at']):.1f})" if p.get("at") is not None else "")
+    if p.get("below"):
+        return f"the broker cheaper already at N = {p['min_n']}"
+    return f"no crossing up to N = {p['max_n']}"
+
+
+def split_words(s: Mapping[str, Any]) -> str:
+    """`` No bracket was found more often than another: …`` with each sitting's result and machine, where no result was
+    found more often than another (:func:`common_bracket`); else nothing."""
+    if not s.get("split"):
+        return ""
+    return " No bracket was found more often than another: " + "; ".join(
+        f"{outcome_words(p)} on {p.get('machine') or 'a machine'} ({str(p.get('day'))[5:]})"
+        for p in s["per_sitting"]) + "."
+
 
 
 # -- at a fixed rate ----------------------------------------------------------------------------
@@ -251,16 +298,16 @@ def crossing_sentence(s: Mapping[str, Any]) -> str:
     max_n = max(p["max_n"] for p in s["per_sitting"])
     if common == "beyond":
         return (f"{b} costs more than {who} at every N measured up to {max_n} "
-                f"({vol}): no crossing up to N = {max_n}.")
+                f"({vol}): no crossing up to N = {max_n}." + split_words(s))
     if common == "below":
         first = min(p["min_n"] for p in s["per_sitting"])
-        return f"{b} costs less than {who} already at N = {first} ({vol})."
+        return f"{b} costs less than {who} already at N = {first} ({vol})." + split_words(s)
     lo, hi = common
     at = s["ats"]
     where = (f"N* ≈ {s['median_at']:.1f}" + (f" (range {span(at)} over {n} sittings)" if len(at) > 1 else "")
              if at else "")
     return (f"{b} costs less than {who} from between N = {lo} and {hi} on: {where}, read from paired "
-            f"runs at {vol}.")
+            f"runs at {vol}." + split_words(s))
 
 
 # -- costs at a point ---------------------------------------------------------------------------
@@ -441,8 +488,11 @@ def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: in
     first = table.iloc[0]
     others = ", ".join(f"`{row.pipeline}` {row.ms_per_msg:.2f}" for row in table.iloc[1:].itertuples())
     n = len(recs)
-    rng = f" (range {first.lo:.2f}–{first.hi:.2f} over {n} sittings)" if n > 1 else ""
-    most = " in the most sittings" if n > 1 else ""
+    k = int(first.sittings)  # the sittings that measured the leader there
+    w = wins.count(first.pipeline)
+    rng = f" (range {first.lo:.2f}–{first.hi:.2f} over {k} sittings)" if k > 1 else ""
+    most = (f" in {w} of the {k} sittings that measured it (of {n})" if k < n
+            else " in the most sittings" if n > 1 else "")
     sentence = (f"At N = {consumers} and {messages:,} messages per start, `{first.pipeline}` costs least{most}: "
                 f"{first.ms_per_msg:.2f} ms CPU per message{rng}, against {others}.")
     ratios = same_sitting_ratios(per_sitting, str(first.pipeline))
@@ -451,7 +501,7 @@ def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: in
                      f"(× `{first.pipeline}`'s cost, median and range over sittings): "
                      + ", ".join(f"`{p}` ×{statistics.median(v):.2f} ({span(v, 2)})" for p, v in ratios.items())
                      + ".")
-    return sentence, "measured", held(wins.count(first.pipeline), n) if n > 1 else ""
+    return sentence, "measured", held(w, k) if k > 1 else ""
 
 
 def same_sitting_ratios(per_sitting: Sequence[Mapping[str, float]], base: str) -> dict[str, list[float]]:
@@ -526,6 +576,8 @@ def _pruned_finding(records: Sequence[Mapping[str, Any]]) -> Finding | None:
 def _bracket_words(s: Mapping[str, Any]) -> str:
     """``between N = 4 and 16, N* ≈ 9.1``, ``cheaper already at N = 1``, ``no crossing up to N = 16``."""
     common = s["common"]
+    if s.get("split"):
+        return ", ".join(outcome_words(p) for p in s["per_sitting"])
     if common == "beyond":
         return f"no crossing up to N = {max(p['max_n'] for p in s['per_sitting'])}"
     if common == "below":
@@ -583,6 +635,9 @@ def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float,
         # the model is checked where it was measured: the chords of the same machines; those of
         # other machines are named apart (machines differ two- to three-fold, and so may N*)
         where = {machine(r) for r in measured}
+        if s.get("split") and len(where) > 1:
+            return Finding(question, _rate_by_machine(records, measured, rate, sorted(where)), "measured",
+                           held(s["common_count"], s["sittings"]))
         same = rate_chord([r for r in records if machine(r) in where], rate)
         other = rate_chord([r for r in records if machine(r) not in where], rate)
         text = rate_sentence(s) + (f"; on the same machine {chord_check(s, same)}" if same is not None else "")
@@ -598,6 +653,22 @@ def _rate_finding(records: Sequence[Mapping[str, Any]], rate: float,
             + (f"`wal` meets Kafka at N* {span(vals)}" if vals else "`wal` and Kafka do not meet")
             + (" (beyond the measured N in " + held(beyond, n) + ")" if beyond else "") + ".")
     return Finding(question, text, "modelled", held(n, n) if n > 1 else "")
+
+
+def _rate_by_machine(records: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, Any]], rate: float,
+                     machines: Sequence[str]) -> str:
+    """The measured crossing at ``rate`` machine by machine, each beside its own staircases' chord:
+    what the finding says when the machines found different results as often."""
+    lead = f"At a steady {rate:,.0f} msg/s, measured: "
+    parts = []
+    for m in machines:
+        mine = rate_crossing_summary([r for r in measured if machine(r) == m], *HEADLINE_PAIR, rate)
+        if mine is None:
+            continue
+        chord = rate_chord([r for r in records if machine(r) == m], rate)
+        parts.append(f"On {m}: " + rate_sentence(mine).removeprefix(lead)
+                     + (f"; {chord_check(mine, chord)}" if chord is not None else "") + ".")
+    return f"At a steady {rate:,.0f} msg/s the machines disagree, each measured. " + " ".join(parts)
 
 
 def rate_sentence(s: Mapping[str, Any]) -> str:

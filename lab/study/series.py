@@ -90,9 +90,11 @@ STEADY_CONSUMERS = (1, 4, 16)
 # never pruned (the reference study's) and pruned behind every slot (lab.workload.retention), each
 # against kafka in paired runs, and `poll` at N = 4, where autovacuum of the outbox comes inside a
 # 100,000-message run. 3 N x 3 cells + poll at 4 = 10 runs a block, 2 blocks, a 20,000-message
-# warm-up and a drift probe: 22 runs, 21 of them at 100,000 messages. Measured: 23.8 min on
-# 2026-12-07 on a 2-core Intel Xeon host that ran the reference profile in 35.3; on the AMD EPYC host
-# whose reference sitting took 95 min (about 3 min a 100,000-message run) expect 65-70.
+# warm-up and a drift probe: 22 runs, 21 of them at 100,000 messages, measured at 23.8 min on
+# 2026-12-07 on a 2-core Intel Xeon host that ran the reference profile in 35.3. Its volume arm,
+# wal and kafka at 5,000 messages after the cells at every N of both blocks (12 short runs, 34 in
+# all), lets F be refitted block by block (lab.study.refit.by_block); with it, 38.6 min on an AMD
+# EPYC host (probe unit 0.89 ms) on 2026-12-07.
 CONDITIONS_PIPELINES = ("wal", "kafka")
 CONDITIONS_CONSUMERS = (1, 4, 16)
 
@@ -201,9 +203,8 @@ PROFILES: dict[str, Profile] = {
                 "two conditions of the answer at the reference volume, 100,000 messages per start: wal "
                 "with its claim table never pruned and pruned behind every slot, each paired with kafka "
                 "at N = 1, 4, 16, and poll at N = 4 (autovacuum inside the run), in 2 blocks of paired "
-                "cells; 22 runs, 24 min on a 2-core machine that ran the reference in 35 (about 65-70 on one "
-                "that took 95); `lab series` "
-                "and `lab sitting` only", seed=1,
+                "cells; wal and kafka at 5,000 messages at every N of both blocks, so F is refitted block by "
+                "block; 34 runs, 39 min on a 2-core AMD EPYC host; `lab series` and `lab sitting` only", seed=1,
                 pipelines=CONDITIONS_PIPELINES, paired=True, report=False,
                 # F refitted block by block: wal and kafka at 5,000 messages at every N of both blocks
                 arms=(Arm(5_000, CONDITIONS_CONSUMERS, (0, 1), 5.0),),

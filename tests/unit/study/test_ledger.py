@@ -187,6 +187,14 @@ def test_the_option_cheapest_in_most_sittings_leads_though_pooled_medians_favour
     assert kind == "measured"
     assert "`wal` costs least in the most sittings" in sentence and held == "2 of 3 sittings"
     assert "`kafka` ×1.04" in sentence
+    # an option measured in some sittings only, cheapest in each of them: its wins and range are of those
+    with_poll = [*recs[:2], {**recs[2], "cells": [*recs[2]["cells"], {**recs[2]["cells"][0], "pipeline": "poll",
+                                                                      "median": 1.5, "lo": 1.5, "hi": 1.5}]},
+                 {**rec(3, 1.0, 1.1), "cells": [*rec(3, 1.0, 1.1)["cells"], {**rec(3, 1.0, 1.1)["cells"][0],
+                                                "pipeline": "poll", "median": 0.9, "lo": 0.9, "hi": 0.9}]}]
+    sentence, _, held = ledger._cheapest(with_poll, 4, M) or ("", "", "")
+    assert "`poll` costs least in 2 of the 2 sittings that measured it (of 4): 1.20 ms CPU per message " \
+           "(range 0.90–1.50 over 2 sittings)" in sentence and held == "2 of 2 sittings"
 
 
 def test_lab_answer_leads_with_the_most_sittings_and_gives_same_sitting_ratios() -> None:

@@ -131,3 +131,16 @@ def test_an_arm_run_belongs_to_the_block_its_series_index_falls_in() -> None:
             {"index": 3, "arm": False, "block": 1}, {"index": 4, "arm": True, "block": 0},
             {"index": None, "arm": True, "block": 0}]
     assert sitting.series_blocks(rows) == [0, 0, 1, 1, None]
+
+
+def test_the_published_block_table_gives_each_blocks_crossing_and_the_real_coverage() -> None:
+    from lab.study import published
+
+    rec = {"id": "s1", "day": "2026-12-07", "profile": "conditions", "machine": {"cpu_model": "AMD EPYC"},
+           "runs": _blocked((2.0, 4.0))}
+    text = "\n".join(published._block_section([rec]))
+    row = next(x for x in text.splitlines() if "`wal` vs kafka" in x)
+    assert "block 1: 5,000, 100,000 messages at N = 1, 4, 16" in row
+    assert "| 7.0, 11.0 | 7.0–11.0 |" in row  # at 5,000: each block's N*, then the block bootstrap's
+    assert row.endswith("| about 50 % |")
+    assert published._block_section([{**rec, "runs": []}]) == []

@@ -177,3 +177,39 @@ def test_answer_at_the_rate_reads_the_measured_cells() -> None:
     assert modelled.loc["wal", "rate"] == "inside"  # the staircases' floors where nothing was measured at the rate
     assert "rate: measured" in answer.text(recs, 4, M, RATE)
     assert "rate: measured" not in answer.text(recs, 4, M)
+
+
+def test_machines_that_disagree_at_the_rate_are_each_given_with_their_own_chord() -> None:
+    """One machine crosses between 4 and 16, another (its steady kafka dearer by 1 ms/msg) never:
+    neither result is the finding's; each comes with its own machine's staircases."""
+    intel = {"id": "m1", "cpu_model": "Intel(R) Xeon(R) Processor"}
+    dear = steady_runs()
+    dear.loc[dear["pipeline"] == "kafka", "steady_ms_per_msg"] += 1.0
+    other = sitting.build(dear, sitting_id="st-intel", profile="steady", series_id="steady", machine=intel, n_boot=20)
+    stairs_other = {**staircase_record(), "id": "q-intel", "machine": intel}
+    found = {f.question: f for f in ledger.findings([staircase_record(), stairs_other, steady_record(), other])}
+    f = found["And for a slow steady stream (200 msg/s)?"]
+    assert f.sentence.startswith("At a steady 200 msg/s the machines disagree, each measured. ")
+    assert f.held == "1 of 2 sittings"
+    mine, theirs = f.sentence.split(" On ")[1:]
+    assert "`wal` meets Kafka between N = 4 and 16 (≈ 9.0)" in mine and mine.endswith("they agree.")
+    assert theirs.startswith("m1 Intel(R) Xeon(R) Processor: Kafka costs more than `wal` at every N up to 16")
+    assert theirs.endswith("inside the measured N where the runs found none: they disagree.")
+
+
+def test_a_tie_between_brackets_goes_to_the_one_most_results_overlap_and_is_said() -> None:
+    # 4-16 (a sitting without N = 8) overlaps 4-8, not 1-4: 4-8 leads, and the tie is reported
+    assert ledger.common_bracket([(4, 8), (1, 4), (4, 8), (4, 16), (1, 4)]) == ((4, 8), True)
+    assert ledger.common_bracket([(4, 8), (4, 8), (1, 4)]) == ((4, 8), False)
+    assert ledger.common_bracket(["beyond", (4, 16)]) == ((4, 16), True)  # then the fewest readers
+    assert ledger.common_bracket(["beyond", "beyond", "below"]) == ("beyond", False)
+    per = [{"between": [4, 16], "at": 7.57, "below": False, "beyond": False, "min_n": 1, "max_n": 16,
+            "machine": "m AMD EPYC", "day": "2026-12-07"},
+           {"between": None, "at": None, "below": False, "beyond": True, "min_n": 1, "max_n": 16,
+            "machine": "m Intel", "day": "2026-12-07"}]
+    assert ledger.outcome_words(per[0]) == "between N = 4 and 16 (≈ 7.6)"
+    assert ledger.outcome_words(per[1]) == "no crossing up to N = 16"
+    assert ledger.split_words({"split": False, "per_sitting": per}) == ""
+    assert ledger.split_words({"split": True, "per_sitting": per}) == (
+        " No bracket was found more often than another: between N = 4 and 16 (≈ 7.6) on m AMD EPYC (12-07); "
+        "no crossing up to N = 16 on m Intel (12-07).")
