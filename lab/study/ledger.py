@@ -405,10 +405,13 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     a pipeline some sittings measured at the point (or around it) is read from those alone, not from
     the extrapolations of sittings that ran one volume or a few N.
     The leader comes first: the pipeline cheapest in the most sittings (``wins``); each other row
-    carries ``x``, its cost ÷ the leader's in the same sitting (median over the ``x_sittings`` that
+    carries ``x``, its cost ÷ the leader's in the same sitting (within a sitting only the pipelines
+    read as closely in volume as its best, measured before interpolated before extrapolated, are set
+    against each other; median over the ``x_sittings`` that
     estimated both; ``x_lo``, ``x_hi`` their range), ordered by it."""
     out = []
     per_sitting: dict[str, dict[str, float]] = {}  # sitting → pipeline → its estimate there
+    volume_how: dict[str, dict[str, str]] = {}  # sitting → pipeline → measured, inside or beyond in volume
     pipelines = list(dict.fromkeys(c["pipeline"] for r in records for c in r.get("cells") or []))
     for p in pipelines:
         ests = [(r, e) for r in records if (e := estimate(r, p, consumers, messages, rate)) is not None]
@@ -421,6 +424,7 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
         for r, e in ests:
             if e["n"] != "beyond":  # outside a sitting's measured N nothing is set against a measured cost
                 per_sitting.setdefault(str(r.get("id")), {})[p] = float(e["ms"])
+                volume_how.setdefault(str(r.get("id")), {})[p] = e["volume"]
         v = [e["ms"] for _, e in ests]
         where = {k: sorted({e[k] for _, e in ests}) for k in ("volume", "n", "rate")}
         beyond = [k for k, vals in where.items() if "beyond" in vals]
@@ -437,6 +441,13 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     # the leader is the pipeline cheapest in the most sittings (ties: the lower median cost); every
     # other is given as its cost ÷ the leader's in the same sitting, which a machine three times
     # faster than another leaves alone, where the pooled costs do not
+    # within a sitting, like with like: where some pipeline was measured at that volume, one carried
+    # there from another volume is not set against it (poll run at 100,000 only, against wal at 5,000)
+    rank = {"measured": 0, "inside": 1}
+    for sid, costs in per_sitting.items():
+        hows = volume_how[sid]
+        best = min(rank.get(h, 2) for h in hows.values())
+        per_sitting[sid] = {p: v for p, v in costs.items() if rank.get(hows[p], 2) == best}
     contested = [c for c in per_sitting.values() if len(c) > 1]
     wins = [min(c, key=lambda k: c[k]) for c in contested]
     df["wins"] = [wins.count(p) for p in df["pipeline"]]

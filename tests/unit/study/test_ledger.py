@@ -222,3 +222,17 @@ def test_lab_answer_reads_a_pipeline_from_the_sittings_that_measured_the_point()
     assert math.isnan(table.loc["poll", "x"])  # and never set against a measured cost
     far = ledger.answer([quick, one_volume], 16, 1_000_000).set_index("pipeline")
     assert far.loc["poll", "n"] == "beyond" and far["x_sittings"].sum() == 0  # one N measured: no ratio at 16
+
+
+def test_a_cost_carried_from_another_volume_is_not_set_against_one_measured_there() -> None:
+    """A sitting that ran poll at 100,000 messages only and wal at 5,000 and 100,000: at 5,000 poll's
+    figure is its 100,000-message one carried over, and no ratio to wal is read from it."""
+    M5 = 5_000
+    cells = [{"pipeline": p, "consumers": 4, "messages": m, "arm": m == M5, "runs": 2, "median": v, "lo": v, "hi": v}
+             for p, m, v in (("wal", M5, 1.0), ("wal", M, 1.2), ("poll", M, 0.7))]
+    rec = {"id": "c1", "day": "2026-12-07", "profile": "conditions", "cells": cells, "conditions": {"volumes": [M]}}
+    at5k = ledger.answer([rec], 4, M5).set_index("pipeline")
+    assert at5k.loc["poll", "volume"] == "beyond" and at5k.loc["wal", "volume"] == "measured"
+    assert at5k.loc["wal", "wins"] == 0 and at5k.loc["poll", "x_sittings"] == 0  # nothing contested
+    at100k = ledger.answer([rec], 4, M).set_index("pipeline")
+    assert at100k.loc["poll", "wins"] == 1 and at100k.loc["wal", "x"] == pytest.approx(1.2 / 0.7)
