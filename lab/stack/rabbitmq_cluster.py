@@ -61,9 +61,10 @@ class RabbitMQCluster:
         self.settings = settings
         self.nodes = [RabbitMQService(settings, i) for i, _, _, _ in settings.rabbitmq_nodes]
 
+        self.last_start_s: float | None = None
+
     def root_needed(self) -> str | None:
         return self.nodes[0].root_needed()
-        self.last_start_s: float | None = None
 
     @property
     def node_names(self) -> list[str]:
@@ -91,19 +92,15 @@ class RabbitMQCluster:
         log.info("RabbitMQ cluster %s up in %.1f s", ", ".join(self.node_names), self.last_start_s)
 
     def _join(self) -> None:
-        """Join nodes 2 and 3 to node 1, both at once (each CLI call boots an Erlang VM: tens of
-        seconds on a loaded 2-core machine, so each step gets the node's start timeout)."""
+        """Join nodes 2 and 3 to node 1, one after the other. Two joins at once can meet in node 1's
+        schema transaction: the loser's mnesia start is killed (``start_app`` exits 69), and its
+        database is then left so that not even ``reset`` starts it again (both seen on a loaded
+        2-core machine), so the joins never overlap. Each CLI call boots an Erlang VM (tens of
+        seconds on a loaded 2-core machine), so each step gets the node's start timeout."""
         running = self.running_nodes()
-        alone = [n for n in self.nodes[1:] if n.node_name not in running]
-        if alone:
-            with ThreadPoolExecutor(len(alone)) as pool:
-                futures = [(n, pool.submit(self._join_one, n)) for n in alone]
-            # two joins at once can meet in node 1's schema transaction, and the loser's mnesia start
-            # is killed (`start_app` exits 69, seen on a loaded machine): that node joins again, alone
-            for n, f in futures:
-                if (exc := f.exception()) is not None:
-                    log.warning("joining %s again, alone: %s", n.node_name, exc)
-                    self._join_one(n)
+        for node in self.nodes[1:]:
+            if node.node_name not in running:
+                self._join_one(node)
         if not self.clustered():
             raise StackError(f"RabbitMQ nodes did not form one cluster: node 1 runs with "
                              f"{self.running_nodes()}, expected {sorted(self.node_names)}")

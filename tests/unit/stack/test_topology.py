@@ -174,26 +174,30 @@ def test_either_topology_stops_the_others_rabbitmq_too() -> None:
     assert any(isinstance(s, RabbitMQService) for s in ha._other_topology())
 
 
-def test_a_node_whose_concurrent_join_failed_joins_again_alone(monkeypatch) -> None:
-    """Two joins at once can kill the loser's mnesia start (rabbitmqctl start_app exits 69): that node
-    runs its join steps again after the other finished; a second failure is raised."""
+def test_the_nodes_join_one_after_the_other_and_a_failed_join_is_raised(monkeypatch) -> None:
+    """Two joins at once can kill the loser's mnesia start for good: node 3 joins only once node 2's
+    join returned, a node already in the cluster does not join again, and a failure is raised."""
     from types import SimpleNamespace
 
     nodes = [SimpleNamespace(node_name=f"n{i}@localhost") for i in (1, 2, 3)]
     cluster = RabbitMQCluster.__new__(RabbitMQCluster)
     cluster.nodes = nodes
-    monkeypatch.setattr(RabbitMQCluster, "running_nodes", lambda self: ["n1@localhost"])
+    running = ["n1@localhost"]
+    monkeypatch.setattr(RabbitMQCluster, "running_nodes", lambda self: list(running))
     monkeypatch.setattr(RabbitMQCluster, "clustered", lambda self: True)
-    calls: list[str] = []
+    events: list[str] = []
 
     def join_one(self, node) -> None:
-        calls.append(node.node_name)
-        if node.node_name == "n3@localhost" and calls.count("n3@localhost") == 1:
-            raise StackError("rabbitmqctl start_app failed (69): mnesia killed")
+        events.append(f"start {node.node_name}")
+        events.append(f"end {node.node_name}")
 
     monkeypatch.setattr(RabbitMQCluster, "_join_one", join_one)
     cluster._join()
-    assert sorted(calls) == ["n2@localhost", "n3@localhost", "n3@localhost"] and calls[-1] == "n3@localhost"
+    assert events == ["start n2@localhost", "end n2@localhost", "start n3@localhost", "end n3@localhost"]
+    events.clear()
+    running.append("n2@localhost")
+    cluster._join()
+    assert events == ["start n3@localhost", "end n3@localhost"]
 
     def always(self, node) -> None:
         raise StackError("start_app failed (69)")
