@@ -194,10 +194,10 @@ PROFILES: dict[str, Profile] = {
         Profile("reference", 100_000, 200, REFERENCE_VOLUME_CONSUMERS, 20.0, 2, 20_000,
                 "wal, kafka and rabbitmq at the reference volume, 100,000 messages per start, N = 1, 4, "
                 "8, 16, in 2 blocks of paired cells (the pipelines at one N back to back); in the "
-                "first block 5,000 messages at every N and in the second 20,000 at N = 1 and 16, from "
+                "first block 5,000 messages at every N and in the second 20,000 at N = 1, 4 and 16, from "
                 "which the quick model predicts every 100,000-message cell", seed=1,
                 # the arm's runs are the quick model's: they rest as long as the quick profile's (5 s)
-                arms=(Arm(5_000, REFERENCE_VOLUME_CONSUMERS, (0,), 5.0), Arm(20_000, (1, 16), (1,), 5.0)),
+                arms=(Arm(5_000, REFERENCE_VOLUME_CONSUMERS, (0,), 5.0), Arm(20_000, (1, 4, 16), (1,), 5.0)),
                 pipelines=REFERENCE_VOLUME_PIPELINES, paired=True),
         Profile("conditions", 100_000, 200, CONDITIONS_CONSUMERS, 20.0, 2, 20_000,
                 "two conditions of the answer at the reference volume, 100,000 messages per start: wal "
