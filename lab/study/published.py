@@ -224,9 +224,9 @@ def _prediction_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
     summary = err.groupby("pipeline")["error_pct"].agg(lambda s: f"{s.min():+.0f} % to {s.max():+.0f} %")
     lines = ["## The quick model against the measurement", "",
              "The quick model fits the fixed cost per start F from 5,000- and 20,000-message runs (F as a line in N "
-             "through N = 1 and 16) and predicts c + F/M at 100,000 messages; the reference sittings measured that "
-             "volume directly in the same sitting. A model figure is quoted only for a volume where this check held; "
-             "its error per pipeline over every cell and sitting:", ""]
+             "through the N where both volumes ran) and predicts c + F/M at 100,000 messages; the reference sittings "
+             "measured that volume directly in the same sitting. A model figure is quoted only for a volume where "
+             "this check held; its error per pipeline over every cell and sitting:", ""]
     lines += [f"- `{p}`: {s}" for p, s in summary.items()]
     show = err.assign(sitting=err["sitting"].str[:15], predicted=err["predicted"].map(_fmt),
                       measured=err["measured"].map(_fmt), error_pct=err["error_pct"].map(lambda x: f"{x:+.1f}"))
@@ -419,8 +419,7 @@ def _block_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
                        + ", ".join(map(str, b["fitted_at"])) for b in blocks)}
             for v in at:
                 name = "∞" if math.isinf(v) else f"{v:,}"
-                row[f"N* at {name}, each block"] = ", ".join(
-                    _n_range(*(None if math.isinf(x) else x for x in (b["n_star"][v],) * 2)) for b in blocks)
+                row[f"N* at {name}, each block"] = ", ".join(_n_at(b["n_star"][v]) for b in blocks)
                 ci = fit["intervals"].get(v)
                 row[f"at {name}, block bootstrap"] = (
                     _n_range(*(None if math.isinf(x) else x for x in ci)) if ci is not None else "—")
@@ -436,6 +435,11 @@ def _block_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
             "values, so the interval is about the two blocks' own range and covers the truth about half the time, "
             "not 95 %. N\\* here is the straight-direct, flat-broker model's, not a measured crossing.", "",
             _table(pd.DataFrame(rows)), ""]
+
+
+def _n_at(x: float) -> str:
+    """One N*: ``4.5``, ``below 1``, ``never`` (``inf``: the broker never cheaper)."""
+    return _n_range(None, None) if math.isinf(x) else _n_range(x, x)
 
 
 def _n_range(lo: float | None, hi: float | None) -> str:

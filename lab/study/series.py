@@ -15,10 +15,10 @@ so that in a paired block it runs back to back with the cells it is compared wit
 The warm-up is 20 % of M as in the reference, but outside ``smoke`` at least 5,000 messages: at
 M = 5,000 a 1,000-message warm-up left the JVMs cold, and the first kafka cell 29 % above the drift probe.
 
-Every run of a series is stored with ``series_id`` (and its position ``series_index``) in its
-run.json. Re-running a series skips each cell that already has a successful run with the same
-scenario in that series (counting repeats), unless ``force``; so an interrupted series resumes
-where it stopped, and a failed cell is retried.
+Every run of a series is stored with ``series_id`` (and its position ``series_index``, and for a
+run of the blocks its block ``series_block``) in its run.json. Re-running a series skips each cell
+that already has a successful run with the same scenario in that series (counting repeats), unless
+``force``; so an interrupted series resumes where it stopped, and a failed cell is retried.
 
 Example::
 
@@ -53,17 +53,21 @@ REFERENCE_WARMUP = ORDER[0]  # the reference warmed up on its sweep's first; a s
 # The reference stopped at 8 and extrapolated the crossover; 12 and 16 measure it.
 CONSUMERS = (1, 2, 4, 8, 12, 16)
 # The default profile answers the article's question for its four pipelines within half an hour on 2
-# cores: 3 N x 4 pipelines x 2 blocks + a volume arm of 4 x 2 in the first block = 32 runs, and a
+# cores: 3 N x 4 pipelines x 2 blocks + a volume arm of 2 pipelines x 3 N x 2 blocks = 36 runs, and a
 # warm-up and a drift probe. Two runs per cell give the median's [min, max] at 50 % coverage
 # (labelled so). N = 1 and 4 are the article's, 16 measures beyond its extrapolated crossover; its N = 8
 # is the reference profile's (at the reference volume, where the crossings lie) and `full`'s. With
 # N = 8 the quick report took 36.6 minutes on a fresh clone on 2026-12-07 (42 runs, 22.5 minutes of
 # series), over its half hour; its 8 runs were the ones cut, not the blocks, the volume or the
-# staircases. The volume arm (20,000 messages at N = 1 and 16) gives the fixed cost per start F across
-# volumes; in both blocks it cost 8 more runs of 20,000 messages (about 8 minutes on a slow day) for a
-# second estimate of F. The options the article never compared are in `decision` (every registered
-# pipeline), which a default series of every pipeline would more than double.
+# staircases. The volume arm (20,000 messages) gives the fixed cost per start F across volumes. It
+# runs the headline's pair, wal and kafka, at every N of both blocks, so F is refitted block by block
+# (lab.study.refit.by_block) and its error enters N*; the four pipelines at 3 N in both blocks would be
+# 24 runs of 20,000 messages, over the half hour. RabbitMQ's start is fitted where RabbitMQ's question
+# is measured, in the reference profile (three volumes); wal-sharded has no start. The options the
+# article never compared are in `decision` (every registered pipeline), which a default series of
+# every pipeline would more than double.
 QUICK_CONSUMERS = (1, 4, 16)
+QUICK_ARM_PIPELINES = ("wal", "kafka")
 DECISION_CONSUMERS = (1, 4, 16)
 # The article's own sweep: N = 1, 2, 4, 8 once each, in its order
 # (kafka, rabbitmq, wal, wal-sharded), a 20,000-message kafka c1 warm-up and a drift probe: 18 runs.
@@ -101,15 +105,23 @@ CONDITIONS_CONSUMERS = (1, 4, 16)
 
 @dataclass(frozen=True)
 class Arm:
-    """Runs of the profile's pipelines at another message count: at ``consumers`` (those of the
-    plan's N), in the blocks numbered ``blocks`` (0 is the first). Labelled ``volume`` and marked
-    ``warmup``, so that no table pools them with the main cells: they are what the fixed cost per
-    start F is fitted from across volumes, and what the model is checked with."""
+    """Runs of the profile's pipelines (those of them in ``pipelines``; empty: all) at another
+    message count: at ``consumers`` (those of the plan's N), in the blocks numbered ``blocks`` (0 is
+    the first). Labelled ``volume`` and marked ``warmup``, so that no table pools them with the main
+    cells: they are what the fixed cost per start F is fitted from across volumes, and what the
+    model is checked with."""
 
     messages: int
     consumers: tuple[int, ...]
     blocks: tuple[int, ...] = (0,)
     cooldown_s: float | None = None  # None: the profile's
+    pipelines: tuple[str, ...] = ()  # empty: every pipeline of the plan
+
+    def runs(self, pipeline: str) -> bool:
+        return not self.pipelines or pipeline in self.pipelines
+
+
+QUICK_ARM = Arm(20_000, QUICK_CONSUMERS, (0, 1), pipelines=QUICK_ARM_PIPELINES)
 
 
 @dataclass(frozen=True)
@@ -184,9 +196,9 @@ PROFILES: dict[str, Profile] = {
                 pipelines=REFERENCE_PIPELINES),
         Profile("quick", 5000, 200, QUICK_CONSUMERS, 5.0, 2, 5000,
                 "the article's four pipelines at N = 1, 4, 16, 5,000 messages, in 2 shuffled "
-                "blocks, so every cell has an interval; and at 20,000 messages at N = 1 and 16 in the "
-                "first block, so the fixed cost per start is fitted across volumes", seed=1,
-                arms=(Arm(20_000, (1, 16), (0,)),), pipelines=REFERENCE_PIPELINES),
+                "blocks, so every cell has an interval; and wal and kafka at 20,000 messages at every N "
+                "of both blocks, so the fixed cost per start is fitted across volumes, block by block", seed=1,
+                arms=(QUICK_ARM,), pipelines=REFERENCE_PIPELINES),
         Profile("decision", 5000, 200, DECISION_CONSUMERS, 5.0, 2, 5000,
                 "every registered pipeline, the article's four and the options it never compared, at "
                 "N = 1, 4, 16, 5,000 messages, in 2 shuffled blocks; 20,000 messages at N = 1 and 16 in "
@@ -316,9 +328,23 @@ def blocks(base: Scenario, *, pipelines: Iterable[str], consumers: Iterable[int]
     return out
 
 
+class Plan(list[Scenario]):
+    """A series in order: a list of scenarios that also knows ``blocks``, the block each position
+    runs in (0 is the first; None for the warm-up and the drift probe). :func:`run_series` stores it
+    with every run (``series_block``): in a shuffled block an arm run may come before the block's
+    first measured run, so its place in the series alone does not say which block it ran in. A
+    slice or a filtered copy is a plain list and carries no blocks."""
+
+    def __init__(self, scenarios: Iterable[Scenario] = (), blocks: Iterable[int | None] = ()) -> None:
+        super().__init__(scenarios)
+        self.blocks: tuple[int | None, ...] = tuple(blocks)
+        if self.blocks and len(self.blocks) != len(self):
+            raise ValueError(f"{len(self.blocks)} blocks for {len(self)} scenarios")
+
+
 def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = None,
          pipelines: Sequence[str] | None = None, rate: float = 0.0,
-         consumers: Sequence[int] | None = None) -> list[Scenario]:
+         consumers: Sequence[int] | None = None) -> Plan:
     """The series for profile ``name``: warm-up (none when the profile has no warm-up messages), the
     matrix, drift probe.
 
@@ -356,18 +382,22 @@ def plan(name: str = "quick", *, repeats: int | None = None, seed: int | None = 
         rest = base.cooldown_s if a.cooldown_s is None else a.cooldown_s
         for b in (b for b in a.blocks if b < reps):
             arm[b] += [base.replace(pipeline=p, consumers=n, messages=a.messages, seed=seed or 0, warmup=True,
-                                    label="volume", cooldown_s=rest) for p in pipes for n in a.consumers if n in ns]
+                                    label="volume", cooldown_s=rest)
+                       for p in pipes if a.runs(p) for n in a.consumers if n in ns]
     variants = [v for v in prof.variants if not pipelines or v.pipeline in pipelines]
     main = base.replace(rate=float(rate))
-    cells = [c for block in blocks(main, pipelines=pipes, consumers=ns, repeats=reps, seed=seed, extra=arm,
-                                   paired=prof.paired, variants=variants) for c in block]
+    placed = [(c, b) for b, block in enumerate(blocks(main, pipelines=pipes, consumers=ns, repeats=reps, seed=seed,
+                                                      extra=arm, paired=prof.paired, variants=variants))
+              for c in block]
+    cells = [c for c, _ in placed]
     first = REFERENCE_WARMUP if REFERENCE_WARMUP in pipes else pipes[0]
     warmup = [base.replace(pipeline=first, consumers=1, warmup=True, label="warmup", seed=seed or 0,
                            messages=prof.warmup_messages)] if prof.warmup_messages else []
     # the drift probe repeats the first cell of the profile's own pipelines, never a variant's
     drift = next(c for c in cells if not c.warmup and c.pipeline in pipes
                  and c == main.replace(pipeline=c.pipeline, consumers=c.consumers, seed=seed or 0))
-    return [*warmup, *cells, drift.replace(warmup=True, label="drift")]
+    return Plan([*warmup, *cells, drift.replace(warmup=True, label="drift")],
+                [*(None for _ in warmup), *(b for _, b in placed), None])
 
 
 def default_series_id(name: str, *, repeats: int | None = None, seed: int | None = None,
@@ -481,6 +511,7 @@ async def _run_series(
             write_idle(series_id, idle, settings=settings)
         log.info("idle baseline (cpu s/s): %s", idle["cpu_s_per_s"])
     done = {} if force else _existing(series_id, settings)
+    placed = plan.blocks if isinstance(plan, Plan) else ()
     seen: Counter[Scenario] = Counter()
     results = []
     total = len(plan)
@@ -499,8 +530,10 @@ async def _run_series(
         def on_phase(phase: str, info: dict[str, Any], i: int = i, s: Scenario = scenario) -> None:
             report(Step(i, total, s, "phase", phase=phase))
 
-        result = await run_scenario(scenario, settings, progress=on_phase, idle=idle,
-                                    meta={"series_id": series_id, "series_index": i})
+        meta: dict[str, Any] = {"series_id": series_id, "series_index": i}
+        if placed and placed[i] is not None:
+            meta["series_block"] = placed[i]
+        result = await run_scenario(scenario, settings, progress=on_phase, idle=idle, meta=meta)
         log.info("[%d/%d] %s: %s", i + 1, total, cell_label(scenario), outcome(result))
         report(Step(i, total, scenario, "done", result=result))
         results.append(result)

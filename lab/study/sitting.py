@@ -168,8 +168,10 @@ def run_rows(runs: pd.DataFrame, raw: Mapping[str, Mapping[str, Any]] | None = N
                  if not p.startswith("pg.") and f"cpu_s.{p}" in r and pd.notna(r[f"cpu_s.{p}"])}
         parts |= {p: _r(1000 * float(r[p]) / m) for p in PARTS if p.startswith("pg.") and p in r and pd.notna(r[p])}
         parts = {k: v for k, v in parts.items() if v is not None and abs(v) >= 0.0005}  # idle brokers' crumbs
+        placed = r.get("series_block")
         row = {
             "index": int(r[order]) if order == "series_index" and pd.notna(r[order]) else None,
+            **({"series_block": int(placed)} if placed is not None and pd.notna(placed) else {}),
             "pipeline": r["pipeline"], "condition": cond, "consumers": int(r["consumers"]), "messages": int(m),
             "arm": bool(key[3] == "volume"), "block": block, "ms": _r(r[METRIC]),
             "norm": _r(r.get(NORM)), "unit_ms": _r(r.get(UNIT), 3),
@@ -388,10 +390,13 @@ def refitted(record: Mapping[str, Any], direct: str, broker: str) -> dict[float,
 
 
 def series_blocks(rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
-    """The block of the series each run ran in. A measured run's ``block`` is the how-many-th run of
-    its cell, which is its series block (every block runs each cell once); an arm run's counts only
-    its arm cell, so it is placed by its series index instead: in the last block begun before it.
-    None where the index is missing (records written before it was kept)."""
+    """The block of the series each run ran in: the block the series stored with it
+    (``series_block``) where it did. Otherwise a measured run's ``block``, the how-many-th run of its
+    cell, is its series block (every block runs each cell once); an arm run's counts only its arm
+    cell, so it is placed by its series index instead: in the last block begun before it (right for
+    paired blocks, where a block's arm runs follow its cells at their N, and for an arm in the first
+    block only; records written before ``series_block`` was kept are of those kinds). None where the
+    index is missing too."""
     starts: dict[int, int] = {}
     for r in rows:
         if not r.get("arm") and r.get("index") is not None:
@@ -399,7 +404,9 @@ def series_blocks(rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
             starts[b] = min(starts.get(b, int(r["index"])), int(r["index"]))
     out: list[int | None] = []
     for r in rows:
-        if not r.get("arm"):
+        if r.get("series_block") is not None:
+            out.append(int(r["series_block"]))
+        elif not r.get("arm"):
             out.append(int(r["block"]))
         elif r.get("index") is None or not starts:
             out.append(None)
@@ -412,7 +419,8 @@ def refitted_by_block(record: Mapping[str, Any], direct: str, broker: str) -> di
     """N* at each of :data:`lab.study.crossover.VOLUMES` with F refitted from each block's own
     volumes and by a block bootstrap (:func:`lab.study.refit.by_block`), from the record's plain
     runs; empty unless two or more blocks ran both pipelines at two volumes (a reference sitting: its
-    5,000-message arm in one block and 20,000 in the other; a conditions sitting: its arm in both)."""
+    5,000-message arm in one block and 20,000 in the other; a conditions or a quick sitting: its arm
+    in both)."""
     rows = [dict(r) for r in plain_rows(record.get("runs") or [])]
     if not rows:
         return {}

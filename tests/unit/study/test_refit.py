@@ -133,6 +133,17 @@ def test_an_arm_run_belongs_to_the_block_its_series_index_falls_in() -> None:
     assert sitting.series_blocks(rows) == [0, 0, 1, 1, None]
 
 
+def test_the_block_the_series_stored_with_a_run_is_its_block() -> None:
+    """A shuffled block (the quick profile's) can begin with an arm run: by its index alone it would
+    fall in the block before; the block the series stored with it (``series_block``) says otherwise."""
+    rows = [{"index": 1, "arm": False, "block": 0, "series_block": 0},
+            {"index": 2, "arm": True, "block": 0, "series_block": 0},
+            {"index": 3, "arm": True, "block": 1, "series_block": 1},  # first of block 1, before its cells
+            {"index": 4, "arm": False, "block": 1, "series_block": 1}]
+    assert sitting.series_blocks(rows) == [0, 0, 1, 1]
+    assert sitting.series_blocks([{k: v for k, v in r.items() if k != "series_block"} for r in rows]) == [0, 0, 0, 1]
+
+
 def test_the_published_block_table_gives_each_blocks_crossing_and_the_real_coverage() -> None:
     from lab.study import published
 

@@ -40,9 +40,10 @@ def test_profiles() -> None:
     quick, full = series.profile("quick"), series.profile("full")
     assert (quick.messages, quick.senders, quick.consumers) == (5000, 200, (1, 4, 16))
     assert series.profile("reference").consumers == (1, 4, 8, 16)  # N = 8 at the reference volume, not in quick
-    assert len(series.plan("quick")) == 1 + 4 * 3 * 2 + 4 * 2 + 1  # 34 runs: its half hour on 2 cores
+    assert len(series.plan("quick")) == 1 + 4 * 3 * 2 + 2 * 3 * 2 + 1  # 38 runs: its half hour on 2 cores
     assert quick.repeats == 2 and series.plan("quick")[1].seed == 1  # an interval per cell, shuffled
-    assert quick.arms == (series.Arm(20_000, (1, 16), (0,)),)
+    # the headline's pair at 20,000 messages at every N of both blocks: F refitted block by block
+    assert quick.arms == (series.Arm(20_000, (1, 4, 16), (0, 1), pipelines=("wal", "kafka")),)
     assert (full.messages, full.senders, full.cooldown_s, full.repeats) == (100_000, 200, 20.0, 3)
     assert set(quick.consumers) < set(full.consumers) and max(full.consumers) == 16  # measured, not extrapolated
     assert quick.idle_s == full.idle_s == 30.0
@@ -54,24 +55,23 @@ def test_profiles() -> None:
 
 
 def test_repeats_are_blocks_and_the_volume_arm_rides_in_them() -> None:
-    pipes = ["kafka", "wal"]
+    pipes = ["kafka", "rabbitmq", "wal"]
     plan = series.plan("quick", pipelines=pipes)
     body = plan[1:-1]
     cells = len(pipes) * len(series.QUICK_CONSUMERS)
-    arm = {(p, n) for p in pipes for n in (1, 16)}
-    first = cells + len(arm)  # quick's arm rides in its first block only
-    assert len(body) == first + cells
+    arm = {(p, n) for p in ("kafka", "wal") for n in series.QUICK_CONSUMERS}  # quick's arm: wal and kafka only
+    per_block = cells + len(arm)  # in both blocks
+    assert len(body) == 2 * per_block
     main = {(p, n) for p in pipes for n in series.QUICK_CONSUMERS}
-    for block, with_arm in ((body[:first], True), (body[first:], False)):  # every cell once per block
+    for block in (body[:per_block], body[per_block:]):  # every cell once per block, the arm's too
         assert sorted((s.pipeline, s.consumers) for s in block if not s.warmup) == sorted(main)
         volume = [s for s in block if s.label == "volume"]
-        assert {(s.pipeline, s.consumers) for s in volume} == (arm if with_arm else set())
-        assert len(volume) == (len(arm) if with_arm else 0)
+        assert sorted((s.pipeline, s.consumers) for s in volume) == sorted(arm)
         assert all(s.warmup and s.messages == 20_000 for s in volume)  # no table pools them with M = 5,000
-    assert [s for s in body[:first] if not s.warmup] != body[first:]  # shuffled within each block, differently
+    assert body[:per_block] != body[per_block:]  # shuffled within each block, differently
     assert plan[-1].label == "drift" and plan[-1].messages == 5000
-    full = series.plan("full", pipelines=pipes)[1:-1]  # full: the arm in two of its three blocks
-    assert sum(s.label == "volume" for s in full) == 2 * len(arm)
+    full = series.plan("full", pipelines=pipes)[1:-1]  # full: the arm, every pipeline, in two of its three blocks
+    assert sum(s.label == "volume" for s in full) == 2 * len(pipes) * 2
     assert not any(s.label == "volume" for s in series.plan("quick", pipelines=pipes, rate=500.0))
     assert not any(s.label == "volume" for s in series.plan("smoke", pipelines=pipes))
 
@@ -262,6 +262,41 @@ def test_a_variant_resumes_as_a_cell_of_its_own(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(lab.runner, "run_scenario", recorder)
     asyncio.run(series.run_series(plan, settings, series_id="c"))
     assert pruned not in ran and plain in ran and len(ran) == len(plan) - 1
+
+
+def test_a_plan_knows_the_block_of_every_run_and_the_series_stores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a shuffled block an arm run can come before the block's first measured run, where its
+    place in the series alone would put it in the block before: the plan says which block each
+    position is in, and every run of a block is stored with it."""
+    plan = series.plan("quick")
+    assert len(plan.blocks) == len(plan) and plan.blocks[0] is None and plan.blocks[-1] is None  # warm-up, drift
+    for b in (0, 1):  # each block: every main cell once, the arm's wal and kafka at every N once
+        block = [s for s, at in zip(plan, plan.blocks, strict=True) if at == b]
+        assert Counter((s.pipeline, s.consumers, s.messages) for s in block) == Counter(
+            {**{(p, n, 5_000): 1 for p in series.REFERENCE_PIPELINES for n in series.QUICK_CONSUMERS},
+             **{(p, n, 20_000): 1 for p in ("wal", "kafka") for n in series.QUICK_CONSUMERS}})
+    assert plan.blocks[1:-1] == tuple(sorted(plan.blocks[1:-1]))  # one block after the other
+    assert series.plan("reference").blocks.count(1) == 4 * 3 + 3 * 3  # its second block: 20,000 at 1, 4, 16
+    assert type(plan[1:]) is list  # a slice is a plain list: no blocks to misplace
+    with pytest.raises(ValueError, match="blocks for"):
+        series.Plan(plan, (0,))
+    settings = Settings().replace(data_dir=tmp_path, stack_dir=tmp_path / "stack")
+    stored: list[dict[str, Any]] = []
+
+    async def recorder(scenario: Scenario, settings: Settings, *, progress: Any = None,
+                       meta: dict[str, Any] | None = None, idle: dict[str, Any] | None = None) -> dict[str, Any]:
+        stored.append(dict(meta or {}))
+        return {"run_id": f"r{len(stored)}", "scenario": scenario.as_parameters(), "success": True,
+                "cpu_ms_per_msg": 1.0, "window_s": 1.0, **(meta or {})}
+
+    monkeypatch.setattr(lab.runner, "run_scenario", recorder)
+    asyncio.run(series.run_series(plan, settings, series_id="q"))
+    assert [m.get("series_block") for m in stored] == list(plan.blocks)  # none for the warm-up and drift
+    stored.clear()
+    asyncio.run(series.run_series(list(plan), settings, series_id="q2"))  # a plain list: no blocks known
+    assert not any("series_block" in m for m in stored) and len(stored) == len(plan)
 
 
 def test_seed_shuffles_reproducibly_and_is_recorded() -> None:

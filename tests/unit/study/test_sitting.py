@@ -241,3 +241,13 @@ def test_autovacuum_logged_by_the_server_is_kept_beside_what_the_polls_saw() -> 
     assert published._autovacuum_cpu(got) == "4 actions, 0.37"  # the server's figure, not the polls' 0
     assert published._autovacuum_cpu({"count": 2, "cpu_s": 0.0}) == "≥ 0.00"  # the polls': a lower bound
     assert sitting._autovacuum({"vacuum": {"autovacuum": {}}}) == {}
+
+
+def test_a_run_keeps_the_block_its_series_stored_with_it() -> None:
+    """run.json's ``series_block`` (where the series knew it) is in the record's run; a run stored
+    before it was kept has none, and its block is read from its place in the series."""
+    runs = reference_runs()
+    runs["series_block"] = [None] + [0 if i <= len(runs) // 2 else 1 for i in range(1, len(runs))]
+    rows = sitting.run_rows(runs)
+    assert [r.get("series_block") for r in rows] == [b for b in runs["series_block"][1:]]
+    assert all("series_block" not in r for r in sitting.run_rows(reference_runs()))
