@@ -5,9 +5,9 @@ For every pipeline the cost per message at that point in every sitting that meas
 between measured volumes the line F + c·M through the two nearest; at a fixed rate the runs' steady
 parts of the sittings at that rate where there are any, ``rate: measured``, else the load
 staircases' floors), then the median and range over those sittings; the cheapest option, the one
-cheapest in the most sittings, with every other as a ratio to it within each sitting (machines
-differ two- to three-fold in speed, the ratios far less); and whether the point lies inside what was
-measured or beyond it — volume, N or rate named.
+no other beats head to head (:func:`lab.study.ledger.leader`), with every other as a ratio to it
+within each sitting (machines differ two- to three-fold in speed, the ratios far less); and whether
+the point lies inside what was measured or beyond it — volume, N or rate named.
 """
 
 from __future__ import annotations

@@ -404,7 +404,8 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     sitting at that rate) is read from those sittings only, the staircases' model where it was not;
     a pipeline some sittings measured at the point (or around it) is read from those alone, not from
     the extrapolations of sittings that ran one volume or a few N.
-    The leader comes first: the pipeline cheapest in the most sittings (``wins``); each other row
+    The leader comes first: the pipeline no other beats head to head (:func:`leader`; ``wins``, the
+    sittings each was cheapest in); each other row
     carries ``x``, its cost ÷ the leader's in the same sitting (within a sitting only the pipelines
     read as closely in volume as its best, measured before interpolated before extrapolated, are set
     against each other; median over the ``x_sittings`` that
@@ -438,9 +439,9 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     df = pd.DataFrame(out, columns=cols[:9])
     if df.empty:
         return pd.DataFrame(columns=cols)
-    # the leader is the pipeline cheapest in the most sittings (ties: the lower median cost); every
-    # other is given as its cost ÷ the leader's in the same sitting, which a machine three times
-    # faster than another leaves alone, where the pooled costs do not
+    # the leader is the pipeline no other beats head to head (leader; ties: the most sittings won,
+    # then the lower median cost); every other is given as its cost ÷ the leader's in the same
+    # sitting, which a machine three times faster than another leaves alone, where the pooled costs do not
     # within a sitting, like with like: where some pipeline was measured at that volume, one carried
     # there from another volume is not set against it (poll run at 100,000 only, against wal at 5,000)
     rank = {"measured": 0, "inside": 1}
@@ -452,7 +453,9 @@ def answer(records: Sequence[Mapping[str, Any]], consumers: int, messages: float
     wins = [min(c, key=lambda k: c[k]) for c in contested]
     df["wins"] = [wins.count(p) for p in df["pipeline"]]
     df = df.sort_values(["wins", "ms_per_msg"], ascending=[False, True]).reset_index(drop=True)
-    ratios = same_sitting_ratios(contested, str(df.iloc[0]["pipeline"]))
+    first = leader(contested, [str(p) for p in df["pipeline"]])
+    df = pd.concat([df[df["pipeline"] == first], df[df["pipeline"] != first]]).reset_index(drop=True)
+    ratios = same_sitting_ratios(contested, first)
     df["x"] = [statistics.median(ratios[p]) if p in ratios else None for p in df["pipeline"]]
     df["x_lo"] = [min(ratios[p]) if p in ratios else None for p in df["pipeline"]]
     df["x_hi"] = [max(ratios[p]) if p in ratios else None for p in df["pipeline"]]
@@ -492,10 +495,11 @@ def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: in
         if costs:
             wins.append(min(costs, key=lambda k: costs[k]))
             per_sitting.append(costs)
-    # the option cheapest in the most sittings leads (the medians of costs pooled over machines of
-    # different speeds can favour another); ties go to the lower median cost
-    order = sorted(range(len(table)), key=lambda i: (-wins.count(table.iloc[i]["pipeline"]), i))
-    table = table.iloc[order]
+    # the option no other beats head to head leads (the medians of costs pooled over machines of
+    # different speeds can favour another, and so can counting sittings won when some options ran in
+    # fewer sittings); then the others as answer() ordered them
+    first_p = leader(per_sitting, [str(p) for p in table["pipeline"]])
+    table = pd.concat([table[table["pipeline"] == first_p], table[table["pipeline"] != first_p]])
     first = table.iloc[0]
     others = ", ".join(f"`{row.pipeline}` {row.ms_per_msg:.2f}" for row in table.iloc[1:].itertuples())
     n = len(recs)
@@ -503,7 +507,7 @@ def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: in
     w = wins.count(first.pipeline)
     rng = f" (range {first.lo:.2f}–{first.hi:.2f} over {k} sittings)" if k > 1 else ""
     most = (f" in {w} of the {k} sittings that measured it (of {n})" if k < n
-            else " in the most sittings" if n > 1 else "")
+            else f" in {w} of {n} sittings" if n > 1 else "")
     sentence = (f"At N = {consumers} and {messages:,} messages per start, `{first.pipeline}` costs least{most}: "
                 f"{first.ms_per_msg:.2f} ms CPU per message{rng}, against {others}.")
     ratios = same_sitting_ratios(per_sitting, str(first.pipeline))
@@ -513,6 +517,26 @@ def _cheapest(records: Sequence[Mapping[str, Any]], consumers: int, messages: in
                      + ", ".join(f"`{p}` ×{statistics.median(v):.2f} ({span(v, 2)})" for p, v in ratios.items())
                      + ".")
     return sentence, "measured", held(w, k) if k > 1 else ""
+
+
+def leader(per_sitting: Sequence[Mapping[str, float]], order: Sequence[str]) -> str:
+    """The option that costs least over sittings (``per_sitting``: pipeline → cost, a mapping per
+    sitting; ``order`` the candidates, ties going to the earlier): one that no other beats head to head,
+    i.e. is cheaper than it in more than half of the sittings that measured both, and among those the
+    one cheapest in the most sittings. Counting sittings won alone favours an option measured in more
+    sittings: `wal`, cheapest in 3 of 6, over `poll`, cheaper than `wal` in both sittings that ran it.
+    With no unbeaten option (a cycle), the one cheapest in the most sittings."""
+    wins = [min(c, key=lambda k: c[k]) for c in per_sitting if c]
+
+    def beaten(p: str) -> bool:
+        for q in order:
+            shared = [c for c in per_sitting if p in c and q in c] if q != p else []
+            if shared and 2 * sum(c[q] < c[p] for c in shared) > len(shared):
+                return True
+        return False
+
+    pool = [p for p in order if not beaten(p)] or list(order)
+    return min(pool, key=lambda p: (-wins.count(p), list(order).index(p)))
 
 
 def same_sitting_ratios(per_sitting: Sequence[Mapping[str, float]], base: str) -> dict[str, list[float]]:
