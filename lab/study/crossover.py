@@ -35,6 +35,7 @@ from lab.study.costmodel import METRIC, Interval
 from lab.study.linefit import percentile_ci
 
 VOLUMES: tuple[float, ...] = (5_000, 100_000, 1_000_000, math.inf)
+SPLIT_ONLY = ", from each run's split"  # the end of a condition read from the runs' own splits (no volume arm)
 # N* at a fixed rate is read at 200 msg/s only: the quick staircases sustain up to 800 msg/s, so a
 # figure at 1,000 msg/s lay beyond every measured step, and its per-second floors weigh a fifth as
 # much there as at 200: what was left was the direct readers' slope per message against a line
@@ -189,7 +190,7 @@ def by_volume(df: pd.DataFrame, direct: str, broker: str, *, volumes: Iterable[f
             label += f", F fitted across volumes at N = {', '.join(map(str, at))}"
         else:
             runs = at_volume(cells, m)
-            label += ", from each run's split"
+            label += SPLIT_ONLY
         out.append(crossings(runs, direct, broker, condition=label, n_boot=n_boot, seed=seed))
     return out
 

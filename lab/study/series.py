@@ -63,7 +63,9 @@ CONSUMERS = (1, 2, 4, 8, 12, 16)
 # runs the headline's pair, wal and kafka, at every N of both blocks, so F is refitted block by block
 # (lab.study.refit.by_block) and its error enters N*; the four pipelines at 3 N in both blocks would be
 # 24 runs of 20,000 messages, over the half hour. RabbitMQ's start is fitted where RabbitMQ's question
-# is measured, in the reference profile (three volumes); wal-sharded has no start. The options the
+# is measured, in the reference profile (three volumes); wal-sharded has no start. With this arm, 38
+# runs, a fresh clone's `make report` took 24.3 minutes in all on 2026-12-07 (AMD EPYC host, probe
+# unit 0.81 ms; 22.7 in `lab report`), against 24.1 with the earlier arm on the same host. The options the
 # article never compared are in `decision` (every registered pipeline), which a default series of
 # every pipeline would more than double.
 QUICK_CONSUMERS = (1, 4, 16)
@@ -77,8 +79,9 @@ ARTICLE_CONSUMERS = (1, 2, 4, 8)
 # N = 12 as well the first sitting took 105.5 min on the 2-core machine, over the 90 a quiet sitting
 # has; its cells at 12 (9 runs, about 20 min) are the ones cut, not the volume: the crossings lie
 # between 1 and 8 (Kafka) and between 8 and 16 (RabbitMQ) in the sittings of 2026-12-06 and -07; its
-# 5,000-message arm at every N is the
-# quick profile's volume, so the quick model it checks is the one the quick sittings fit.
+# 5,000-message arm at every N is the quick profile's volume, so the quick model it checks is the one
+# the quick sittings fit. The second block's 20,000-message arm at N = 1, 4 and 16 lets that block
+# refit F at three N too: 47 runs, 54.7 min on 2026-12-07 (AMD EPYC host, probe unit 0.85 ms).
 REFERENCE_VOLUME_PIPELINES = ("wal", "kafka", "rabbitmq")
 REFERENCE_VOLUME_CONSUMERS = (1, 4, 8, 16)
 # A slow steady stream, measured: `wal` and `kafka` open loop at 200 msg/s, paired at N = 1, 4, 16, in

@@ -375,16 +375,14 @@ def _answers(answers: Iterable[crossover.Answer]) -> list[dict[str, Any]]:
 def refitted(record: Mapping[str, Any], direct: str, broker: str) -> dict[float, tuple[float, float]]:
     """N*'s interval at each of :data:`lab.study.crossover.VOLUMES` with the quick model's F refitted
     in every draw (:mod:`lab.study.refit`), from the record's own runs; empty where F cannot be
-    refitted (no arm, or an arm at every N: then the fit across volumes is used, not F's line).
-    The plain condition's runs only, as the model's."""
+    refitted (no arm for the pair). The plain condition's runs only, as the model's."""
     frame = pd.DataFrame(plain_rows(record.get("runs") or []))
     if frame.empty:
         return {}
     base, arm = model_base(frame)
     both = [direct, broker]
     b, a = base[base["pipeline"].isin(both)], arm[arm["pipeline"].isin(both)]
-    if a.empty or set(map(tuple, b[["pipeline", "consumers"]].drop_duplicates().to_numpy())) <= set(
-            map(tuple, a[["pipeline", "consumers"]].drop_duplicates().to_numpy())):
+    if b.empty or set(a["pipeline"]) != set(both):
         return {}
     return refit.intervals(b, a, direct, broker, crossover.VOLUMES)
 

@@ -78,7 +78,10 @@ def test_a_record_gives_its_refit_from_its_own_runs() -> None:
     got = sitting.refitted(record, "wal", "kafka")
     assert set(got) == set(crossover.VOLUMES) and got[100_000][0] < 3.2 < got[100_000][1]
     everywhere = {"runs": record["runs"] + [{**r, "consumers": 4} for r in record["runs"] if r["arm"]]}
-    assert sitting.refitted(everywhere, "wal", "kafka") == {}  # an arm at every N: the fit across volumes
+    # an arm at every N (the quick profile's): the model is still F's line, through every N, and refitted
+    assert set(sitting.refitted(everywhere, "wal", "kafka")) == set(crossover.VOLUMES)
+    no_kafka_arm = {"runs": [r for r in record["runs"] if not (r["arm"] and r["pipeline"] == "kafka")]}
+    assert sitting.refitted(no_kafka_arm, "wal", "kafka") == {}  # no arm for one of the pair: nothing to refit
 
 
 def test_the_published_table_reads_the_volume_of_each_condition() -> None:
@@ -155,3 +158,18 @@ def test_the_published_block_table_gives_each_blocks_crossing_and_the_real_cover
     assert "| 7.0, 11.0 | 7.0–11.0 |" in row  # at 5,000: each block's N*, then the block bootstrap's
     assert row.endswith("| about 50 % |")
     assert published._block_section([{**rec, "runs": []}]) == []
+
+
+def test_the_model_table_leaves_out_a_pair_read_from_the_runs_own_splits() -> None:
+    """A quick sitting whose arm is wal and kafka only has no volume fit for RabbitMQ: its N*(M) would
+    come from each run's own split, biased at 5,000 messages, and the published table leaves it out."""
+    from lab.study import published
+
+    answer = {"direct": "wal", "range": [20.0, 30.0], "inside": False}
+    fitted = "M = 100,000, F fitted across volumes at N = 1, 16"
+    model = {"by_volume": [{**answer, "broker": "kafka", "condition": fitted},
+                           {**answer, "broker": "rabbitmq", "condition": "M = 100,000" + crossover.SPLIT_ONLY}]}
+    rec = {"id": "q1", "day": "2026-12-07", "profile": "quick", "machine": {"cpu_model": "AMD EPYC"},
+           "model": model, "runs": []}
+    text = "\n".join(published._modelled_section([rec]))
+    assert "`wal` vs kafka" in text and "`wal` vs rabbitmq" not in text
